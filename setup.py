@@ -1,0 +1,40 @@
+"""specdec_jax: speculative decoding, speculative cascades and drafter training in JAX."""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "jax>=0.4.30",
+    "jaxlib>=0.4.30",
+    "flax>=0.10",
+    "optax>=0.2",
+    "orbax-checkpoint>=0.6",
+    "gin-config>=0.5",
+    "numpy>=1.26",
+    "safetensors>=0.4",
+    "gguf>=0.10",
+    "tokenizers>=0.19",
+    "sentencepiece>=0.2",
+    "tqdm>=4.66",
+]
+
+# The reference peer (torch, transformers) lives only here: the library never
+# imports it. torch is pinned to the CPU build that CI machines carry.
+DEV = [
+    "pytest>=8",
+    "torch==2.13.0",
+    "transformers>=4.45",
+    "accelerate>=0.30",
+    "ruff>=0.5",
+    "scipy>=1.11",
+]
+
+setup(
+    name="specdec_jax",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["specdec_jax", "specdec_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=CORE,
+    extras_require={"dev": DEV},
+    entry_points={"console_scripts": ["specdec-jax=specdec_jax.cli:main"]},
+)

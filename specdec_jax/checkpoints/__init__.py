@@ -1,0 +1,1 @@
+"""Checkpoint loaders and exporters: HF safetensors, GGUF, t5x, orbax; model registry."""

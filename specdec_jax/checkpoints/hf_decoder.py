@@ -1,0 +1,155 @@
+"""Hugging Face <-> specdec_jax conversion for Llama/Qwen2 decoders.
+
+Both directions are pure renames plus transposes (torch ``Linear`` stores
+``[out, in]``, Flax ``Dense`` stores ``[in, out]``), so a round trip is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from specdec_jax.models.decoder import DecoderConfig
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+# (ours within layers_{i}, HF within model.layers.{i}, transpose)
+_LAYER_MAP = (
+    (("attention", "query", "kernel"), "self_attn.q_proj.weight", True),
+    (("attention", "key", "kernel"), "self_attn.k_proj.weight", True),
+    (("attention", "value", "kernel"), "self_attn.v_proj.weight", True),
+    (("attention", "out", "kernel"), "self_attn.o_proj.weight", True),
+    (("mlp", "wi_0", "kernel"), "mlp.gate_proj.weight", True),
+    (("mlp", "wi_1", "kernel"), "mlp.up_proj.weight", True),
+    (("mlp", "wo", "kernel"), "mlp.down_proj.weight", True),
+    (("pre_attention_norm", "scale"), "input_layernorm.weight", False),
+    (("pre_mlp_norm", "scale"), "post_attention_layernorm.weight", False),
+)
+_BIAS_MAP = (
+    (("attention", "query", "bias"), "self_attn.q_proj.bias"),
+    (("attention", "key", "bias"), "self_attn.k_proj.bias"),
+    (("attention", "value", "bias"), "self_attn.v_proj.bias"),
+)
+
+
+def decoder_config_from_hf(hf: Mapping[str, Any], **overrides) -> DecoderConfig:
+    """Builds a DecoderConfig from a Hugging Face ``config.json`` dict."""
+    model_type = hf.get("model_type", "")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"decoder_config_from_hf: unknown architecture {model_type!r}; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    if hf.get("rope_scaling") not in (None, {}) and hf["rope_scaling"].get("rope_type",
+                                                                        "default") != "default":
+        raise ValueError(
+            f"decoder_config_from_hf: rope_scaling {hf['rope_scaling']} is not supported yet.")
+    rope_theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 1e4))
+    fields = dict(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim"),
+        rope_theta=float(rope_theta),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    )
+    fields.update(overrides)
+    return DecoderConfig(**fields)
+
+
+def decoder_config_to_hf(cfg: DecoderConfig, model_type: str = "llama") -> dict:
+    """The ``config.json`` dict that makes ``transformers`` build the same network."""
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"decoder_config_to_hf: unknown architecture {model_type!r}.")
+    if cfg.qkv_bias and model_type == "llama":
+        model_type = "qwen2"  # Llama has no per-projection q/k/v bias switch in older HF
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "mistral": "MistralForCausalLM"}[model_type]
+    return {
+        "architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.dims_per_head,
+        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
+        "attention_bias": cfg.qkv_bias, "torch_dtype": "float32",
+        "max_position_embeddings": 32768,
+    }
+
+
+def _get(state: Mapping[str, Any], name: str) -> np.ndarray:
+    if name not in state:
+        raise KeyError(f"checkpoint is missing tensor {name!r}; is it a Llama/Qwen2 model?")
+    return np.asarray(state[name], dtype=np.float32)
+
+
+def decoder_params_from_hf(state: Mapping[str, Any], cfg: DecoderConfig) -> dict:
+    """Converts a HF Llama/Qwen2 state dict (numpy arrays) to our parameter tree."""
+    params: dict[str, Any] = {"embedder": {"embedding": _get(state, "model.embed_tokens.weight")},
+                              "decoder_norm": {"scale": _get(state, "model.norm.weight")}}
+    for i in range(cfg.num_layers):
+        layer: dict[str, Any] = {}
+        for ours, theirs, transpose in _LAYER_MAP:
+            value = _get(state, f"model.layers.{i}.{theirs}")
+            _set(layer, ours, value.T if transpose else value)
+        if cfg.qkv_bias:
+            for ours, theirs in _BIAS_MAP:
+                _set(layer, ours, _get(state, f"model.layers.{i}.{theirs}"))
+        params[f"layers_{i}"] = layer
+    if not cfg.tie_embeddings:
+        params["logits_dense"] = {"kernel": _get(state, "lm_head.weight").T}
+    _check_shapes(params, cfg)
+    return params
+
+
+def decoder_params_to_hf(params: Mapping[str, Any], cfg: DecoderConfig) -> dict[str, np.ndarray]:
+    """Inverse of :func:`decoder_params_from_hf` (for exporting trained drafters)."""
+    state = {"model.embed_tokens.weight": params["embedder"]["embedding"],
+             "model.norm.weight": params["decoder_norm"]["scale"]}
+    for i in range(cfg.num_layers):
+        layer = params[f"layers_{i}"]
+        for ours, theirs, transpose in _LAYER_MAP:
+            value = np.asarray(_lookup(layer, ours))
+            state[f"model.layers.{i}.{theirs}"] = value.T if transpose else value
+        if cfg.qkv_bias:
+            for ours, theirs in _BIAS_MAP:
+                state[f"model.layers.{i}.{theirs}"] = _lookup(layer, ours)
+    if not cfg.tie_embeddings:
+        state["lm_head.weight"] = np.asarray(params["logits_dense"]["kernel"]).T
+    return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in state.items()}
+
+
+def _set(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _lookup(tree: Mapping, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _check_shapes(params: Mapping[str, Any], cfg: DecoderConfig) -> None:
+    """Fails with the tensor's name when a checkpoint does not match its config."""
+    head_dim = cfg.dims_per_head
+    expected = {
+        ("embedder", "embedding"): (cfg.vocab_size, cfg.hidden_size),
+        ("layers_0", "attention", "query", "kernel"): (cfg.hidden_size, cfg.num_heads * head_dim),
+        ("layers_0", "attention", "key", "kernel"): (cfg.hidden_size,
+                                                     cfg.num_kv_heads * head_dim),
+        ("layers_0", "mlp", "wi_0", "kernel"): (cfg.hidden_size, cfg.intermediate_size),
+    }
+    for path, shape in expected.items():
+        got = tuple(np.shape(_lookup(params, path)))
+        if got != shape:
+            raise ValueError(
+                f"tensor {'/'.join(path)} has shape {got}, config expects {shape}; the "
+                "checkpoint does not match its config (corrupt file or wrong config).")

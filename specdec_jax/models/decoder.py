@@ -1,0 +1,247 @@
+"""Decoder-only transformer for the Llama and Qwen2 families.
+
+RMSNorm, rotary embeddings (configurable base), grouped-query attention,
+SwiGLU MLP, optional QKV bias (Qwen2), tied or untied embeddings. Parameters
+use t5x-style names so every model in the project reads the same way::
+
+    embedder/embedding                          [V, D]
+    layers_{i}/pre_attention_norm/scale         [D]
+    layers_{i}/attention/{query,key,value}/kernel (+ bias with qkv_bias)
+    layers_{i}/attention/out/kernel
+    layers_{i}/pre_mlp_norm/scale
+    layers_{i}/mlp/{wi_0 (gate), wi_1 (up), wo}/kernel
+    decoder_norm/scale
+    logits_dense/kernel                         [D, V] (absent when tied)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.models import interface
+from specdec_jax.models.interface import Prompt, StepOutput
+from specdec_jax.models.layers import RMSNorm, masked_softmax_attention, rotary_embedding
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Hyperparameters of a Llama/Qwen2-style decoder (names follow HF configs)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None  # defaults to hidden_size // num_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2 has biases on q, k, v
+    tie_embeddings: bool = False
+    dtype: str = "float32"  # activations; probabilities are always float32
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"DecoderConfig: num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}.")
+
+    @property
+    def dims_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+
+@flax.struct.dataclass
+class DecoderCache:
+    """Per-layer key/value buffers plus per-row lengths (see interface docs)."""
+
+    keys: tuple[Array, ...]  # num_layers x [B, S, H_kv, D_head]
+    values: tuple[Array, ...]  # num_layers x [B, S, H_kv, D_head]
+    lengths: Array  # int32 [B]: tokens fed so far; keys at >= lengths are stale
+
+    @property
+    def max_length(self) -> int:
+        return self.keys[0].shape[1]
+
+
+class _Attention(nn.Module):
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x_BxKxD, positions_BxK, mask_BxKxS, keys, values, lengths_B):
+        cfg = self.config
+        dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        head_dim, groups = cfg.dims_per_head, cfg.num_heads // cfg.num_kv_heads
+        batch, k = x_BxKxD.shape[:2]
+
+        def proj(name, heads, bias):
+            dense = nn.Dense(heads * head_dim, use_bias=bias, dtype=dtype, param_dtype=pdtype,
+                             name=name)
+            return dense(x_BxKxD).reshape(batch, k, heads, head_dim)
+
+        q = rotary_embedding(proj("query", cfg.num_heads, cfg.qkv_bias), positions_BxK,
+                             cfg.rope_theta)
+        new_k = rotary_embedding(proj("key", cfg.num_kv_heads, cfg.qkv_bias), positions_BxK,
+                                 cfg.rope_theta)
+        new_v = proj("value", cfg.num_kv_heads, cfg.qkv_bias)
+        keys = interface.write_at_lengths(keys, new_k, lengths_B)
+        values = interface.write_at_lengths(values, new_v, lengths_B)
+        # [B, K, H*G, D] -> [B, K, H, G, D]: query head h*G + g reads kv head h.
+        q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
+        out = masked_softmax_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5)
+        out = out.reshape(batch, k, cfg.num_heads * head_dim)
+        out = nn.Dense(cfg.hidden_size, use_bias=False, dtype=dtype, param_dtype=pdtype,
+                       name="out")(out)
+        return out, keys, values
+
+
+class _SwiGLU(nn.Module):
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=jnp.dtype(cfg.dtype),  # noqa: E731
+                                         param_dtype=jnp.dtype(cfg.param_dtype), name=name)
+        gate = dense(cfg.intermediate_size, "wi_0")(x)
+        up = dense(cfg.intermediate_size, "wi_1")(x)
+        return dense(cfg.hidden_size, "wo")(nn.silu(gate) * up)
+
+
+class _DecoderNet(nn.Module):
+    """Embeds tokens, runs the layers against the cache, returns final hidden states.
+
+    ``select_BxK`` (optional) picks which of the K positions get logits, so a
+    long prefill does not materialise [B, P, V] logits it will not use.
+    """
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, tokens_BxK, cache: DecoderCache, select_BxN=None):
+        cfg = self.config
+        dtype = jnp.dtype(cfg.dtype)
+        embedder = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+                            param_dtype=jnp.dtype(cfg.param_dtype), name="embedder")
+        k = tokens_BxK.shape[1]
+        positions_BxK = cache.lengths[:, None] + jnp.arange(k)[None, :]
+        mask_BxKxS = interface.causal_cache_mask(cache.lengths, k, cache.max_length)
+        x = embedder(tokens_BxK)
+        new_keys, new_values = [], []
+        for i in range(cfg.num_layers):
+            norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_attention_norm")
+            attn_out, keys, values = _Attention(cfg, name=f"layers_{i}_attention")(
+                norm(x), positions_BxK, mask_BxKxS, cache.keys[i], cache.values[i],
+                cache.lengths)
+            x = x + attn_out
+            norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_mlp_norm")
+            x = x + _SwiGLU(cfg, name=f"layers_{i}_mlp")(norm(x))
+            new_keys.append(keys)
+            new_values.append(values)
+        hidden = RMSNorm(cfg.rms_norm_eps, dtype, name="decoder_norm")(x)
+        if select_BxN is not None:
+            hidden = jnp.take_along_axis(hidden, select_BxN[:, :, None], axis=1)
+        h32 = hidden.astype(jnp.float32)
+        if cfg.tie_embeddings:
+            logits = h32 @ embedder.embedding.astype(jnp.float32).T
+        else:
+            kernel = self.param("logits_dense_kernel", nn.initializers.lecun_normal(),
+                                (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
+            logits = h32 @ kernel.astype(jnp.float32)
+        new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
+                                  lengths=cache.lengths + k)
+        return logits, hidden, new_cache
+
+
+# Flax names submodules with underscores when created inline; these two maps
+# turn them into the nested t5x-style tree documented above and back.
+def _nest(flat: dict) -> dict:
+    tree: dict[str, Any] = {}
+    for name, value in flat.items():
+        if name.startswith("layers_"):
+            index, rest = name[len("layers_"):].split("_", 1)
+            tree.setdefault(f"layers_{index}", {})[rest] = value
+        elif name == "logits_dense_kernel":
+            tree["logits_dense"] = {"kernel": value}
+        else:
+            tree[name] = value
+    return tree
+
+
+def _flatten(tree: dict) -> dict:
+    flat: dict[str, Any] = {}
+    for name, value in tree.items():
+        if name.startswith("layers_"):
+            for sub, leaf in value.items():
+                flat[f"{name}_{sub}"] = leaf
+        elif name == "logits_dense":
+            flat["logits_dense_kernel"] = value["kernel"]
+        else:
+            flat[name] = value
+    return flat
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderOnlyLM:
+    """Llama/Qwen2 decoder behind the functional interface (pure methods)."""
+
+    config: DecoderConfig
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def _net(self) -> _DecoderNet:
+        return _DecoderNet(self.config)
+
+    def init_params(self, rng: Array) -> dict:
+        """Random parameters in the documented tree (for tests and training)."""
+        cache = self.init_cache(1, 2)
+        variables = self._net.init(rng, jnp.zeros((1, 1), jnp.int32), cache)
+        return _nest(variables["params"])
+
+    def init_cache(self, batch_size: int, max_length: int) -> DecoderCache:
+        cfg = self.config
+        shape = (batch_size, max_length, cfg.num_kv_heads, cfg.dims_per_head)
+        zeros = lambda: tuple(jnp.zeros(shape, jnp.dtype(cfg.dtype))  # noqa: E731
+                              for _ in range(cfg.num_layers))
+        return DecoderCache(keys=zeros(), values=zeros(),
+                            lengths=jnp.zeros((batch_size,), jnp.int32))
+
+    def _apply(self, params, tokens, cache, select=None):
+        return self._net.apply({"params": _flatten(params)}, tokens, cache, select)
+
+    def prefill(self, params: dict, prompt: Prompt, cache: DecoderCache) -> StepOutput:
+        """Feeds each row's prompt; returns logits at the row's last prompt token.
+
+        Rows are right-padded; padding is written past each row's length and
+        masked. ``logits`` is [B, 1, V] (the next-token logits after the
+        prompt); a row with an empty prompt gets the logits of position 0,
+        which callers must not use.
+        """
+        interface.check_prompt(prompt, cache.lengths.shape[0], cache.max_length,
+                               self.vocab_size)
+        last_Bx1 = jnp.maximum(prompt.lengths - 1, 0)[:, None]
+        logits, hidden, new_cache = self._apply(params, prompt.tokens, cache, last_Bx1)
+        new_cache = new_cache.replace(lengths=cache.lengths + prompt.lengths)
+        return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
+
+    def extend(self, params: dict, tokens: Array, cache: DecoderCache) -> StepOutput:
+        """Feeds K tokens per row at positions lengths .. lengths + K - 1.
+
+        Returns logits [B, K, V] (next-token logits after each fed token) and a
+        cache with lengths + K. See the interface module for rollback.
+        """
+        interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
+        logits, hidden, new_cache = self._apply(params, tokens, cache)
+        return StepOutput(logits=logits, hidden=hidden, cache=new_cache)

@@ -1,0 +1,67 @@
+"""Building blocks shared by the decoder-only and encoder-decoder models."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale and no bias (Llama, T5 v1.1).
+
+    The variance is taken in float32 whatever the activation dtype, as both
+    reference implementations do, so bfloat16 runs stay stable.
+    """
+
+    eps: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        return (x32 * scale).astype(self.dtype)
+
+
+def rotary_embedding(x_BxKxHxD: Array, positions_BxK: Array, theta: float) -> Array:
+    """Applies rotary position embeddings in the "rotate half" layout.
+
+    Hugging Face Llama/Qwen2 pair dimension i with i + D/2 (not 2i with 2i+1);
+    GGUF loaders undo llama.cpp's interleaved permutation so this one layout
+    serves every checkpoint.
+    """
+    half = x_BxKxHxD.shape[-1] // 2
+    inv_freq_H = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))
+    angles_BxKxH = positions_BxK[..., None].astype(jnp.float32) * inv_freq_H
+    cos = jnp.cos(angles_BxKxH)[:, :, None, :]  # [B, K, 1, D/2]
+    sin = jnp.sin(angles_BxKxH)[:, :, None, :]
+    x32 = x_BxKxHxD.astype(jnp.float32)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x_BxKxHxD.dtype)
+
+
+def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: Array,
+                             mask_BxKxS: Array, scale: float,
+                             bias_HxKxS: Array | None = None) -> Array:
+    """Grouped-query attention over a cache buffer.
+
+    ``H`` key/value heads each serve ``G`` query heads. Scores are computed in
+    float32. Masked keys get a large negative score (not -inf, so a fully
+    masked row, e.g. a padding query, yields a finite uniform average instead
+    of NaN).
+    """
+    scores = jnp.einsum("bkhgd,bshd->bhgks", q_BxKxHxGxD, keys_BxSxHxD,
+                        preferred_element_type=jnp.float32) * scale
+    if bias_HxKxS is not None:
+        heads, groups = q_BxKxHxGxD.shape[2], q_BxKxHxGxD.shape[3]
+        # [B?, H*G, K, S] -> [B?, H, G, K, S]
+        scores = scores + bias_HxKxS.reshape(
+            bias_HxKxS.shape[:-3] + (heads, groups) + bias_HxKxS.shape[-2:])
+    scores = jnp.where(mask_BxKxS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(values_BxSxHxD.dtype)
+    return jnp.einsum("bhgks,bshd->bkhgd", weights, values_BxSxHxD)
