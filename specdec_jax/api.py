@@ -1,0 +1,169 @@
+"""Public entry points: ``generate`` (one call) and ``make_generate_fn`` (a jitted
+callable for pipelines).
+
+Example (toy models; any model implementing the interface works)::
+
+    import jax, specdec_jax as sj
+    cfg = sj.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                           num_layers=2, num_heads=4, num_kv_heads=2)
+    target = drafter = sj.DecoderOnlyLM(cfg)
+    params = target.init_params(jax.random.PRNGKey(0))
+    out = sj.generate(target=target, target_params=params, drafter=drafter,
+                      drafter_params=params, prompts=[[1, 2, 3]], method="specdecode",
+                      gamma=4, max_new_tokens=16, temperature=0.0)
+    out.tokens, out.lengths, out.stats.target_calls
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import sampling, targets
+from specdec_jax.decoding import (AutoregressiveDecoder, GenerationOutput, SamplingParams,
+                                  SpeculativeDecoder, required_cache_length)
+from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
+from specdec_jax.verify import TokenVerifier
+
+VERIFIERS = ("token", "block", "block-seed")
+
+
+def get_verifier(name: str):
+    """Verifier strategy for ``token`` | ``block`` (stateless) | ``block-seed``."""
+    if name == "token":
+        return TokenVerifier()
+    if name in ("block", "block-seed"):
+        from specdec_jax import verify_block  # noqa: PLC0415 (kept out of import time)
+        return verify_block.BlockVerifier() if name == "block" else \
+            verify_block.SeedBlockVerifier()
+    raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}.")
+
+
+def _check_pair(target: LanguageModel, drafter: LanguageModel | None) -> None:
+    if drafter is None:
+        return
+    if drafter.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"drafter vocabulary ({drafter.vocab_size}) differs from the target's "
+            f"({target.vocab_size}); speculative decoding needs one shared tokenizer. "
+            "Pick a drafter from the target's family.")
+    start = (getattr(target, "decoder_start_token_id", None),
+             getattr(drafter, "decoder_start_token_id", None))
+    if (start[0] is None) != (start[1] is None):
+        raise ValueError("drafter and target must both be decoder-only or both "
+                         "encoder-decoder models.")
+
+
+@functools.lru_cache(maxsize=64)
+def make_generate_fn(*, target: LanguageModel, drafter: LanguageModel | None = None,
+                     method: str = "specdecode", gamma: int = 5, verifier: str = "token",
+                     max_new_tokens: int = 64, top_k: int = 0,
+                     eos_ids: tuple[int, ...] = (), pad_id: int = 0) -> Callable:
+    """Returns ``fn(target_params, drafter_params, prompt, key, sampling_params)``, jitted.
+
+    Everything here is static (a new value compiles a new program); the
+    ``SamplingParams`` (temperature, top_p, alpha, beta) are traced, so a sweep
+    over them reuses one compilation. ``method="autoregressive"`` ignores the
+    drafter.
+    """
+    if method not in targets.METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of "
+                         f"{', '.join(targets.METHODS)}.")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    config = sampling.SamplingConfig(top_k=top_k)
+    if method == "autoregressive":
+        decoder: Any = AutoregressiveDecoder(target=target, max_new_tokens=max_new_tokens,
+                                             sampling_config=config, eos_ids=tuple(eos_ids),
+                                             pad_id=pad_id)
+    else:
+        if drafter is None:
+            raise ValueError(f"method {method!r} needs a drafter model.")
+        if gamma < 1:
+            raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
+        _check_pair(target, drafter)
+        decoder = SpeculativeDecoder(
+            target=target, drafter=drafter, target_fn=targets.get_target(method), gamma=gamma,
+            max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
+            sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id)
+    return jax.jit(decoder.generate)
+
+
+def sampling_params(*, temperature: float = 0.0, top_p: float = 1.0, alpha: float = 0.0,
+                    beta: float = 1.0) -> SamplingParams:
+    """Validated traced hyperparameters (host-side checks, before any compile)."""
+    sampling.validate_sampling(temperature, top_p)
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}.")
+    return SamplingParams(temperature=jnp.float32(temperature), top_p=jnp.float32(top_p),
+                          alpha=jnp.float32(alpha), beta=jnp.float32(beta))
+
+
+def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Sequence[int]] |
+             Prompt, drafter: LanguageModel | None = None, drafter_params: Any = None,
+             method: str = "specdecode", alpha: float = 0.0, beta: float = 1.0,
+             gamma: int = 5, verifier: str = "token", temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
+             eos_ids: Sequence[int] = (), seed: int = 0, max_cache_length: int | None = None,
+             pad_id: int = 0) -> GenerationOutput:
+    """Generates continuations of a batch of prompts with any method.
+
+    Args:
+      target, target_params: the model whose quality we want (and its weights).
+      prompts: token-id lists (ragged is fine) or a ``Prompt``.
+      drafter, drafter_params: the small model; unused for ``autoregressive``.
+      method: one of ``targets.METHODS``.
+      alpha, beta: lenience of the method (see ``targets.py`` for each range).
+      gamma: draft block length G. verifier: ``token`` | ``block`` | ``block-seed``.
+      temperature, top_k, top_p: sampling transform (temperature 0 = greedy).
+      max_new_tokens: generation budget per row; eos_ids end a row early.
+      max_cache_length: the longest sequence the models may hold (e.g. their
+        context length); an error is raised when the request needs more.
+
+    Returns:
+      ``GenerationOutput`` with tokens [B, max_new_tokens], lengths [B] and
+      per-row statistics.
+    """
+    if method not in targets.METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of "
+                         f"{', '.join(targets.METHODS)}.")
+    if method != "autoregressive":
+        targets.get_target(method).validate(alpha, beta)
+    prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
+    check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
+    needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens,
+                                   0 if method == "autoregressive" else gamma)
+    if max_cache_length is not None and needed > max_cache_length:
+        raise ValueError(
+            f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "
+            f"gamma + 1 needs a cache of {needed} positions, beyond max_cache_length "
+            f"{max_cache_length}; lower max_new_tokens or shorten the prompts.")
+    sp = sampling_params(temperature=temperature, top_p=top_p, alpha=alpha, beta=beta)
+    fn = make_generate_fn(target=target, drafter=drafter, method=method, gamma=gamma,
+                          verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
+                          eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id)
+    out = fn(target_params, drafter_params, prompt, jax.random.PRNGKey(seed), sp)
+    nan_calls = int(np.asarray(out.stats.nan_logits).sum())
+    if nan_calls:
+        raise FloatingPointError(
+            f"{nan_calls} model calls produced NaN logits; check the weights (corrupt "
+            "checkpoint?) and the dtype (float32 on CPU).")
+    return out
+
+
+def _to_prompt(prompts: Sequence[Sequence[int]]) -> Prompt:
+    rows = [list(map(int, p)) for p in prompts]
+    if not rows:
+        raise ValueError("generate: got no prompts; pass at least one.")
+    empty = [i for i, row in enumerate(rows) if not row]
+    if empty:
+        raise ValueError(f"generate: prompt(s) {empty} are empty; every prompt needs at "
+                         "least one token (e.g. the BOS token).")
+    return make_prompt(rows)

@@ -1,0 +1,87 @@
+"""An enumerable n-gram model behind the model interface, for exactness tests.
+
+``TableLM`` looks up next-token logits from a table indexed by the last
+``order`` tokens (context-dependent, unlike a unigram toy), so the exact
+distribution of any short continuation can be enumerated and compared with
+what a decoding loop samples. Positions before the start read token 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.models import interface
+from specdec_jax.models.interface import Prompt, StepOutput
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TableCache:
+    history: Array  # int32 [B, S]: tokens fed so far (entries >= lengths are stale)
+    lengths: Array  # int32 [B]
+
+    @property
+    def max_length(self) -> int:
+        return self.history.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableLM:
+    """Next-token logits = ``params["table"][context index]`` (V ** order rows)."""
+
+    vocab_size: int
+    order: int = 2
+
+    def init_params(self, rng: Array, scale: float = 1.5) -> dict:
+        rows = self.vocab_size ** self.order
+        return {"table": scale * jax.random.normal(rng, (rows, self.vocab_size))}
+
+    def init_cache(self, batch_size: int, max_length: int) -> TableCache:
+        return TableCache(history=jnp.zeros((batch_size, max_length), jnp.int32),
+                          lengths=jnp.zeros((batch_size,), jnp.int32))
+
+    def context_index(self, context: tuple[int, ...]) -> int:
+        """Table row of a context (oldest token first), for host-side enumeration."""
+        padded = (0,) * max(0, self.order - len(context)) + tuple(context)[-self.order:]
+        return int(sum(t * self.vocab_size ** i for i, t in enumerate(reversed(padded))))
+
+    def next_probs(self, params: dict, context: tuple[int, ...]) -> np.ndarray:
+        """Host-side next-token distribution (softmax of the table row)."""
+        row = np.asarray(params["table"][self.context_index(context)], np.float64)
+        e = np.exp(row - row.max())
+        return e / e.sum()
+
+    def _run(self, params, tokens_BxK, cache):
+        batch, k = tokens_BxK.shape
+        history = interface.write_at_lengths(
+            cache.history[..., None, None], tokens_BxK[..., None, None],
+            cache.lengths)[..., 0, 0]
+        positions_BxK = cache.lengths[:, None] + jnp.arange(k)[None, :]
+        index_BxK = jnp.zeros((batch, k), jnp.int32)
+        for back in range(self.order):  # back = 0 is the token just fed
+            pos = positions_BxK - back
+            tok = jnp.where(pos >= 0, jnp.take_along_axis(history, jnp.maximum(pos, 0), 1), 0)
+            index_BxK = index_BxK + tok * self.vocab_size ** back
+        logits = params["table"][index_BxK].astype(jnp.float32)
+        hidden = jax.nn.one_hot(index_BxK, self.vocab_size ** self.order)
+        return logits, hidden, cache.replace(history=history, lengths=cache.lengths + k)
+
+    def prefill(self, params: dict, prompt: Prompt, cache: TableCache) -> StepOutput:
+        interface.check_prompt(prompt, cache.lengths.shape[0], cache.max_length,
+                               self.vocab_size)
+        logits, hidden, new_cache = self._run(params, prompt.tokens, cache)
+        last = jnp.maximum(prompt.lengths - 1, 0)[:, None, None]
+        return StepOutput(logits=jnp.take_along_axis(logits, last, axis=1),
+                          hidden=jnp.take_along_axis(hidden, last, axis=1),
+                          cache=new_cache.replace(lengths=cache.lengths + prompt.lengths))
+
+    def extend(self, params: dict, tokens: Array, cache: TableCache) -> StepOutput:
+        interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
+        logits, hidden, new_cache = self._run(params, tokens, cache)
+        return StepOutput(logits=logits, hidden=hidden, cache=new_cache)

@@ -1,0 +1,80 @@
+"""Logits -> processed next-token distributions (temperature, top-k, top-p).
+
+Exactness claims in this project are with respect to these *processed*
+distributions (ALGORITHMS.md §0), so the drafter and the target go through the
+same transform. ``temperature`` and ``top_p`` are traced (a sweep must not
+recompile); ``top_k`` changes shapes of intermediate sorts, so it is static.
+
+Greedy decoding is ``temperature == 0``: the processed distribution is the
+one-hot of the argmax. Deferral *statistics* (max-prob, entropy, ...) are then
+taken from the unscaled softmax of each model, as in SpecCascade App. C.3;
+:func:`distributions` returns both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Static part of the sampling transform. ``top_k = 0`` disables top-k."""
+
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
+
+
+@flax.struct.dataclass
+class Distributions:
+    probs: Array  # float32 [..., V]: processed distribution (sampling/verification)
+    stats: Array  # float32 [..., V]: distribution deferral statistics are taken from
+
+
+def validate_sampling(temperature: float, top_p: float) -> None:
+    """Host-side checks of the traced sampling values (call before compiling)."""
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}.")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {top_p}.")
+
+
+def _top_k_mask(logits_xV: Array, k: int) -> Array:
+    kth_largest = jax.lax.top_k(logits_xV, k)[0][..., -1:]
+    return logits_xV >= kth_largest
+
+
+def _top_p_mask(probs_xV: Array, top_p: Array) -> Array:
+    """Keeps the smallest set of most likely tokens whose mass reaches top_p."""
+    sorted_desc = -jnp.sort(-probs_xV, axis=-1)
+    mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc
+    kept = mass_before < top_p  # the token that crosses top_p is kept
+    threshold = jnp.min(jnp.where(kept, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    return probs_xV >= threshold
+
+
+def distributions(logits_xV: Array, temperature: Array, top_p: Array,
+                  config: SamplingConfig = SamplingConfig()) -> Distributions:
+    """Processed distribution and statistics distribution for each row of logits."""
+    logits = logits_xV.astype(jnp.float32)
+    unscaled = jax.nn.softmax(logits, axis=-1)
+    safe_t = jnp.where(temperature > 0, temperature, 1.0)
+    scaled = logits / safe_t
+    if config.top_k:
+        scaled = jnp.where(_top_k_mask(scaled, min(config.top_k, logits.shape[-1])), scaled,
+                           -jnp.inf)
+    probs = jax.nn.softmax(scaled, axis=-1)
+    probs = jnp.where(_top_p_mask(probs, top_p), probs, 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    greedy = temperature <= 0
+    return Distributions(probs=jnp.where(greedy, one_hot, probs),
+                         stats=jnp.where(greedy, unscaled, probs))

@@ -1,0 +1,117 @@
+"""Token-level verification with a generic target distribution (ALGORITHMS.md §1).
+
+One round drafted ``G`` tokens ``x_1 .. x_G`` from the drafter, whose
+(processed) next-token distributions were ``q_1 .. q_G``. The target function
+gave ``pi_1 .. pi_G`` at the same positions and a bonus distribution for
+position ``G + 1``. Token verification (``GenSpecSample``) is:
+
+    a_j ~ Bernoulli(min(1, pi_j(x_j) / q_j(x_j)))          j = 1 .. G
+    j*  = number of leading accepts (0 .. G)
+    y   ~ norm((pi_{j*+1} - q_{j*+1})_+)   if j* < G       ("residual")
+    y   ~ bonus                            if j* = G
+
+For ``pi = p`` the emitted sequence is distributed exactly as sampling from
+``p``; for a normalised cascade target ``pi`` each emitted token follows
+``pi`` at its position. ``pi`` of the Lossy target is not normalised; the
+kernel uses it as given, which is exactly the Lossy procedure.
+
+Worked example (G = 3): accepts a = [1, 0, 1] -> j* = 1 (acceptance stops at
+the first reject); the round emits x_1 and y ~ norm((pi_2 - q_2)_+): 2 tokens.
+With a = [1, 1, 1], it emits x_1 x_2 x_3 and y ~ bonus: 4 tokens.
+
+Greedy decoding passes one-hot ``q`` and ``pi``: acceptance is then 0 or 1
+and the residual is the one-hot of ``argmax pi``, so the same kernel serves
+both without a separate code path.
+
+Every verifier is a frozen dataclass (hashable, a static argument) with
+
+    init_state(batch_size) -> state              (carried across rounds)
+    __call__(key, drafts_BxG, q_BxGxV, pi_BxGxV, bonus_BxV, state)
+        -> VerifyOutput(num_accepted_B, next_token_B, state)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+# Residual mass below this is numerical noise (float32 sums of ~1e5 terms);
+# such a residual is replaced by pi itself, as ALGORITHMS.md §1 prescribes.
+RESIDUAL_EPS = 1e-9
+
+
+@flax.struct.dataclass
+class VerifyOutput:
+    num_accepted: Array  # int32 [B]: leading draft tokens accepted (0 .. G)
+    next_token: Array  # int32 [B]: the correction or bonus token emitted after them
+    state: Any  # verifier state carried to the next round (None when stateless)
+
+
+def gather_token_probs(probs_BxGxV: Array, tokens_BxG: Array) -> Array:
+    """[B, G, V], [B, G] -> [B, G]: probability each distribution gives its token."""
+    return jnp.take_along_axis(probs_BxGxV, tokens_BxG[..., None], axis=-1)[..., 0]
+
+
+def sample_from_weights(key: Array, weights_BxV: Array) -> Array:
+    """Samples one index per row from non-negative, not necessarily normalised weights."""
+    logits = jnp.where(weights_BxV > 0, jnp.log(jnp.maximum(weights_BxV, 1e-38)), -jnp.inf)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def residual(pi_BxV: Array, q_BxV: Array) -> Array:
+    """(pi - q)_+, falling back to pi where that has (numerically) no mass."""
+    res = jnp.maximum(pi_BxV - q_BxV, 0.0)
+    empty_B1 = jnp.sum(res, axis=-1, keepdims=True) <= RESIDUAL_EPS
+    return jnp.where(empty_B1, jnp.maximum(pi_BxV, 0.0), res)
+
+
+def leading_accepts(accept_BxG: Array) -> Array:
+    """bool [B, G] -> int32 [B]: length of the all-True prefix of each row.
+
+    [[1, 1, 0, 1]] -> [2]; [[0, 1, 1, 1]] -> [0]; [[1, 1, 1, 1]] -> [4].
+    """
+    return jnp.sum(jnp.cumprod(accept_BxG.astype(jnp.int32), axis=-1), axis=-1)
+
+
+def correction_or_bonus(key: Array, num_accepted_B: Array, q_BxGxV: Array, pi_BxGxV: Array,
+                        bonus_BxV: Array, weights_fn=residual) -> Array:
+    """Samples the token emitted after ``num_accepted`` drafts.
+
+    Row b draws from ``weights_fn(pi[b, j], q[b, j])`` at ``j = num_accepted[b]``
+    when ``j < G``, else from ``bonus[b]``.
+    """
+    g = q_BxGxV.shape[1]
+    index_B = jnp.minimum(num_accepted_B, g - 1)
+    pick = lambda x_BxGxV: jnp.take_along_axis(x_BxGxV, index_B[:, None, None], axis=1)[:, 0]
+    weights_BxV = weights_fn(pick(pi_BxGxV), pick(q_BxGxV))
+    weights_BxV = jnp.where((num_accepted_B >= g)[:, None], bonus_BxV, weights_BxV)
+    return sample_from_weights(key, weights_BxV)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenVerifier:
+    """Token-by-token verification (Leviathan et al.; SpecCascade Alg. 4)."""
+
+    name: str = "token"
+
+    def init_state(self, batch_size: int) -> None:
+        del batch_size
+        return None
+
+    def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
+                 bonus_BxV: Array, state: Any = None) -> VerifyOutput:
+        accept_key, sample_key = jax.random.split(key)
+        q_tok_BxG = gather_token_probs(q_BxGxV, drafts_BxG)
+        pi_tok_BxG = gather_token_probs(pi_BxGxV, drafts_BxG)
+        # Accept iff u < pi/q, i.e. u * q < pi (no division: q(x) > 0 for a drawn x).
+        u_BxG = jax.random.uniform(accept_key, drafts_BxG.shape)
+        num_accepted_B = leading_accepts(u_BxG * q_tok_BxG < pi_tok_BxG)
+        next_token_B = correction_or_bonus(sample_key, num_accepted_B, q_BxGxV, pi_BxGxV,
+                                           bonus_BxV)
+        return VerifyOutput(num_accepted=num_accepted_B, next_token=next_token_B, state=state)
