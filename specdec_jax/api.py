@@ -26,8 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling, targets
-from specdec_jax.decoding import (AutoregressiveDecoder, GenerationOutput, SamplingParams,
-                                  SpeculativeDecoder, required_cache_length)
+from specdec_jax.decoding import (
+    AutoregressiveDecoder,
+    GenerationOutput,
+    SamplingParams,
+    SpeculativeDecoder,
+    required_cache_length,
+)
 from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
 from specdec_jax.verify import TokenVerifier
 

@@ -13,13 +13,28 @@ import numpy as np
 import pytest
 
 from specdec_jax import targets
-from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.api import sampling_params
+from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.verify import (TokenVerifier, VerifyOutput, correction_or_bonus,
-                                gather_token_probs, leading_accepts)
-from tests.exactness import (DRAFTER, DRAFTER_PARAMS, LENGTH, P_MIN, PROMPT, ROWS, TARGET,
-                             TARGET_PARAMS, chi_square_pvalue, exact_sequence_probs)
+from specdec_jax.verify import (
+    TokenVerifier,
+    VerifyOutput,
+    correction_or_bonus,
+    gather_token_probs,
+    leading_accepts,
+)
+from tests.exactness import (
+    DRAFTER,
+    DRAFTER_PARAMS,
+    LENGTH,
+    P_MIN,
+    PROMPT,
+    ROWS,
+    TARGET,
+    TARGET_PARAMS,
+    chi_square_pvalue,
+    exact_sequence_probs,
+)
 
 GAMMA = 2
 
@@ -97,8 +112,9 @@ def test_cascade_tokens_follow_pi(method, alpha):
     target_fn = targets.get_target(method)
     next_pi = pi_dist(target_fn, alpha)
     expected = exact_sequence_probs(next_pi)
-    pi_vs_p = max(np.abs(next_pi(PROMPT + (a,)) - TARGET.next_probs(TARGET_PARAMS, PROMPT + (a,))).max()
-                  for a in range(4))
+    contexts = [PROMPT + (a,) for a in range(4)]
+    pi_vs_p = max(np.abs(next_pi(c) - TARGET.next_probs(TARGET_PARAMS, c)).max()
+                  for c in contexts)
     assert pi_vs_p > 0.05, "alpha must make pi differ from p, or the test cannot tell"
     tokens, stats = sample(target_fn, alpha=alpha)
     assert chi_square_pvalue(tokens, expected) > P_MIN

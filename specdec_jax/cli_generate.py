@@ -1,0 +1,165 @@
+"""``specdec-jax generate``: speculative generation on real models, with the
+speedup over autoregressive target decoding measured in the same run.
+
+    specdec-jax generate --target qwen2.5-coder-1.5b --drafter qwen2.5-coder-0.5b \\
+        --method token-v3 --alpha 0.3 --gamma 5 --prompt "def quicksort(xs):"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import jax
+import numpy as np
+
+from specdec_jax import api, targets, timing
+from specdec_jax.models.interface import make_prompt
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
+# Code completions: the default pair is a code model pair.
+DEFAULT_PROMPTS = (
+    'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
+    "def is_palindrome(text: str) -> bool:\n"
+    '    """Return True if text reads the same backwards, ignoring case."""\n',
+    'def flatten(nested: list) -> list:\n    """Flatten a nested list of lists."""\n',
+)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help=__doc__.splitlines()[0],
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, .gguf or HF dir")
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    p.add_argument("--method", default="specdecode", choices=targets.METHODS)
+    p.add_argument("--alpha", type=float, default=0.0)
+    p.add_argument("--beta", type=float, default=1.0, help="Lossy's beta")
+    p.add_argument("--gamma", type=int, default=5, help="draft block length G")
+    p.add_argument("--verifier", default="token", choices=api.VERIFIERS)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    p.add_argument("--prompts-file", help="one prompt per line, or a .jsonl with 'prompt'")
+    p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the autoregressive baseline (no speedup is printed)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.set_defaults(func=run)
+
+
+def read_prompts(args) -> list[str]:
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        with open(args.prompts_file, encoding="utf-8") as f:
+            if args.prompts_file.endswith(".jsonl"):
+                prompts += [json.loads(line)["prompt"] for line in f if line.strip()]
+            else:
+                prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+    if not prompts and not args.prompt and not args.prompts_file:
+        prompts = list(DEFAULT_PROMPTS)
+    if not prompts or any(not p.strip() for p in prompts):
+        raise SystemExit("error: got an empty prompt; pass text with --prompt or "
+                         "--prompts-file.")
+    return prompts
+
+
+def _batches(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _summary(outputs, seconds: float, gamma: int) -> dict:
+    tokens = int(sum(int(np.asarray(o.lengths).sum()) for o in outputs))
+    calls = int(sum(int(np.asarray(o.stats.target_calls).sum()) for o in outputs))
+    summary = {"tokens": tokens, "target_calls": calls, "seconds": round(seconds, 3),
+               "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+               "block_efficiency": round(tokens / max(calls, 1), 3)}
+    if gamma:
+        hist = sum(np.asarray(o.stats.accepted_histogram).sum(0) for o in outputs)
+        mean_accepted = float((hist * np.arange(gamma + 1)).sum() / max(hist.sum(), 1))
+        deferred = sum(float(np.asarray(o.stats.deferred_mass).sum()) for o in outputs)
+        summary.update(mean_accepted=round(mean_accepted, 3),
+                       acceptance_rate=round(mean_accepted / gamma, 3),
+                       deferral_rate=round(deferred / max(tokens, 1), 3),
+                       accepted_histogram=hist.tolist())
+    return summary
+
+
+def run(args) -> int:
+    from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415 (heavy import)
+
+    prompts = read_prompts(args)
+    if args.method != "autoregressive":
+        targets.get_target(args.method).validate(args.alpha, args.beta)
+    sp = api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
+                             beta=args.beta)
+    target, target_params, tokenizer = load_model(args.target)
+    drafter = drafter_params = None
+    if args.method != "autoregressive":
+        drafter, drafter_params, drafter_tokenizer = load_model(args.drafter)
+        if drafter_tokenizer.vocab != tokenizer.vocab:
+            raise SystemExit(f"error: {args.drafter} and {args.target} use different "
+                             "tokenizers; speculative decoding needs a shared vocabulary.")
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
+             else p for p in prompts]
+    token_lists = [tokenizer.encode(t) for t in texts]
+    width = max(len(t) for t in token_lists)
+    common = dict(target=target, max_new_tokens=args.max_new_tokens, top_k=args.top_k,
+                  eos_ids=tuple(tokenizer.eos_token_ids))
+    runs = {args.method: api.make_generate_fn(
+        drafter=drafter, method=args.method, gamma=args.gamma, verifier=args.verifier,
+        **common)}
+    if not args.no_baseline and args.method != "autoregressive":
+        runs["autoregressive"] = api.make_generate_fn(method="autoregressive", **common)
+
+    results, texts_out = {}, []
+    batches = []
+    for batch in _batches(token_lists, args.batch_size):
+        batch = batch + [batch[-1]] * (args.batch_size - len(batch))  # static shapes
+        batches.append(make_prompt(batch, pad_to=width))
+    for name, fn in runs.items():
+        compiled = timing.Compiled(fn, target_params, drafter_params, batches[0],
+                                   jax.random.PRNGKey(0), sp)
+        outputs, seconds = [], 0.0
+        for batch_index, prompt in enumerate(batches):
+            key = jax.random.PRNGKey(args.seed + batch_index)
+            timed = compiled.time(target_params, drafter_params, prompt, key, sp)
+            outputs.append(timed.output)
+            seconds += timed.median_s
+            if name == args.method:
+                out = timed.output
+                texts_out += [tokenizer.decode(np.asarray(out.tokens[b, : out.lengths[b]]))
+                              for b in range(args.batch_size)]
+        results[name] = _summary(outputs, seconds, 0 if name == "autoregressive" else
+                                 args.gamma)
+    texts_out = texts_out[: len(prompts)]
+    report = {"target": args.target, "drafter": args.drafter, "method": args.method,
+              "alpha": args.alpha, "gamma": args.gamma, "verifier": args.verifier,
+              "temperature": args.temperature, "results": results,
+              "environment": timing.environment(), "precision": "float32"}
+    if "autoregressive" in results and args.method != "autoregressive":
+        report["speedup_vs_autoregressive"] = round(
+            results["autoregressive"]["seconds"] / results[args.method]["seconds"], 3)
+    if args.json:
+        report["completions"] = texts_out
+        json.dump(report, sys.stdout, indent=2)
+        print()
+        return 0
+    for prompt, text in zip(prompts, texts_out):
+        print(f"--- prompt ---\n{prompt}\n--- completion ---\n{text}\n")
+    for name, summary in results.items():
+        print(f"[{name}] " + ", ".join(f"{k}={v}" for k, v in summary.items()
+                                        if k != "accepted_histogram"))
+    if "speedup_vs_autoregressive" in report:
+        machine = report["environment"]["machine"]
+        print(f"speedup over autoregressive {args.target}: "
+              f"{report['speedup_vs_autoregressive']}x (same run; {machine}, float32, "
+              "compile time excluded)")
+    return 0
