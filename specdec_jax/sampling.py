@@ -72,8 +72,13 @@ def distributions(logits_xV: Array, temperature: Array, top_p: Array,
         scaled = jnp.where(_top_k_mask(scaled, min(config.top_k, logits.shape[-1])), scaled,
                            -jnp.inf)
     probs = jax.nn.softmax(scaled, axis=-1)
-    probs = jnp.where(_top_p_mask(probs, top_p), probs, 0.0)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+
+    def nucleus(probs):
+        kept = jnp.where(_top_p_mask(probs, top_p), probs, 0.0)
+        return kept / jnp.sum(kept, axis=-1, keepdims=True)
+
+    # top_p is traced; the cond skips a full-vocabulary sort when it is off.
+    probs = jax.lax.cond(top_p < 1.0, nucleus, lambda probs: probs, probs)
     one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
     greedy = temperature <= 0
     return Distributions(probs=jnp.where(greedy, one_hot, probs),
