@@ -1,0 +1,87 @@
+"""Sharding: a ``Mesh`` with ``data`` and ``model`` axes, partition rules per
+model family, batches sharded along ``data``.
+
+The decoding loops are sharding-agnostic: place the parameters and the prompt
+with these helpers and ``jit`` propagates the layout (GSPMD) through the
+while loop. Rules shard the large matrices along ``model`` (attention heads
+and MLP width, Megatron style) and replicate norms; the vocabulary axis of
+the embedding is sharded too, since it is the largest tensor of small models.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from specdec_jax.models.interface import Prompt
+
+DATA, MODEL = "data", "model"
+
+# (regex on the "/"-joined parameter path, spec). First match wins.
+DECODER_RULES: tuple[tuple[str, PartitionSpec], ...] = (
+    (r"embedder/embedding$", PartitionSpec(MODEL, None)),
+    (r"attention/(query|key|value)/kernel$", PartitionSpec(None, MODEL)),
+    (r"attention/(query|key|value)/bias$", PartitionSpec(MODEL)),
+    (r"attention/out/kernel$", PartitionSpec(MODEL, None)),
+    (r"mlp/wi_[01]/kernel$", PartitionSpec(None, MODEL)),
+    (r"mlp/wo/kernel$", PartitionSpec(MODEL, None)),
+    (r"logits_dense/kernel$", PartitionSpec(None, MODEL)),
+    (r".*", PartitionSpec()),
+)
+T5_RULES: tuple[tuple[str, PartitionSpec], ...] = (
+    (r"token_embedder/embedding$", PartitionSpec(MODEL, None)),
+    (r"attention/(query|key|value)/kernel$", PartitionSpec(None, MODEL)),
+    (r"attention/out/kernel$", PartitionSpec(MODEL, None)),
+    (r"mlp/wi_[01]/kernel$", PartitionSpec(None, MODEL)),
+    (r"mlp/wo/kernel$", PartitionSpec(MODEL, None)),
+    (r"logits_dense/kernel$", PartitionSpec(None, MODEL)),
+    (r".*", PartitionSpec()),
+)
+
+
+def make_mesh(data: int | None = None, model: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, model) mesh over ``devices`` (default: all); ``data`` defaults
+    to what is left after ``model``."""
+    devices = list(devices or jax.devices())
+    if data is None:
+        data = len(devices) // model
+    if data * model != len(devices):
+        raise ValueError(f"mesh {data} x {model} does not cover {len(devices)} devices; "
+                         "choose data * model == number of devices.")
+    return Mesh(np.asarray(devices).reshape(data, model), (DATA, MODEL))
+
+
+def _spec_fits(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """Drops a sharded axis whose size the mesh axis does not divide (small
+    tensors, few KV heads): replication is always correct."""
+    fitted = []
+    for axis, dim in zip(tuple(spec) + (None,) * (len(shape) - len(spec)), shape):
+        fitted.append(axis if axis is None or dim % mesh.shape[axis] == 0 else None)
+    return PartitionSpec(*fitted)
+
+
+def shard_params(params, mesh: Mesh, rules=DECODER_RULES):
+    """Places every parameter according to the first matching rule."""
+
+    def place(path, leaf):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        spec = next(s for pattern, s in rules if re.search(pattern, name))
+        return jax.device_put(leaf, NamedSharding(mesh, _spec_fits(spec, leaf.shape, mesh)))
+
+    return jax.tree_util.tree_map_with_path(place, params)
+
+
+def shard_prompt(prompt: Prompt, mesh: Mesh) -> Prompt:
+    """Shards the batch along ``data`` (the batch must divide by its size)."""
+    batch = prompt.tokens.shape[0]
+    if batch % mesh.shape[DATA]:
+        raise ValueError(f"batch size {batch} is not divisible by the data axis "
+                         f"({mesh.shape[DATA]}); pad the batch.")
+    return Prompt(
+        tokens=jax.device_put(prompt.tokens, NamedSharding(mesh, PartitionSpec(DATA, None))),
+        lengths=jax.device_put(prompt.lengths, NamedSharding(mesh, PartitionSpec(DATA))))
