@@ -15,6 +15,7 @@ CORE = [
     "tokenizers>=0.19",
     "sentencepiece>=0.2",
     "tqdm>=4.66",
+    "jinja2>=3.1",  # chat templates carried by checkpoints
 ]
 
 # The reference peer (torch, transformers) lives only here: the library never

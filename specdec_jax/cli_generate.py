@@ -104,7 +104,7 @@ def run(args) -> int:
     drafter = drafter_params = None
     if args.method != "autoregressive":
         drafter, drafter_params, drafter_tokenizer = load_model(args.drafter)
-        if drafter_tokenizer.vocab != tokenizer.vocab:
+        if drafter_tokenizer.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {args.drafter} and {args.target} use different "
                              "tokenizers; speculative decoding needs a shared vocabulary.")
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat

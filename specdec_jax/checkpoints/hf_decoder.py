@@ -53,7 +53,7 @@ def decoder_config_from_hf(hf: Mapping[str, Any], **overrides) -> DecoderConfig:
         num_layers=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"],
         num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        head_dim=hf.get("head_dim"),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
         rope_theta=float(rope_theta),
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),

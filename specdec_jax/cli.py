@@ -1,0 +1,41 @@
+"""``specdec-jax``: command-line entry point (``fetch``, ``generate``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec_jax import cli_generate
+
+
+def _fetch(args) -> int:
+    from specdec_jax.checkpoints import registry  # noqa: PLC0415
+
+    names = list(registry.MODELS) if args.name == "all" else [args.name]
+    for name in names:
+        path = registry.local_path(name, verify=True)
+        print(f"{name}: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec-jax", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch", help="download, assemble and verify a registry model")
+    fetch.add_argument("name", help="a registry name, or 'all'")
+    fetch.set_defaults(func=_fetch)
+    cli_generate.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, KeyError, FileNotFoundError, PermissionError, ConnectionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

