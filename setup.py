@@ -27,6 +27,7 @@ DEV = [
     "accelerate>=0.30",
     "ruff>=0.5",
     "scipy>=1.11",
+    "psutil>=5.9",
 ]
 
 setup(

@@ -1,0 +1,216 @@
+"""Speculative decoding benchmark on a real drafter/target pair (issue 4 protocol).
+
+All figures are ratios measured in one run: speculative vs autoregressive target
+decoding (tokens/s), the overhead ratio (measured round time over G + 1 drafter
+steps plus one scoring call, each timed separately), and ours vs Hugging Face
+``transformers`` assisted generation on the same GGUF weights (greedy; outputs
+compared token for token). Compile time is excluded everywhere.
+
+    python eval/bench_speculative.py --num-prompts 10 --max-new-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from specdec_jax.checkpoints.load import load_model
+from tqdm import tqdm
+
+from specdec_jax import api, timing
+from specdec_jax.data import humaneval
+from specdec_jax.models.interface import make_prompt
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--drafter", default="qwen2.5-coder-0.5b")
+    p.add_argument("--num-prompts", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--gammas", type=int, nargs="+", default=[3, 5, 7])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[4, 8])
+    p.add_argument("--no-peer", action="store_true", help="skip transformers")
+    p.add_argument("--out", default="results/bench_speculative.json")
+    return p.parse_args(argv)
+
+
+def run_prompts(fn, params, prompts, width, temperature, batch_size=1, seed=0):
+    """Times ``fn`` over all prompts in batches; returns totals and outputs."""
+    sp = api.sampling_params(temperature=temperature)
+    batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+    batches = [b + [b[-1]] * (batch_size - len(b)) for b in batches]
+    compiled = timing.Compiled(fn, *params, make_prompt(batches[0], pad_to=width),
+                               jax.random.PRNGKey(0), sp)
+    seconds, tokens, target_calls, outputs, hist = 0.0, 0, 0, [], 0
+    for i, batch in enumerate(batches):
+        timed = compiled.time(*params, make_prompt(batch, pad_to=width),
+                              jax.random.PRNGKey(seed + i), sp)
+        out = timed.output
+        seconds += timed.median_s
+        tokens += int(np.asarray(out.lengths).sum())
+        target_calls += int(np.asarray(out.stats.target_calls).sum())
+        hist = hist + np.asarray(out.stats.accepted_histogram).sum(0)
+        outputs += [np.asarray(out.tokens[b, : out.lengths[b]]).tolist()
+                    for b in range(len(batch))]
+    return {"seconds": seconds, "tokens": tokens, "target_calls": target_calls,
+            "tokens_per_s": tokens / seconds, "block_efficiency": tokens / target_calls,
+            "accepted_histogram": np.asarray(hist).tolist(),
+            "compile_s": compiled.compile_s}, outputs[: len(prompts)]
+
+
+def time_model_calls(model, params, k, batch=1, fill=256, repeats=20):
+    """Median seconds of one jitted ``extend`` of K tokens at a typical cache fill."""
+    cache = model.init_cache(batch, fill + 64)
+    cache = cache.replace(lengths=jnp.full((batch,), fill, jnp.int32))
+    tokens = jnp.ones((batch, k), jnp.int32)
+    fn = jax.jit(lambda p, t, c: model.extend(p, t, c).logits)
+    compiled = timing.Compiled(fn, params, tokens, cache)
+    return compiled.time(params, tokens, cache, repeats=repeats).median_s
+
+
+def peer_assisted(target_path, drafter_path, prompts, gamma, max_new_tokens):
+    """transformers greedy: plain and assisted generation, same GGUF files."""
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    def load(path):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32)
+        return model.eval()
+
+    target, drafter = load(target_path), load(drafter_path)
+    drafter.generation_config.num_assistant_tokens = gamma
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"
+    drafter.generation_config.assistant_confidence_threshold = 0.0
+    results = {}
+    for name, extra in (("autoregressive", {}), ("assisted", {"assistant_model": drafter})):
+        seconds, tokens, outputs = 0.0, 0, []
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                start = time.perf_counter()
+                out = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
+                                      min_new_tokens=max_new_tokens, **extra)
+                seconds += time.perf_counter() - start
+            new = out[0, len(prompt):].tolist()
+            tokens += len(new)
+            outputs.append(new)
+        results[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+                         "outputs": outputs}
+    return results
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    target, target_params, tok = load_model(args.target)
+    drafter, drafter_params, _ = load_model(args.drafter)
+    prompts = [tok.encode(p) for p in humaneval.load_prompts(args.num_prompts)]
+    width = max(len(p) for p in prompts)
+    params = (target_params, drafter_params)
+    # No EOS: every row generates max_new_tokens, so runs compare equal work.
+    common = dict(target=target, max_new_tokens=args.max_new_tokens)
+    report = {"environment": timing.environment(), "precision": "float32",
+              "target": args.target, "drafter": args.drafter, "num_prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "batch_1": {}, "batched": {}}
+
+    t_draft = time_model_calls(drafter, drafter_params, 1, fill=width)
+    report["drafter_step_s"] = t_draft
+    report["target_step_s"] = time_model_calls(target, target_params, 1, fill=width)
+    jobs = [(t, g) for t in args.temperatures for g in [0] + args.gammas]
+    greedy_outputs = {}
+    for temperature, gamma in tqdm(jobs, desc="batch-1 runs"):
+        method = "autoregressive" if gamma == 0 else "specdecode"
+        fn = api.make_generate_fn(drafter=drafter, method=method, gamma=max(gamma, 1),
+                                  **common)
+        row, outputs = run_prompts(fn, params, prompts, width, temperature)
+        if gamma:
+            t_score = time_model_calls(target, target_params, gamma + 1, fill=width)
+            round_s = row["seconds"] / row["target_calls"]
+            row.update(round_s=round_s, score_call_s=t_score,
+                       overhead_ratio=round_s / ((gamma + 1) * t_draft + t_score),
+                       mean_accepted=float(np.dot(row["accepted_histogram"],
+                                                  np.arange(gamma + 1)) / row["target_calls"]))
+        if temperature == 0:
+            greedy_outputs[gamma] = outputs
+        report["batch_1"][f"T={temperature:g},G={gamma}"] = row
+    for temperature in args.temperatures:
+        ar = report["batch_1"][f"T={temperature:g},G=0"]["tokens_per_s"]
+        for gamma in args.gammas:
+            row = report["batch_1"][f"T={temperature:g},G={gamma}"]
+            row["speedup_vs_autoregressive"] = row["tokens_per_s"] / ar
+    report["greedy_specdecode_equals_autoregressive"] = all(
+        greedy_outputs[g] == greedy_outputs[0] for g in args.gammas if g in greedy_outputs)
+
+    best_gamma = max(args.gammas, key=lambda g: report["batch_1"].get(
+        f"T=0,G={g}", {"tokens_per_s": 0})["tokens_per_s"])
+    for batch_size in tqdm(args.batch_sizes, desc="batched runs"):
+        for gamma in (0, best_gamma):
+            fn = api.make_generate_fn(drafter=drafter, method="autoregressive" if gamma == 0
+                                      else "specdecode", gamma=max(gamma, 1), **common)
+            row, _ = run_prompts(fn, params, prompts, width, 0.0, batch_size=batch_size)
+            report["batched"][f"B={batch_size},G={gamma}"] = row
+
+    if not args.no_peer:
+        from specdec_jax.checkpoints import registry  # noqa: PLC0415
+        peer = peer_assisted(registry.local_path(args.target), registry.local_path(args.drafter),
+                             prompts, best_gamma, args.max_new_tokens)
+        ours_ar = report["batch_1"]["T=0,G=0"]
+        ours_sd = report["batch_1"][f"T=0,G={best_gamma}"]
+        report["peer"] = {
+            "transformers_version": __import__("transformers").__version__,
+            "torch_version": __import__("torch").__version__, "gamma": best_gamma,
+            "autoregressive_tokens_per_s": peer["autoregressive"]["tokens_per_s"],
+            "assisted_tokens_per_s": peer["assisted"]["tokens_per_s"],
+            "ours_over_theirs_assisted": ours_sd["tokens_per_s"] /
+            peer["assisted"]["tokens_per_s"],
+            "ours_over_theirs_autoregressive": ours_ar["tokens_per_s"] /
+            peer["autoregressive"]["tokens_per_s"],
+            "assisted_outputs_identical_to_ours": sum(
+                a == b for a, b in zip(peer["assisted"]["outputs"], greedy_outputs[best_gamma])),
+            "prompts": len(prompts),
+        }
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(markdown(report))
+
+
+def markdown(report) -> str:
+    env = report["environment"]
+    lines = [f"{report['target']} <- {report['drafter']}, {report['num_prompts']} HumanEval "
+             f"prompts, {report['max_new_tokens']} new tokens, batch 1, {report['precision']}, "
+             f"{env['machine']}, jax {env['jax']}", "",
+             "| T | G | tokens/s | speedup vs AR | block eff. | mean accepted | overhead |",
+             "|---|---|---|---|---|---|---|"]
+    for key, row in report["batch_1"].items():
+        t, g = (part.split("=")[1] for part in key.split(","))
+        lines.append(f"| {t} | {g if g != '0' else 'AR'} | {row['tokens_per_s']:.2f} | "
+                     f"{row.get('speedup_vs_autoregressive', 1.0):.2f}x | "
+                     f"{row['block_efficiency']:.2f} | {row.get('mean_accepted', 0):.2f} | "
+                     f"{row.get('overhead_ratio', float('nan')):.2f} |")
+    if report["batched"]:
+        lines += ["", "| batch | G | tokens/s |", "|---|---|---|"]
+        for key, row in report["batched"].items():
+            b, g = (part.split("=")[1] for part in key.split(","))
+            lines.append(f"| {b} | {g if g != '0' else 'AR'} | {row['tokens_per_s']:.2f} |")
+    if "peer" in report:
+        peer = report["peer"]
+        lines += ["", f"transformers {peer['transformers_version']} (torch "
+                  f"{peer['torch_version']}), greedy, G={peer['gamma']}: assisted "
+                  f"{peer['assisted_tokens_per_s']:.2f} tok/s, ours/theirs "
+                  f"{peer['ours_over_theirs_assisted']:.2f}x (AR: "
+                  f"{peer['ours_over_theirs_autoregressive']:.2f}x); identical outputs "
+                  f"{peer['assisted_outputs_identical_to_ours']}/{peer['prompts']}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

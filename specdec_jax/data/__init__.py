@@ -1,0 +1,1 @@
+"""Real corpora and benchmark prompts, fetched from package registries as plain files."""

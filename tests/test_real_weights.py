@@ -1,0 +1,101 @@
+"""Real pretrained weights (slow: fetched on first use, ~0.1-1.6 GB).
+
+Run with ``python -m pytest -m slow``. A test skips only when the weights
+cannot be fetched, and says why.
+"""
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from specdec_jax.checkpoints import registry
+from specdec_jax.checkpoints.load import load_model
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 48
+PROMPTS = {
+    "code": "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n",
+    "english": "The history of the printing press begins in",
+    "chat": "Explain in two sentences why the sky is blue.",
+}
+_LOADED = {}
+
+
+def load(name):
+    if name not in _LOADED:
+        try:
+            registry.local_path(name)
+        except (ConnectionError, PermissionError) as err:
+            pytest.skip(f"weights of {name} cannot be fetched here: {err}")
+        _LOADED[name] = load_model(name)
+    return _LOADED[name]
+
+
+def encode(tok, kind):
+    text = PROMPTS[kind]
+    if kind == "chat":
+        text = tok.apply_chat_template([{"role": "user", "content": text}])
+    return tok.encode(text)
+
+
+def hf_peer(name):
+    import torch
+    import transformers
+    path = registry.local_path(name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    return model.eval()
+
+
+def until_eos(tokens, eos_ids):
+    out = []
+    for t in tokens:
+        out.append(int(t))
+        if int(t) in eos_ids:
+            break
+    return out
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+def test_greedy_continuations_and_logits_match_transformers(name):
+    import torch
+    model, params, tok = load(name)
+    peer = hf_peer(name)
+    for kind in PROMPTS:
+        ids = encode(tok, kind)
+        ours = sj.generate(target=model, target_params=params, prompts=[ids],
+                           method="autoregressive", max_new_tokens=NEW_TOKENS,
+                           eos_ids=tok.eos_token_ids)
+        ours_tokens = until_eos(np.asarray(ours.tokens[0, : ours.lengths[0]]),
+                                tok.eos_token_ids)
+        with torch.no_grad():
+            theirs = peer.generate(torch.tensor([ids]), do_sample=False,
+                                   max_new_tokens=NEW_TOKENS,
+                                   eos_token_id=list(tok.eos_token_ids),
+                                   pad_token_id=tok.eos_token_ids[0])
+            ref_logits = peer(torch.tensor([ids])).logits[0, -1].numpy()
+        theirs_tokens = until_eos(theirs[0, len(ids):].tolist(), tok.eos_token_ids)
+        assert ours_tokens == theirs_tokens, (kind, tok.decode(ours_tokens),
+                                              tok.decode(theirs_tokens))
+        out = model.prefill(params, sj.make_prompt([ids]), model.init_cache(1, len(ids)))
+        np.testing.assert_allclose(np.asarray(out.logits[0, 0]), ref_logits, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("target_name, drafter_name", [
+    ("smollm2-135m", "smollm2-135m"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")])
+@pytest.mark.parametrize("verifier", ["token", "block", "block-seed"])
+def test_greedy_specdecode_equals_greedy_target(target_name, drafter_name, verifier):
+    target, target_params, tok = load(target_name)
+    drafter, drafter_params, _ = load(drafter_name)
+    prompts = [encode(tok, kind) for kind in PROMPTS]
+    common = dict(target=target, target_params=target_params, prompts=prompts,
+                  max_new_tokens=NEW_TOKENS, eos_ids=tok.eos_token_ids)
+    reference = sj.generate(method="autoregressive", **common)
+    spec = sj.generate(method="specdecode", drafter=drafter, drafter_params=drafter_params,
+                       gamma=5, verifier=verifier, **common)
+    np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(reference.lengths))
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(reference.tokens))
+    assert int(jnp.sum(spec.stats.target_calls)) < int(jnp.sum(reference.stats.target_calls))
