@@ -177,3 +177,17 @@ def test_safetensors_export_runs_in_transformers(tmp_path, family):
     cfg2, params2 = safetensors_io.load_hf_decoder(out_dir)
     assert cfg2 == cfg
     assert json.loads((out_dir / "config.json").read_text())["model_type"] == family
+
+
+def test_orbax_round_trip(tmp_path):
+    import jax
+
+    from specdec_jax.checkpoints import orbax_io
+    hf_model, config = small_hf_decoder("qwen2")
+    _, params = ours_from_hf(hf_model, config)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    orbax_io.save_params(tmp_path / "ckpt", params)
+    back = orbax_io.restore_params(tmp_path / "ckpt", like=params)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
+    with pytest.raises(FileExistsError, match="never overwrites"):
+        orbax_io.save_params(tmp_path / "ckpt", params)
