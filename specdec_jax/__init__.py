@@ -21,6 +21,6 @@ __version__ = "0.1.0"
 __all__ = [
     "METHODS", "VERIFIERS", "DecoderCache", "DecoderConfig", "DecoderOnlyLM",
     "GenerationOutput", "GenerationStats", "LanguageModel", "Prompt", "SamplingParams",
-    "StepOutput", "generate", "get_verifier", "make_generate_fn", "make_prompt",
-    "sampling_params",
+    "StepOutput", "T5Config", "T5EncoderDecoderLM", "generate", "get_verifier",
+    "make_generate_fn", "make_prompt", "sampling_params",
 ]

@@ -2,6 +2,7 @@
 
 from specdec_jax.models.decoder import DecoderCache, DecoderConfig, DecoderOnlyLM
 from specdec_jax.models.interface import LanguageModel, Prompt, StepOutput, make_prompt
+from specdec_jax.models.t5 import T5Cache, T5Config, T5EncoderDecoderLM
 
 __all__ = ["DecoderCache", "DecoderConfig", "DecoderOnlyLM", "LanguageModel", "Prompt",
-           "StepOutput", "make_prompt"]
+           "StepOutput", "T5Cache", "T5Config", "T5EncoderDecoderLM", "make_prompt"]
