@@ -43,10 +43,13 @@ def get_verifier(name: str):
     """Verifier strategy for ``token`` | ``block`` (stateless) | ``block-seed``."""
     if name == "token":
         return TokenVerifier()
-    if name in ("block", "block-seed"):
+    if name == "block":
         from specdec_jax import verify_block  # noqa: PLC0415 (kept out of import time)
-        return verify_block.BlockVerifier() if name == "block" else \
-            verify_block.SeedBlockVerifier()
+        return verify_block.BlockVerifier()
+    if name == "block-seed":
+        raise NotImplementedError(
+            "verifier 'block-seed' (the seed paper's form with carried residual state) is not "
+            "implemented yet; use 'block' (stateless block verification, also exact).")
     raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}.")
 
 
