@@ -1,7 +1,8 @@
 """Per-model costs on CPU float32, ours vs Hugging Face ``transformers`` (same GGUF).
 
 For each model, in one run: load time (GGUF read + dequantise + device put),
-resident memory added by the load, decode latency of one token (K = 1) and
+resident memory added by the load (each side measured in a fresh subprocess, so
+memory freed by one load cannot hide the next), decode latency of one token (K = 1) and
 scoring latency of K = 6 tokens at a fixed cache fill, with the ratio
 theirs / ours (> 1 means we are faster). Compile time is excluded.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing
 import os
 import statistics
 import time
@@ -86,9 +88,14 @@ def main(argv=None):
     report = {"environment": timing.environment(), "precision": "float32",
               "torch": torch.__version__, "transformers": transformers.__version__,
               "torch_threads": torch.get_num_threads(), "cache_fill": FILL, "models": {}}
+    spawn = multiprocessing.get_context("spawn")
     for name in args.models:
         registry.local_path(name)  # fetch outside the timed region
-        report["models"][name] = {"ours": ours(name), "transformers": theirs(name)}
+        row = {}
+        for side, fn in (("ours", ours), ("transformers", theirs)):
+            with spawn.Pool(1) as pool:  # a fresh process per side: clean RSS and caches
+                row[side] = pool.apply(fn, (name,))
+        report["models"][name] = row
         print(markdown(report), flush=True)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
