@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.models.decoder import DecoderConfig
+from specdec_jax.checkpoints.tree_paths import check_shapes, get_path, set_path
+from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -97,14 +98,14 @@ def decoder_params_from_hf(state: Mapping[str, Any], cfg: DecoderConfig) -> dict
         layer: dict[str, Any] = {}
         for ours, theirs, transpose in _LAYER_MAP:
             value = _get(state, f"model.layers.{i}.{theirs}")
-            _set(layer, ours, value.T if transpose else value)
+            set_path(layer, ours, value.T if transpose else value)
         if cfg.qkv_bias:
             for ours, theirs in _BIAS_MAP:
-                _set(layer, ours, _get(state, f"model.layers.{i}.{theirs}"))
+                set_path(layer, ours, _get(state, f"model.layers.{i}.{theirs}"))
         params[f"layers_{i}"] = layer
     if not cfg.tie_embeddings:
         params["logits_dense"] = {"kernel": _get(state, "lm_head.weight").T}
-    _check_shapes(params, cfg)
+    check_shapes(params, DecoderOnlyLM(cfg).init_params)
     return params
 
 
@@ -115,41 +116,11 @@ def decoder_params_to_hf(params: Mapping[str, Any], cfg: DecoderConfig) -> dict[
     for i in range(cfg.num_layers):
         layer = params[f"layers_{i}"]
         for ours, theirs, transpose in _LAYER_MAP:
-            value = np.asarray(_lookup(layer, ours))
+            value = np.asarray(get_path(layer, ours))
             state[f"model.layers.{i}.{theirs}"] = value.T if transpose else value
         if cfg.qkv_bias:
             for ours, theirs in _BIAS_MAP:
-                state[f"model.layers.{i}.{theirs}"] = _lookup(layer, ours)
+                state[f"model.layers.{i}.{theirs}"] = get_path(layer, ours)
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = np.asarray(params["logits_dense"]["kernel"]).T
     return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in state.items()}
-
-
-def _set(tree: dict, path: tuple[str, ...], value) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
-def _lookup(tree: Mapping, path: tuple[str, ...]):
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _check_shapes(params: Mapping[str, Any], cfg: DecoderConfig) -> None:
-    """Fails with the tensor's name when a checkpoint does not match its config."""
-    head_dim = cfg.dims_per_head
-    expected = {
-        ("embedder", "embedding"): (cfg.vocab_size, cfg.hidden_size),
-        ("layers_0", "attention", "query", "kernel"): (cfg.hidden_size, cfg.num_heads * head_dim),
-        ("layers_0", "attention", "key", "kernel"): (cfg.hidden_size,
-                                                     cfg.num_kv_heads * head_dim),
-        ("layers_0", "mlp", "wi_0", "kernel"): (cfg.hidden_size, cfg.intermediate_size),
-    }
-    for path, shape in expected.items():
-        got = tuple(np.shape(_lookup(params, path)))
-        if got != shape:
-            raise ValueError(
-                f"tensor {'/'.join(path)} has shape {got}, config expects {shape}; the "
-                "checkpoint does not match its config (corrupt file or wrong config).")

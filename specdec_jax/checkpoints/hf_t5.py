@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import numpy as np
 
+from specdec_jax.checkpoints.tree_paths import check_shapes, get_path, set_path
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
 
 SUPPORTED_ARCHITECTURES = ("t5", "mt5")
@@ -143,11 +143,11 @@ def t5_params_from_hf(state: Mapping[str, Any], cfg: T5Config) -> dict:
     embedding = _get(state, "shared.weight")
     lm_head = _get(state, "lm_head.weight") if "lm_head.weight" in state else embedding
     params: dict[str, Any] = {"token_embedder": {"embedding": embedding}}
-    _set(params, ("decoder", "logits_dense", "kernel"), lm_head.T)
+    set_path(params, ("decoder", "logits_dense", "kernel"), lm_head.T)
     for ours, theirs, transpose in _tensor_map(cfg):
         value = _get(state, theirs)
-        _set(params, ours, value.T if transpose else value)
-    _check_shapes(params, cfg)
+        set_path(params, ours, value.T if transpose else value)
+    check_shapes(params, T5EncoderDecoderLM(cfg).init_params)
     return params
 
 
@@ -157,37 +157,11 @@ def t5_params_to_hf(params: Mapping[str, Any], cfg: T5Config) -> dict[str, np.nd
     embedding = np.asarray(params["token_embedder"]["embedding"])
     state = {"shared.weight": embedding, "encoder.embed_tokens.weight": embedding,
              "decoder.embed_tokens.weight": embedding,
-             "lm_head.weight": np.asarray(_lookup(params, ("decoder", "logits_dense",
+             "lm_head.weight": np.asarray(get_path(params, ("decoder", "logits_dense",
                                                            "kernel"))).T}
     for ours, theirs, transpose in _tensor_map(cfg):
-        value = np.asarray(_lookup(params, ours))
+        value = np.asarray(get_path(params, ours))
         state[theirs] = value.T if transpose else value
     return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in state.items()}
 
 
-def _set(tree: dict, path: tuple[str, ...], value) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
-def _lookup(tree: Mapping, path: tuple[str, ...]):
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _check_shapes(params: Mapping[str, Any], cfg: T5Config) -> None:
-    """Fails with the tensor's name when a checkpoint does not match its config.
-
-    The expected shapes come from tracing ``init_params`` abstractly (no
-    compute), so they cannot drift from the model definition.
-    """
-    expected = jax.eval_shape(T5EncoderDecoderLM(cfg).init_params, jax.random.key(0))
-    for path, spec in jax.tree_util.tree_flatten_with_path(expected)[0]:
-        keys = tuple(k.key for k in path)
-        got = tuple(np.shape(_lookup(params, keys)))
-        if got != tuple(spec.shape):
-            raise ValueError(
-                f"tensor {'/'.join(keys)} has shape {got}, config expects {tuple(spec.shape)}; "
-                "the checkpoint does not match its config (corrupt file or wrong config).")

@@ -1,0 +1,45 @@
+"""Nested-dict parameter trees addressed by key paths, and shape checks.
+
+Shared by the checkpoint converters, which rename tensors between another
+library's flat names and our nested trees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def set_path(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def get_path(tree: Mapping, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def check_shapes(params: Mapping[str, Any], init_params: Callable) -> None:
+    """Fails with the tensor's name when ``params`` does not match the model.
+
+    Expected shapes come from tracing ``init_params`` abstractly (no compute),
+    so they cannot drift from the model definition.
+    """
+    expected = jax.eval_shape(init_params, jax.random.key(0))
+    for path, spec in jax.tree_util.tree_flatten_with_path(expected)[0]:
+        keys = tuple(k.key for k in path)
+        try:
+            got = tuple(np.shape(get_path(params, keys)))
+        except KeyError:
+            raise ValueError(f"tensor {'/'.join(keys)} is missing; the checkpoint does not "
+                             "match its config (corrupt file or wrong config).") from None
+        if got != tuple(spec.shape):
+            raise ValueError(
+                f"tensor {'/'.join(keys)} has shape {got}, config expects {tuple(spec.shape)}; "
+                "the checkpoint does not match its config (corrupt file or wrong config).")
