@@ -43,13 +43,10 @@ def get_verifier(name: str):
     """Verifier strategy for ``token`` | ``block`` (stateless) | ``block-seed``."""
     if name == "token":
         return TokenVerifier()
-    if name == "block":
+    if name in ("block", "block-seed"):
         from specdec_jax import verify_block  # noqa: PLC0415 (kept out of import time)
-        return verify_block.BlockVerifier()
-    if name == "block-seed":
-        raise NotImplementedError(
-            "verifier 'block-seed' (the seed paper's form with carried residual state) is not "
-            "implemented yet; use 'block' (stateless block verification, also exact).")
+        return verify_block.BlockVerifier() if name == "block" else \
+            verify_block.SeedBlockVerifier()
     raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}.")
 
 

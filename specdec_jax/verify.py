@@ -95,14 +95,19 @@ def correction_or_bonus(key: Array, num_accepted_B: Array, q_BxGxV: Array, pi_Bx
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenVerifier:
-    """Token-by-token verification (Leviathan et al.; SpecCascade Alg. 4)."""
-
-    name: str = "token"
+class StatelessVerifier:
+    """Base of verifiers that carry nothing from one round to the next."""
 
     def init_state(self, batch_size: int) -> None:
         del batch_size
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenVerifier(StatelessVerifier):
+    """Token-by-token verification (Leviathan et al.; SpecCascade Alg. 4)."""
+
+    name: str = "token"
 
     def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
                  bonus_BxV: Array, state: Any = None) -> VerifyOutput:
