@@ -29,8 +29,7 @@ from specdec_jax.checkpoints.load import load_model
 from specdec_jax.data import humaneval
 from specdec_jax.models.interface import make_prompt
 
-# "block-seed" joins when the seed form with carried residual state lands.
-VERIFIERS = ("token", "block")
+VERIFIERS = ("token", "block", "block-seed")
 Z95 = 1.959964
 
 

@@ -86,7 +86,7 @@ def test_greedy_continuations_and_logits_match_transformers(name):
 
 @pytest.mark.parametrize("target_name, drafter_name", [
     ("smollm2-135m", "smollm2-135m"), ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")])
-@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("verifier", ["token", "block", "block-seed"])
 def test_greedy_specdecode_equals_greedy_target(target_name, drafter_name, verifier):
     target, target_params, tok = load(target_name)
     drafter, drafter_params, _ = load(drafter_name)
