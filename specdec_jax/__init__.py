@@ -3,7 +3,14 @@
 Import is cheap: no model is built and nothing is compiled at import time.
 """
 
-from specdec_jax.api import VERIFIERS, generate, get_verifier, make_generate_fn, sampling_params
+from specdec_jax.api import (
+    VERIFIERS,
+    generate,
+    get_verifier,
+    make_decoder,
+    make_generate_fn,
+    sampling_params,
+)
 from specdec_jax.decoding import GenerationOutput, GenerationStats, SamplingParams
 from specdec_jax.models import (
                                 DecoderCache,
@@ -22,5 +29,5 @@ __all__ = [
     "METHODS", "VERIFIERS", "DecoderCache", "DecoderConfig", "DecoderOnlyLM",
     "GenerationOutput", "GenerationStats", "LanguageModel", "Prompt", "SamplingParams",
     "StepOutput", "T5Config", "T5EncoderDecoderLM", "generate", "get_verifier",
-    "make_generate_fn", "make_prompt", "sampling_params",
+    "make_decoder", "make_generate_fn", "make_prompt", "sampling_params",
 ]

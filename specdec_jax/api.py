@@ -66,6 +66,45 @@ def _check_pair(target: LanguageModel, drafter: LanguageModel | None) -> None:
 
 
 @functools.lru_cache(maxsize=64)
+def make_decoder(*, target: LanguageModel, drafter: LanguageModel | None = None,
+                 method: str = "specdecode", gamma: int = 5, verifier: str = "token",
+                 max_new_tokens: int = 64, top_k: int = 0, eos_ids: tuple[int, ...] = (),
+                 pad_id: int = 0) -> SpeculativeDecoder | AutoregressiveDecoder:
+    """The validated static decoder behind ``make_generate_fn`` (same arguments).
+
+    Use it directly to prefill once and decode many configurations, e.g. a
+    verifier or gamma sweep over one prompt set::
+
+        big = make_decoder(target=t, drafter=d, gamma=8, max_new_tokens=64)
+        prefilled = jax.jit(big.prefill)(t_params, d_params, prompt)
+        for g in (4, 6, 8):
+            dec = make_decoder(target=t, drafter=d, gamma=g, max_new_tokens=64)
+            out = jax.jit(dec.decode)(t_params, d_params, prefilled, key, sp)
+
+    (A prefill serves any decoder whose gamma and max_new_tokens fit its caches.)
+    """
+    if method not in targets.METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of "
+                         f"{', '.join(targets.METHODS)}.")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    config = sampling.SamplingConfig(top_k=top_k)
+    if method == "autoregressive":
+        return AutoregressiveDecoder(target=target, max_new_tokens=max_new_tokens,
+                                     sampling_config=config, eos_ids=tuple(eos_ids),
+                                     pad_id=pad_id)
+    if drafter is None:
+        raise ValueError(f"method {method!r} needs a drafter model.")
+    if gamma < 1:
+        raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
+    _check_pair(target, drafter)
+    return SpeculativeDecoder(
+        target=target, drafter=drafter, target_fn=targets.get_target(method), gamma=gamma,
+        max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
+        sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id)
+
+
+@functools.lru_cache(maxsize=64)
 def make_generate_fn(*, target: LanguageModel, drafter: LanguageModel | None = None,
                      method: str = "specdecode", gamma: int = 5, verifier: str = "token",
                      max_new_tokens: int = 64, top_k: int = 0,
@@ -77,26 +116,9 @@ def make_generate_fn(*, target: LanguageModel, drafter: LanguageModel | None = N
     over them reuses one compilation. ``method="autoregressive"`` ignores the
     drafter.
     """
-    if method not in targets.METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of "
-                         f"{', '.join(targets.METHODS)}.")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-    config = sampling.SamplingConfig(top_k=top_k)
-    if method == "autoregressive":
-        decoder: Any = AutoregressiveDecoder(target=target, max_new_tokens=max_new_tokens,
-                                             sampling_config=config, eos_ids=tuple(eos_ids),
-                                             pad_id=pad_id)
-    else:
-        if drafter is None:
-            raise ValueError(f"method {method!r} needs a drafter model.")
-        if gamma < 1:
-            raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
-        _check_pair(target, drafter)
-        decoder = SpeculativeDecoder(
-            target=target, drafter=drafter, target_fn=targets.get_target(method), gamma=gamma,
-            max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
-            sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id)
+    decoder = make_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
+                           verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
+                           eos_ids=tuple(eos_ids), pad_id=pad_id)
     return jax.jit(decoder.generate)
 
 

@@ -68,6 +68,16 @@ class GenerationOutput:
 
 
 @flax.struct.dataclass
+class Prefilled:
+    """Both models' caches after the prompt, and the first pending token."""
+
+    target_cache: Any
+    drafter_cache: Any
+    pending: Array  # int32 [B]
+    prompt_width: int = flax.struct.field(pytree_node=False, default=0)
+
+
+@flax.struct.dataclass
 class _LoopState:
     tokens: Array  # int32 [B, N + G + 1]: output buffer (slack for the last round)
     num_generated: Array  # int32 [B]
@@ -179,20 +189,37 @@ class SpeculativeDecoder:
         return (drafts_BxG, jnp.moveaxis(q_TxBxV, 0, 1), jnp.moveaxis(qs_TxBxV, 0, 1), cache,
                 jnp.sum(nan_TxB, axis=0))
 
-    def init_state(self, target_params, drafter_params, prompt: Prompt, key) -> _LoopState:
-        batch, width = prompt.tokens.shape
-        max_length = required_cache_length(width, self.max_new_tokens, self.gamma)
+    def prefill(self, target_params, drafter_params, prompt: Prompt,
+                max_length: int | None = None) -> Prefilled:
+        """Feeds the prompt to both models. Deterministic (no key), so one
+        prefill can seed many decodes: other seeds, verifiers, target
+        functions, hyperparameters, or any ``gamma`` whose
+        ``required_cache_length`` fits in ``max_length`` (default: this
+        decoder's own requirement)."""
+        width = prompt.tokens.shape[1]
+        needed = required_cache_length(width, self.max_new_tokens, self.gamma)
+        max_length = needed if max_length is None else max_length
+        if max_length < needed:
+            raise ValueError(f"max_length {max_length} is below the {needed} positions this "
+                             f"decoder needs (prompt width {width} + max_new_tokens "
+                             f"{self.max_new_tokens} + gamma {self.gamma} + 1).")
         target_cache, pending = start_token_and_prefill(self.target, target_params, prompt,
                                                         max_length)
         drafter_cache, _ = start_token_and_prefill(self.drafter, drafter_params, prompt,
                                                    max_length)
+        return Prefilled(target_cache=target_cache, drafter_cache=drafter_cache,
+                         pending=pending, prompt_width=width)
+
+    def init_state(self, prefilled: Prefilled, key) -> _LoopState:
+        batch = prefilled.pending.shape[0]
         return _LoopState(
             tokens=jnp.full((batch, self.max_new_tokens + self.gamma + 1), self.pad_id,
                             jnp.int32),
-            num_generated=jnp.zeros((batch,), jnp.int32), pending=pending,
-            done=jnp.zeros((batch,), bool), target_cache=target_cache,
-            drafter_cache=drafter_cache, verifier_state=self.verifier.init_state(batch),
-            key=key, stats=_zero_stats(batch, self.gamma))
+            num_generated=jnp.zeros((batch,), jnp.int32), pending=prefilled.pending,
+            done=jnp.zeros((batch,), bool), target_cache=prefilled.target_cache,
+            drafter_cache=prefilled.drafter_cache,
+            verifier_state=self.verifier.init_state(batch), key=key,
+            stats=_zero_stats(batch, self.gamma))
 
     def round(self, target_params, drafter_params, state: _LoopState,
               sp: SamplingParams) -> _LoopState:
@@ -253,8 +280,22 @@ class SpeculativeDecoder:
 
     def generate(self, target_params, drafter_params, prompt: Prompt, key,
                  sp: SamplingParams) -> GenerationOutput:
-        """Runs rounds until every row is done. Pure; jit it (see ``api``)."""
-        state = self.init_state(target_params, drafter_params, prompt, key)
+        """Prefills, then runs rounds until every row is done. Pure; jit it (see ``api``)."""
+        return self.decode(target_params, drafter_params,
+                           self.prefill(target_params, drafter_params, prompt), key, sp)
+
+    def decode(self, target_params, drafter_params, prefilled: Prefilled, key,
+               sp: SamplingParams) -> GenerationOutput:
+        """Runs rounds from a ``prefill`` until every row is done. Pure; jit it."""
+        needed = required_cache_length(prefilled.prompt_width, self.max_new_tokens, self.gamma)
+        capacity = min(prefilled.target_cache.max_length, prefilled.drafter_cache.max_length)
+        if capacity < needed:
+            raise ValueError(
+                f"the prefilled caches hold {capacity} positions but this decoder needs "
+                f"{needed} (prompt width {prefilled.prompt_width} + max_new_tokens "
+                f"{self.max_new_tokens} + gamma {self.gamma} + 1); prefill with "
+                f"max_length={needed} or more.")
+        state = self.init_state(prefilled, key)
 
         def cond_fn(state):
             return ~jnp.all(state.done)

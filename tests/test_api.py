@@ -89,3 +89,31 @@ def test_sweeping_alpha_and_temperature_does_not_recompile():
 def test_bad_input_fails_before_compiling(kwargs, message):
     with pytest.raises(ValueError, match=message):
         run(**kwargs)
+
+
+@pytest.mark.parametrize("verifier", sj.VERIFIERS)
+def test_one_prefill_serves_decoders_with_smaller_gamma(verifier):
+    """A sweep prefills once: decoding from a gamma-5 prefill with gamma 2 gives
+    exactly what a plain gamma-2 generation gives (same key, sampled, T=1)."""
+    prompt = sj.make_prompt(PROMPTS)
+    key, sp = jax.random.PRNGKey(7), sj.sampling_params(temperature=1.0)
+    big = sj.make_decoder(target=TARGET, drafter=DRAFTER, gamma=5, max_new_tokens=12)
+    prefilled = jax.jit(big.prefill)(T_PARAMS, D_PARAMS, prompt)
+    small = dict(target=TARGET, drafter=DRAFTER, gamma=2, verifier=verifier,
+                 max_new_tokens=12)
+    decoded = jax.jit(sj.make_decoder(**small).decode)(T_PARAMS, D_PARAMS, prefilled, key, sp)
+    generated = sj.make_generate_fn(**small)(T_PARAMS, D_PARAMS, prompt, key, sp)
+    assert rows(decoded) == rows(generated)
+    np.testing.assert_array_equal(decoded.stats.target_calls, generated.stats.target_calls)
+
+
+def test_decode_rejects_a_prefill_too_small_for_it():
+    prompt = sj.make_prompt(PROMPTS)
+    small = sj.make_decoder(target=TARGET, drafter=DRAFTER, gamma=2, max_new_tokens=12)
+    prefilled = small.prefill(T_PARAMS, D_PARAMS, prompt)
+    big = sj.make_decoder(target=TARGET, drafter=DRAFTER, gamma=5, max_new_tokens=12)
+    with pytest.raises(ValueError, match="prefill with max_length=23"):
+        big.decode(T_PARAMS, D_PARAMS, prefilled, jax.random.PRNGKey(0),
+                   sj.sampling_params())
+    with pytest.raises(ValueError, match="below the 23 positions"):
+        big.prefill(T_PARAMS, D_PARAMS, prompt, max_length=20)
