@@ -1,6 +1,7 @@
 """Loaders and registry, on small files written offline (no downloads)."""
 
 import json
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -92,6 +93,18 @@ def test_gguf_quantised_tensor_is_dequantised(tmp_path):
     got = np.asarray(params["layers_0"]["mlp"]["wi_1"]["kernel"])
     assert np.abs(got - want).max() < 0.01 * np.abs(want).max()  # Q8_0 precision
     assert np.abs(got - want).max() > 0  # it really was quantised
+
+
+def test_unsupported_quantisation_type_is_named():
+    """Q8_1 is a llama.cpp-internal type the gguf package cannot dequantise."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: PLC0415
+
+    kind = GGMLQuantizationType.Q8_1
+    fake = types.SimpleNamespace(name="blk.0.ffn_up.weight", tensor_type=kind,
+                                 shape=(GGML_QUANT_SIZES[kind][0], 1),
+                                 data=np.zeros((1, GGML_QUANT_SIZES[kind][1]), np.uint8))
+    with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight: quantisation type Q8_1"):
+        gguf.dequantize(fake)
 
 
 def test_truncated_gguf_is_named(tmp_path):
