@@ -261,3 +261,90 @@ def test_bad_configs_and_checkpoints_are_named(pair):
     wrong = {**state, name: state[name][:-1]}
     with pytest.raises(ValueError, match="encoder/layers_1/mlp/wi_1/kernel has shape"):
         t5_params_from_hf(wrong, model.config)
+
+
+def write_t5x_checkpoint(step_dir, params, *, inline=(), bfloat16=()):
+    """A checkpoint in t5x's on-disk format: msgpack ``checkpoint`` whose
+    parameters are TensorStore zarr specs with paths relative to ``step_dir``
+    (t5x writes one array per partitioned parameter), except the ``inline``
+    ones, stored in the msgpack itself; ``bfloat16`` ones are stored as
+    bfloat16 (t5x's format version 3 writes bfloat16 natively)."""
+    import ml_dtypes
+    import tensorstore as ts
+    from flax import serialization
+    from flax.traverse_util import flatten_dict, unflatten_dict
+
+    step_dir.mkdir(parents=True)
+    target = {}
+    for path, value in flatten_dict(params).items():
+        name = "/".join(path)
+        value = np.asarray(value)
+        if name in inline:
+            target[path] = value
+            continue
+        if name in bfloat16:
+            value = value.astype(ml_dtypes.bfloat16)
+        relative = "target." + ".".join(path)
+        spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": relative},
+                "metadata": {"shape": list(value.shape), "chunks": list(value.shape),
+                             "dtype": "bfloat16" if name in bfloat16 else "<f4",
+                             "compressor": {"id": "gzip", "level": 1}}}
+        absolute = {**spec, "kvstore": {"driver": "file", "path": str(step_dir / relative)}}
+        ts.open(absolute, create=True).result().write(value).result()
+        target[path] = spec
+    state = {"step": np.asarray(100), "param_states": {"unused": np.zeros(3, np.float32)}}
+    blob = {"version": 3, "optimizer": {"target": unflatten_dict(target), "state": state}}
+    (step_dir / "checkpoint").write_bytes(serialization.msgpack_serialize(blob))
+
+
+def test_t5x_checkpoint_loads_with_inferred_config(pair, tmp_path):
+    import ml_dtypes
+
+    from specdec_jax.checkpoints import t5x_io
+
+    bf16 = "decoder/layers_0/mlp/wo/kernel"
+    write_t5x_checkpoint(tmp_path / "model" / "checkpoint_100", pair.params,
+                         inline=("encoder/encoder_norm/scale",), bfloat16=(bf16,))
+    shifted = jax.tree_util.tree_map(lambda x: np.asarray(x) + 1, pair.params)
+    write_t5x_checkpoint(tmp_path / "model" / "checkpoint_20", shifted)
+
+    model, params = t5x_io.load_t5x(tmp_path / "model")  # latest step: 100
+    assert model.config == pair.model.config
+    for path, value in jax.tree_util.tree_flatten_with_path(pair.params)[0]:
+        name = "/".join(k.key for k in path)
+        got = params
+        for k in path:
+            got = got[k.key]
+        expected = np.asarray(value)
+        if name == bf16:
+            expected = expected.astype(ml_dtypes.bfloat16).astype(np.float32)
+            assert np.abs(expected - np.asarray(value)).max() > 0  # really rounded
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    _, older = t5x_io.load_t5x(tmp_path / "model", step=20)
+    np.testing.assert_array_equal(older["token_embedder"]["embedding"],
+                                  np.asarray(pair.params["token_embedder"]["embedding"]) + 1)
+
+
+def test_t5x_checkpoint_errors_are_named(pair, tmp_path):
+    import shutil
+
+    from specdec_jax.checkpoints import t5x_io
+
+    step_dir = tmp_path / "checkpoint_7"
+    write_t5x_checkpoint(step_dir, pair.params)
+    with pytest.raises(FileNotFoundError, match="step 8 is not in .* it has steps \\[7\\]"):
+        t5x_io.load_t5x(tmp_path, step=8)
+    with pytest.raises(FileNotFoundError, match="no t5x checkpoint"):
+        t5x_io.load_t5x(tmp_path / "checkpoint_7" / "target.token_embedder.embedding")
+    shutil.rmtree(step_dir / "target.decoder.decoder_norm.scale")
+    with pytest.raises(FileNotFoundError, match="decoder/decoder_norm/scale: its array"):
+        t5x_io.load_t5x(step_dir)
+    extra = {**pair.params, "decoder": {**pair.params["decoder"],
+                                        "extra": {"kernel": np.zeros((2, 2), np.float32)}}}
+    write_t5x_checkpoint(tmp_path / "extra", extra)
+    with pytest.raises(ValueError, match="does not use: \\['decoder/extra/kernel'\\]"):
+        t5x_io.load_t5x(tmp_path / "extra")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "checkpoint").write_bytes(b"\x93not msgpack")
+    with pytest.raises(ValueError, match="not a t5x msgpack checkpoint|no optimizer target"):
+        t5x_io.load_t5x(tmp_path / "bad")
