@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import multiprocessing
 import os
 import statistics
@@ -97,9 +96,7 @@ def main(argv=None):
                 row[side] = pool.apply(fn, (name,))
         report["models"][name] = row
         print(markdown(report), flush=True)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    timing.write_report(report, args.out)
 
 
 def markdown(report) -> str:

@@ -12,7 +12,6 @@ compared token for token). Compile time is excluded everywhere.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -177,9 +176,7 @@ def main(argv=None):
                 a == b for a, b in zip(peer["assisted"]["outputs"], greedy_outputs[best_gamma])),
             "prompts": len(prompts),
         }
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    timing.write_report(report, args.out)
     print(markdown(report))
 
 

@@ -8,6 +8,8 @@ cancels out; the helpers here make sure compilation never leaks into them.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import platform
 import statistics
 import time
@@ -58,8 +60,17 @@ def environment() -> dict[str, str]:
     return {
         "machine": f"{platform.processor() or platform.machine()} ({jax.device_count()} "
                    f"{device.platform} device(s): {device.device_kind})",
-        "cpu_count": str(__import__("os").cpu_count()),
+        "cpu_count": str(os.cpu_count()),
         "python": platform.python_version(),
         "jax": jax.__version__,
         "flax": flax.__version__,
     }
+
+
+def write_report(report: dict, path: str) -> None:
+    """Writes a benchmark's JSON report (figures plus ``environment()``), making
+    the directory; benchmarks call it after every section so a long run that
+    is stopped early keeps what it measured."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
