@@ -26,14 +26,17 @@ def get_path(tree: Mapping, path: tuple[str, ...]):
 
 
 def check_shapes(params: Mapping[str, Any], init_params: Callable) -> None:
-    """Fails with the tensor's name when ``params`` does not match the model.
+    """Fails with the tensor's name when ``params`` does not match the model:
+    a tensor missing, of another shape, or one the model does not use.
 
     Expected shapes come from tracing ``init_params`` abstractly (no compute),
     so they cannot drift from the model definition.
     """
     expected = jax.eval_shape(init_params, jax.random.key(0))
+    expected_names = set()
     for path, spec in jax.tree_util.tree_flatten_with_path(expected)[0]:
         keys = tuple(k.key for k in path)
+        expected_names.add("/".join(keys))
         try:
             got = tuple(np.shape(get_path(params, keys)))
         except KeyError:
@@ -43,3 +46,9 @@ def check_shapes(params: Mapping[str, Any], init_params: Callable) -> None:
             raise ValueError(
                 f"tensor {'/'.join(keys)} has shape {got}, config expects {tuple(spec.shape)}; "
                 "the checkpoint does not match its config (corrupt file or wrong config).")
+    names = {"/".join(k.key for k in path)
+             for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    unexpected = sorted(names - expected_names)
+    if unexpected:
+        raise ValueError(f"the checkpoint has tensors the model does not use: {unexpected[:5]}; "
+                         "it is another architecture or the config is wrong.")
