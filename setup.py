@@ -35,6 +35,7 @@ setup(
     version="0.1.0",
     description=__doc__,
     packages=find_packages(include=["specdec_jax", "specdec_jax.*"]),
+    package_data={"specdec_jax.drafting": ["tables/*.npz"]},
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={"dev": DEV},

@@ -29,14 +29,16 @@ from specdec_jax import sampling, targets
 from specdec_jax.decoding import (
     AutoregressiveDecoder,
     GenerationOutput,
-    SamplingParams,
     SpeculativeDecoder,
     required_cache_length,
 )
+from specdec_jax.drafting import ModelDrafter, drafter_gamma, is_drafter
 from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
+from specdec_jax.sampling import SamplingParams
 from specdec_jax.verify import TokenVerifier
 
 VERIFIERS = ("token", "block", "block-seed")
+DEFAULT_GAMMA = 5
 
 
 def get_verifier(name: str):
@@ -50,7 +52,7 @@ def get_verifier(name: str):
     raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}.")
 
 
-def _check_pair(target: LanguageModel, drafter: LanguageModel | None) -> None:
+def _check_pair(target: LanguageModel, drafter) -> None:
     if drafter is None:
         return
     if drafter.vocab_size != target.vocab_size:
@@ -58,6 +60,13 @@ def _check_pair(target: LanguageModel, drafter: LanguageModel | None) -> None:
             f"drafter vocabulary ({drafter.vocab_size}) differs from the target's "
             f"({target.vocab_size}); speculative decoding needs one shared tokenizer. "
             "Pick a drafter from the target's family.")
+    models = [drafter.model] if isinstance(drafter, ModelDrafter) else \
+        [] if is_drafter(drafter) else [drafter]
+    for model in models:
+        _check_same_kind(target, model)
+
+
+def _check_same_kind(target: LanguageModel, drafter: LanguageModel) -> None:
     start = (getattr(target, "decoder_start_token_id", None),
              getattr(drafter, "decoder_start_token_id", None))
     if (start[0] is None) != (start[1] is None):
@@ -66,8 +75,8 @@ def _check_pair(target: LanguageModel, drafter: LanguageModel | None) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def make_decoder(*, target: LanguageModel, drafter: LanguageModel | None = None,
-                 method: str = "specdecode", gamma: int = 5, verifier: str = "token",
+def make_decoder(*, target: LanguageModel, drafter: Any = None,
+                 method: str = "specdecode", gamma: int | None = None, verifier: str = "token",
                  max_new_tokens: int = 64, top_k: int = 0, eos_ids: tuple[int, ...] = (),
                  pad_id: int = 0) -> SpeculativeDecoder | AutoregressiveDecoder:
     """The validated static decoder behind ``make_generate_fn`` (same arguments).
@@ -82,6 +91,11 @@ def make_decoder(*, target: LanguageModel, drafter: LanguageModel | None = None,
             out = jax.jit(dec.decode)(t_params, d_params, prefilled, key, sp)
 
     (A prefill serves any decoder whose gamma and max_new_tokens fit its caches.)
+
+    ``drafter`` is a ``LanguageModel`` (sampled autoregressively) or any
+    drafting strategy (``specdec_jax.drafting``: Max-Gram, cascades; see
+    ``make_drafter`` for the spec strings). ``gamma`` defaults to 5, or to the
+    block length a K-matrix fixes (a different explicit gamma is an error).
     """
     if method not in targets.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
@@ -95,6 +109,7 @@ def make_decoder(*, target: LanguageModel, drafter: LanguageModel | None = None,
                                      pad_id=pad_id)
     if drafter is None:
         raise ValueError(f"method {method!r} needs a drafter model.")
+    gamma = resolve_gamma(drafter, gamma)
     if gamma < 1:
         raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
     _check_pair(target, drafter)
@@ -104,9 +119,22 @@ def make_decoder(*, target: LanguageModel, drafter: LanguageModel | None = None,
         sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id)
 
 
+def resolve_gamma(drafter, gamma: int | None) -> int:
+    """The round's block length: a K-matrix drafter fixes its own."""
+    fixed = drafter_gamma(drafter) if is_drafter(drafter) else None
+    if fixed is None:
+        return DEFAULT_GAMMA if gamma is None else gamma
+    if gamma is not None and gamma != fixed:
+        raise ValueError(f"gamma={gamma} conflicts with the drafter, which drafts {fixed} tokens "
+                         "per round (the sum of its K-matrix's first row); drop gamma or "
+                         "change the K-matrix.")
+    return fixed
+
+
 @functools.lru_cache(maxsize=64)
-def make_generate_fn(*, target: LanguageModel, drafter: LanguageModel | None = None,
-                     method: str = "specdecode", gamma: int = 5, verifier: str = "token",
+def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
+                     method: str = "specdecode", gamma: int | None = None,
+                     verifier: str = "token",
                      max_new_tokens: int = 64, top_k: int = 0,
                      eos_ids: tuple[int, ...] = (), pad_id: int = 0) -> Callable:
     """Returns ``fn(target_params, drafter_params, prompt, key, sampling_params)``, jitted.
@@ -123,20 +151,29 @@ def make_generate_fn(*, target: LanguageModel, drafter: LanguageModel | None = N
 
 
 def sampling_params(*, temperature: float = 0.0, top_p: float = 1.0, alpha: float = 0.0,
-                    beta: float = 1.0) -> SamplingParams:
-    """Validated traced hyperparameters (host-side checks, before any compile)."""
+                    beta: float = 1.0, lenience: float = 1.0) -> SamplingParams:
+    """Validated traced hyperparameters (host-side checks, before any compile).
+
+    ``lenience`` (>= 1) relaxes the reviews *between drafters* of a CS Drafting
+    cascade; the target's review never uses it, so the output law is unchanged.
+    """
     sampling.validate_sampling(temperature, top_p)
-    for name, value in (("alpha", alpha), ("beta", beta)):
+    for name, value in (("alpha", alpha), ("beta", beta), ("lenience", lenience)):
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value}.")
+    if lenience < 1:
+        raise ValueError(f"lenience must be >= 1 (1 = lossless reviews between drafters), got "
+                         f"{lenience}.")
     return SamplingParams(temperature=jnp.float32(temperature), top_p=jnp.float32(top_p),
-                          alpha=jnp.float32(alpha), beta=jnp.float32(beta))
+                          alpha=jnp.float32(alpha), beta=jnp.float32(beta),
+                          lenience=jnp.float32(lenience))
 
 
 def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Sequence[int]] |
              Prompt, drafter: LanguageModel | None = None, drafter_params: Any = None,
              method: str = "specdecode", alpha: float = 0.0, beta: float = 1.0,
-             gamma: int = 5, verifier: str = "token", temperature: float = 0.0,
+             gamma: int | None = None, verifier: str = "token", temperature: float = 0.0,
+             lenience: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
              eos_ids: Sequence[int] = (), seed: int = 0, max_cache_length: int | None = None,
              pad_id: int = 0) -> GenerationOutput:
@@ -145,10 +182,13 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     Args:
       target, target_params: the model whose quality we want (and its weights).
       prompts: token-id lists (ragged is fine) or a ``Prompt``.
-      drafter, drafter_params: the small model; unused for ``autoregressive``.
+      drafter, drafter_params: the small model, or a drafting strategy and its
+        params (``make_drafter``); unused for ``autoregressive``.
       method: one of ``targets.METHODS``.
       alpha, beta: lenience of the method (see ``targets.py`` for each range).
-      gamma: draft block length G. verifier: ``token`` | ``block`` | ``block-seed``.
+      gamma: draft block length G (default 5; a K-matrix drafter fixes its own).
+      verifier: ``token`` | ``block`` | ``block-seed``.
+      lenience: CS Drafting lenience between drafters (>= 1; never the target).
       temperature, top_k, top_p: sampling transform (temperature 0 = greedy).
       max_new_tokens: generation budget per row; eos_ids end a row early.
       max_cache_length: the longest sequence the models may hold (e.g. their
@@ -165,14 +205,17 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
         targets.get_target(method).validate(alpha, beta)
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
+    if method != "autoregressive" and drafter is not None:
+        gamma = resolve_gamma(drafter, gamma)
     needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens,
-                                   0 if method == "autoregressive" else gamma)
+                                   0 if method == "autoregressive" else gamma or DEFAULT_GAMMA)
     if max_cache_length is not None and needed > max_cache_length:
         raise ValueError(
             f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "
             f"gamma + 1 needs a cache of {needed} positions, beyond max_cache_length "
             f"{max_cache_length}; lower max_new_tokens or shorten the prompts.")
-    sp = sampling_params(temperature=temperature, top_p=top_p, alpha=alpha, beta=beta)
+    sp = sampling_params(temperature=temperature, top_p=top_p, alpha=alpha, beta=beta,
+                         lenience=lenience)
     fn = make_generate_fn(target=target, drafter=drafter, method=method, gamma=gamma,
                           verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
                           eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id)

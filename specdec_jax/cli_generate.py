@@ -3,6 +3,10 @@ speedup over autoregressive target decoding measured in the same run.
 
     specdec-jax generate --target qwen2.5-coder-1.5b --drafter qwen2.5-coder-0.5b \\
         --method token-v3 --alpha 0.3 --gamma 5 --prompt "def quicksort(xs):"
+
+Drafting strategies (``--draft``, default: the --drafter model alone):
+    --draft mag --gamma 8                                   Max-Gram alone
+    --draft qwen2.5-coder-0.5b+mag --k-matrix "[[2,10],[0,10]]"   CS Drafting
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import api, targets, timing
+from specdec_jax import api, drafting, targets, timing
 from specdec_jax.models.interface import make_prompt
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -34,10 +38,21 @@ def add_parser(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, .gguf or HF dir")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    p.add_argument("--draft", default=None,
+                   help="drafting strategy: model names and 'mag' joined by '+', largest "
+                        "first (default: the --drafter model alone)")
+    p.add_argument("--k-matrix", default=None,
+                   help="CS Drafting K-matrix as JSON, e.g. '[[2,10],[0,10]]' (needed when "
+                        "--draft lists several drafters)")
+    p.add_argument("--lenience", type=float, default=1.0,
+                   help="CS Drafting lenience between drafters (>= 1; never the target)")
+    p.add_argument("--bigram", default="qwen2.5-coder",
+                   help="Max-Gram's bigram table: a packaged name or a .npz/.npy path")
     p.add_argument("--method", default="specdecode", choices=targets.METHODS)
     p.add_argument("--alpha", type=float, default=0.0)
     p.add_argument("--beta", type=float, default=1.0, help="Lossy's beta")
-    p.add_argument("--gamma", type=int, default=5, help="draft block length G")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="draft block length G (default 5; a K-matrix fixes its own)")
     p.add_argument("--verifier", default="token", choices=api.VERIFIERS)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -92,6 +107,28 @@ def _summary(outputs, seconds: float, gamma: int) -> dict:
     return summary
 
 
+def _load_drafter(args, spec: str, names, target, tokenizer):
+    """Loads every model a draft spec names; returns (strategy, its params)."""
+    from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415 (heavy import)
+    from specdec_jax.drafting import bigram  # noqa: PLC0415
+
+    models, named = {}, {}
+    for name in names:
+        if name == drafting.spec.MAG:
+            named[name] = bigram.load_table(args.bigram, target.vocab_size)
+            continue
+        model, params, tok = load_model(name)
+        if tok.fingerprint != tokenizer.fingerprint:
+            raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
+                             "speculative decoding needs a shared vocabulary.")
+        models[name], named[name] = model, params
+    drafter = drafting.make_drafter(spec, models=models, vocab_size=target.vocab_size,
+                                    k_matrix=args.k_matrix)
+    if isinstance(drafter, drafting.ModelDrafter):
+        return drafter.model, named[drafter.name]  # the classic path, same as before
+    return drafter, drafter.select_params(named)
+
+
 def run(args) -> int:
     from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415 (heavy import)
 
@@ -99,14 +136,16 @@ def run(args) -> int:
     if args.method != "autoregressive":
         targets.get_target(args.method).validate(args.alpha, args.beta)
     sp = api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
-                             beta=args.beta)
+                             beta=args.beta, lenience=args.lenience)
+    spec = args.draft or args.drafter
+    names = drafting.parse_spec(spec)
+    if args.k_matrix is not None:
+        drafting.parse_k_matrix(args.k_matrix, len(names))
     target, target_params, tokenizer = load_model(args.target)
     drafter = drafter_params = None
     if args.method != "autoregressive":
-        drafter, drafter_params, drafter_tokenizer = load_model(args.drafter)
-        if drafter_tokenizer.fingerprint != tokenizer.fingerprint:
-            raise SystemExit(f"error: {args.drafter} and {args.target} use different "
-                             "tokenizers; speculative decoding needs a shared vocabulary.")
+        drafter, drafter_params = _load_drafter(args, spec, names, target, tokenizer)
+    gamma = api.resolve_gamma(drafter, args.gamma) if drafter is not None else 0
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
              else p for p in prompts]
     token_lists = [tokenizer.encode(t) for t in texts]
@@ -114,7 +153,7 @@ def run(args) -> int:
     common = dict(target=target, max_new_tokens=args.max_new_tokens, top_k=args.top_k,
                   eos_ids=tuple(tokenizer.eos_token_ids))
     runs = {args.method: api.make_generate_fn(
-        drafter=drafter, method=args.method, gamma=args.gamma, verifier=args.verifier,
+        drafter=drafter, method=args.method, gamma=gamma or None, verifier=args.verifier,
         **common)}
     if not args.no_baseline and args.method != "autoregressive":
         runs["autoregressive"] = api.make_generate_fn(method="autoregressive", **common)
@@ -137,11 +176,11 @@ def run(args) -> int:
                 out = timed.output
                 texts_out += [tokenizer.decode(np.asarray(out.tokens[b, : out.lengths[b]]))
                               for b in range(args.batch_size)]
-        results[name] = _summary(outputs, seconds, 0 if name == "autoregressive" else
-                                 args.gamma)
+        results[name] = _summary(outputs, seconds, 0 if name == "autoregressive" else gamma)
     texts_out = texts_out[: len(prompts)]
-    report = {"target": args.target, "drafter": args.drafter, "method": args.method,
-              "alpha": args.alpha, "gamma": args.gamma, "verifier": args.verifier,
+    report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
+              "lenience": args.lenience, "method": args.method,
+              "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier,
               "temperature": args.temperature, "results": results,
               "environment": timing.environment(), "precision": "float32"}
     if "autoregressive" in results and args.method != "autoregressive":

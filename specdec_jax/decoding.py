@@ -4,15 +4,19 @@ autoregressive, as pure functions over a ``lax.while_loop``.
 One speculative round (ALGORITHMS.md §1, DESIGN.md "The decoding core"):
 
     pending token t (last emitted, not yet fed to either model)
-    drafter: feed t, d_1 .. d_G one at a time -> q_1 .. q_{G+1}, drafts d_1 .. d_G
+    drafter: G proposals d_1 .. d_G with the laws q_1 .. q_G they were drawn
+             from (and q_{G+1} when the target function needs it); any
+             strategy of ``drafting/`` (a model, Max-Gram, CS Drafting)
     target:  feed [t, d_1 .. d_G] in one extend  -> p_1 .. p_{G+1}
     pi_i = T(q_i, p_i); verifier -> j accepted drafts and a new token y
-    emit d_1 .. d_j, y; both caches keep old_length + 1 + j entries; pending = y
+    emit d_1 .. d_j, y; the target cache keeps old_length + 1 + j entries,
+    the drafter rewinds to what it proposed that was kept; pending = y
 
-Worked example (G = 3, a row whose caches hold 10 tokens): the drafter feeds 4
-tokens (lengths 14), the target feeds 4 (lengths 14); the verifier accepts
-j = 1: the round emits [d_1, y], both caches roll back to 10 + 1 + 1 = 12
-(they keep t and d_1), and y is pending for the next round.
+Worked example (G = 3, a row whose target cache holds 10 tokens, history 11
+with t last): the target feeds 4 (lengths 14); the verifier accepts j = 1:
+the round emits [d_1, y], the target rolls back to 10 + 1 + 1 = 12 (it keeps
+t and d_1), the history grows to 13 with y pending, and the drafter keeps at
+most the first 12 history tokens it fed.
 
 Rows of a batch accept different numbers of tokens; finished rows (EOS or
 ``max_new_tokens``) stop advancing but ride along until every row is done.
@@ -30,7 +34,16 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
+from specdec_jax.drafting.base import (
+    Context,
+    is_drafter,
+    is_encoder_decoder,
+    start_token_and_prefill,
+    write_rows,
+)
+from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
+from specdec_jax.sampling import SamplingParams
 from specdec_jax.targets import TargetFunction
 from specdec_jax.verify import TokenVerifier, sample_from_weights
 
@@ -38,21 +51,14 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class SamplingParams:
-    """Traced hyperparameters: changing them does not recompile."""
-
-    temperature: Array  # float32 []: 0 = greedy
-    top_p: Array  # float32 []: 1 = off
-    alpha: Array  # float32 []: lenience of the target function
-    beta: Array  # float32 []: Lossy's beta (ignored by other methods)
-
-
-@flax.struct.dataclass
 class GenerationStats:
     """Per-row counters returned with every generation."""
 
     target_calls: Array  # int32 [B]: target forward calls (rounds, or steps for AR)
-    drafter_calls: Array  # int32 [B]: drafter forward calls (G + 1 per round)
+    drafter_calls: Array  # int32 [B]: neural drafter forward calls, all models
+    drafter_calls_by_model: Array  # int32 [B, M]: per drafter model (drafter.model_names)
+    drafter_tokens_by_model: Array  # int32 [B, M]: tokens those calls fed
+    drafter_single_calls_by_model: Array  # int32 [B, M]: those calls that fed one token
     accepted_histogram: Array  # int32 [B, G + 1]: rounds that accepted j drafts
     rejections: Array  # int32 [B]: rounds that rejected a draft (j < G)
     deferred_mass: Array  # float32 [B]: sum over emitted positions of the deferral indicator
@@ -69,11 +75,12 @@ class GenerationOutput:
 
 @flax.struct.dataclass
 class Prefilled:
-    """Both models' caches after the prompt, and the first pending token."""
+    """The target's cache and the drafter's state after the prompt, and the history."""
 
     target_cache: Any
-    drafter_cache: Any
-    pending: Array  # int32 [B]
+    drafter_state: Any
+    history: Array  # int32 [B, S]: prompt (decoder-only) or start token; room for the output
+    length: Array  # int32 [B]: history[b, length[b] - 1] is the first pending token
     prompt_width: int = flax.struct.field(pytree_node=False, default=0)
 
 
@@ -81,41 +88,20 @@ class Prefilled:
 class _LoopState:
     tokens: Array  # int32 [B, N + G + 1]: output buffer (slack for the last round)
     num_generated: Array  # int32 [B]
-    pending: Array  # int32 [B]: last emitted token, not yet fed to either model
+    history: Array  # int32 [B, S]: prompt + emitted; what drafters read
+    length: Array  # int32 [B]: tokens in history; the last one is pending
     done: Array  # bool [B]
     target_cache: Any
-    drafter_cache: Any
+    drafter_state: Any
     verifier_state: Any
     key: Array
     stats: GenerationStats
-
-
-def start_token_and_prefill(model: LanguageModel, params, prompt: Prompt, max_length: int):
-    """Prefills a model and returns (cache, first pending token).
-
-    Decoder-only models feed every prompt token but the last, which becomes the
-    pending token. Encoder-decoder models encode the whole prompt and start the
-    decoder from its start token.
-    """
-    batch = prompt.tokens.shape[0]
-    cache = model.init_cache(batch, max_length)
-    start_id = getattr(model, "decoder_start_token_id", None)
-    if start_id is not None:
-        cache = model.prefill(params, prompt, cache).cache
-        return cache, jnp.full((batch,), start_id, jnp.int32)
-    last_B = jnp.take_along_axis(prompt.tokens, (prompt.lengths - 1)[:, None], axis=1)[:, 0]
-    cache = model.prefill(params, prompt.replace(lengths=prompt.lengths - 1), cache).cache
-    return cache, last_B.astype(jnp.int32)
 
 
 def required_cache_length(prompt_width: int, max_new_tokens: int, gamma: int) -> int:
     """Cache size that no round can overflow: a round starts with at most
     ``P - 1 + N - 1`` tokens fed and feeds ``G + 1`` more."""
     return prompt_width + max_new_tokens + gamma + 1
-
-
-def _has_nan(logits) -> Array:
-    return jnp.any(jnp.isnan(logits), axis=tuple(range(1, logits.ndim))).astype(jnp.int32)
 
 
 def _emit(state_tokens_BxN, num_generated_B, candidates_BxK, num_valid_B, eos_ids,
@@ -131,33 +117,50 @@ def _emit(state_tokens_BxN, num_generated_B, candidates_BxK, num_valid_B, eos_id
     first_eos_B = jnp.min(jnp.where(is_eos_BxK, offsets_K[None, :], k), axis=-1)
     count_B = jnp.minimum(num_valid_B, first_eos_B + 1)
     count_B = jnp.minimum(count_B, max_new_tokens - num_generated_B)
-    positions_BxK = num_generated_B[:, None] + offsets_K[None, :]
-    positions_BxK = jnp.where(offsets_K[None, :] < count_B[:, None], positions_BxK,
-                              state_tokens_BxN.shape[1])  # out of range: dropped
-    rows_BxK = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, k))
-    tokens = state_tokens_BxN.at[rows_BxK, positions_BxK].set(candidates_BxK, mode="drop")
+    tokens = write_rows(state_tokens_BxN, candidates_BxK, num_generated_B, count_B)
     hit_eos_B = first_eos_B < count_B
     return tokens, num_generated_B + count_B, hit_eos_B
 
 
-def _zero_stats(batch: int, gamma: int) -> GenerationStats:
+def _zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
     zeros = jnp.zeros((batch,), jnp.int32)
+    by_model = jnp.zeros((batch, num_models), jnp.int32)
     return GenerationStats(target_calls=zeros, drafter_calls=zeros,
+                           drafter_calls_by_model=by_model, drafter_tokens_by_model=by_model,
+                           drafter_single_calls_by_model=by_model,
                            accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
                            rejections=zeros, deferred_mass=jnp.zeros((batch,), jnp.float32),
                            emitted=zeros, nan_logits=zeros)
+
+
+def initial_history(prompt: Prompt, width: int, encoder_decoder: bool, start_id: int | None
+                    ) -> tuple[Array, Array]:
+    """(history [B, width], length [B]) before the first round."""
+    batch, prompt_width = prompt.tokens.shape
+    if encoder_decoder:
+        history = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(start_id)
+        return history, jnp.ones((batch,), jnp.int32)
+    history = jnp.pad(prompt.tokens.astype(jnp.int32), ((0, 0), (0, width - prompt_width)))
+    return history, prompt.lengths.astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeDecoder:
     """Static configuration of a speculative generation (hashable: closes over jit).
 
-    ``target_fn`` is any target function of ``targets.py``; ``verifier`` any
-    verifier of ``verify.py`` / ``verify_block.py``.
+    ``drafter`` is any strategy of ``specdec_jax.drafting`` (a bare
+    ``LanguageModel`` is wrapped in a ``ModelDrafter``); ``target_fn`` any
+    target function of ``targets.py``; ``verifier`` any verifier of
+    ``verify.py`` / ``verify_block.py``.
+
+    The drafter is asked for ``q_{G+1}`` only when the target function needs
+    it (cascades draw their bonus token from ``pi_{G+1} = T(q_{G+1},
+    p_{G+1})``); ``specdecode`` and ``lossy`` draw it from ``p_{G+1}``, so a
+    neural drafter skips its ``(G+1)``-th step there.
     """
 
     target: LanguageModel
-    drafter: LanguageModel
+    drafter: Any
     target_fn: TargetFunction
     gamma: int
     max_new_tokens: int
@@ -165,34 +168,24 @@ class SpeculativeDecoder:
     sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    # None: ask the drafter for q_{G+1} only when the target function needs it.
+    # True forces the classic G + 1 drafter steps (to measure what skipping saves).
+    draft_next_q: bool | None = None
 
-    def _draft(self, drafter_params, cache, pending_B, key, sp: SamplingParams):
-        """Feeds [pending, d_1 .. d_G] to the drafter one token at a time.
+    def __post_init__(self):
+        if not is_drafter(self.drafter):
+            object.__setattr__(self, "drafter", ModelDrafter(self.drafter))
 
-        Returns drafts [B, G], q and q_stat [B, G + 1, V], the drafter cache
-        (lengths + G + 1) and a NaN counter.
-        """
-
-        def body_fn(carry, step_key):
-            cache, token_B = carry
-            out = self.drafter.extend(drafter_params, token_B[:, None], cache)
-            dist = sampling.distributions(out.logits[:, 0], sp.temperature, sp.top_p,
-                                          self.sampling_config)
-            next_B = sample_from_weights(step_key, dist.probs)
-            return (out.cache, next_B), (next_B, dist.probs, dist.stats, _has_nan(out.logits))
-
-        keys = jax.random.split(key, self.gamma + 1)
-        (cache, _), (tokens_TxB, q_TxBxV, qs_TxBxV, nan_TxB) = jax.lax.scan(
-            body_fn, (cache, pending_B), keys)
-        # [G + 1, B, ...] -> [B, G + 1, ...]; the last sampled token is unused.
-        drafts_BxG = jnp.moveaxis(tokens_TxB, 0, 1)[:, : self.gamma]
-        return (drafts_BxG, jnp.moveaxis(q_TxBxV, 0, 1), jnp.moveaxis(qs_TxBxV, 0, 1), cache,
-                jnp.sum(nan_TxB, axis=0))
+    @property
+    def needs_next_q(self) -> bool:
+        if self.draft_next_q is not None:
+            return self.draft_next_q
+        return not self.target_fn.bonus_from_target
 
     def prefill(self, target_params, drafter_params, prompt: Prompt,
                 max_length: int | None = None) -> Prefilled:
-        """Feeds the prompt to both models. Deterministic (no key), so one
-        prefill can seed many decodes: other seeds, verifiers, target
+        """Feeds the prompt to the target and the drafter. Deterministic (no key),
+        so one prefill can seed many decodes: other seeds, verifiers, target
         functions, hyperparameters, or any ``gamma`` whose
         ``required_cache_length`` fits in ``max_length`` (default: this
         decoder's own requirement)."""
@@ -203,42 +196,47 @@ class SpeculativeDecoder:
             raise ValueError(f"max_length {max_length} is below the {needed} positions this "
                              f"decoder needs (prompt width {width} + max_new_tokens "
                              f"{self.max_new_tokens} + gamma {self.gamma} + 1).")
-        target_cache, pending = start_token_and_prefill(self.target, target_params, prompt,
-                                                        max_length)
-        drafter_cache, _ = start_token_and_prefill(self.drafter, drafter_params, prompt,
-                                                   max_length)
-        return Prefilled(target_cache=target_cache, drafter_cache=drafter_cache,
-                         pending=pending, prompt_width=width)
+        target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
+                                                  max_length)
+        encoder_decoder = is_encoder_decoder(self.target)
+        drafter_state = self.drafter.init(drafter_params, prompt, max_length, encoder_decoder)
+        history, length = initial_history(prompt, max_length, encoder_decoder,
+                                          getattr(self.target, "decoder_start_token_id", None))
+        return Prefilled(target_cache=target_cache, drafter_state=drafter_state,
+                         history=history, length=length, prompt_width=width)
 
     def init_state(self, prefilled: Prefilled, key) -> _LoopState:
-        batch = prefilled.pending.shape[0]
+        batch = prefilled.length.shape[0]
         return _LoopState(
             tokens=jnp.full((batch, self.max_new_tokens + self.gamma + 1), self.pad_id,
                             jnp.int32),
-            num_generated=jnp.zeros((batch,), jnp.int32), pending=prefilled.pending,
-            done=jnp.zeros((batch,), bool), target_cache=prefilled.target_cache,
-            drafter_cache=prefilled.drafter_cache,
+            num_generated=jnp.zeros((batch,), jnp.int32), history=prefilled.history,
+            length=prefilled.length, done=jnp.zeros((batch,), bool),
+            target_cache=prefilled.target_cache, drafter_state=prefilled.drafter_state,
             verifier_state=self.verifier.init_state(batch), key=key,
-            stats=_zero_stats(batch, self.gamma))
+            stats=_zero_stats(batch, self.gamma, len(self.drafter.model_names)))
 
     def round(self, target_params, drafter_params, state: _LoopState,
               sp: SamplingParams) -> _LoopState:
         """One draft-score-verify-rollback round for every row not yet done."""
         key, draft_key, verify_key = jax.random.split(state.key, 3)
+        g = self.gamma
         old_target_len = state.target_cache.lengths
-        old_drafter_len = state.drafter_cache.lengths
-        drafts_BxG, q_BxG1xV, q_stat, drafter_cache, drafter_nan = self._draft(
-            drafter_params, state.drafter_cache, state.pending, draft_key, sp)
+        context = Context(history=state.history, length=state.length)
+        pending_B = jnp.take_along_axis(state.history, (state.length - 1)[:, None], 1)[:, 0]
+        proposal, drafter_state = self.drafter.propose(
+            drafter_params, state.drafter_state, context, g, self.needs_next_q, draft_key, sp,
+            self.sampling_config)
+        drafts_BxG = proposal.tokens
 
-        fed_BxG1 = jnp.concatenate([state.pending[:, None], drafts_BxG], axis=1)
+        fed_BxG1 = jnp.concatenate([pending_B[:, None], drafts_BxG], axis=1)
         out = self.target.extend(target_params, fed_BxG1, state.target_cache)
         dist = sampling.distributions(out.logits, sp.temperature, sp.top_p,
                                       self.sampling_config)
-        pi_BxG1xV, defer_BxG1 = self.target_fn(q_BxG1xV, dist.probs, q_stat, dist.stats,
-                                               sp.alpha, sp.beta)
-        g = self.gamma
+        pi_BxG1xV, defer_BxG1 = self.target_fn(proposal.q, dist.probs, proposal.q_stat,
+                                               dist.stats, sp.alpha, sp.beta)
         bonus_BxV = dist.probs[:, g] if self.target_fn.bonus_from_target else pi_BxG1xV[:, g]
-        verdict = self.verifier(verify_key, drafts_BxG, q_BxG1xV[:, :g], pi_BxG1xV[:, :g],
+        verdict = self.verifier(verify_key, drafts_BxG, proposal.q[:, :g], pi_BxG1xV[:, :g],
                                 bonus_BxV, state.verifier_state)
         accepted_B = verdict.num_accepted
 
@@ -259,23 +257,33 @@ class SpeculativeDecoder:
         active = active_B.astype(jnp.int32)
         stats = stats.replace(
             target_calls=stats.target_calls + active,
-            drafter_calls=stats.drafter_calls + active * (g + 1),
+            drafter_calls=stats.drafter_calls + active * jnp.sum(proposal.calls, axis=-1),
+            drafter_calls_by_model=stats.drafter_calls_by_model + active[:, None] *
+            proposal.calls,
+            drafter_tokens_by_model=stats.drafter_tokens_by_model + active[:, None] *
+            proposal.fed,
+            drafter_single_calls_by_model=stats.drafter_single_calls_by_model +
+            active[:, None] * proposal.single,
             accepted_histogram=stats.accepted_histogram + active[:, None] * jax.nn.one_hot(
                 accepted_B, g + 1, dtype=jnp.int32),
             rejections=stats.rejections + active * (accepted_B < g),
             deferred_mass=stats.deferred_mass + jnp.sum(
                 jnp.where(emitted_pos_BxG1, defer_BxG1, 0.0), axis=-1),
             emitted=num_generated,
-            nan_logits=stats.nan_logits + active * (drafter_nan + _has_nan(out.logits)))
+            nan_logits=stats.nan_logits + active * (proposal.nan + has_nan(out.logits)))
         verifier_state = jax.tree_util.tree_map(
             lambda new, old: jnp.where(
                 active_B.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
             verdict.state, state.verifier_state)
+        # The history gains d_1 .. d_j, y (slots past length + keep are scratch);
+        # the drafter keeps what it fed of history[:length + j].
+        history = write_rows(state.history, candidates, state.length)
         return state.replace(
-            tokens=tokens, num_generated=num_generated,
-            pending=jnp.where(active_B, verdict.next_token, state.pending), done=done,
+            tokens=tokens, num_generated=num_generated, history=history,
+            length=state.length + keep_B, done=done,
             target_cache=out.cache.replace(lengths=old_target_len + keep_B),
-            drafter_cache=drafter_cache.replace(lengths=old_drafter_len + keep_B),
+            drafter_state=self.drafter.rewind(
+                drafter_state, state.length + jnp.where(active_B, accepted_B, 0)),
             verifier_state=verifier_state, key=key, stats=stats)
 
     def generate(self, target_params, drafter_params, prompt: Prompt, key,
@@ -288,7 +296,7 @@ class SpeculativeDecoder:
                sp: SamplingParams) -> GenerationOutput:
         """Runs rounds from a ``prefill`` until every row is done. Pure; jit it."""
         needed = required_cache_length(prefilled.prompt_width, self.max_new_tokens, self.gamma)
-        capacity = min(prefilled.target_cache.max_length, prefilled.drafter_cache.max_length)
+        capacity = min(prefilled.target_cache.max_length, prefilled.history.shape[1])
         if capacity < needed:
             raise ValueError(
                 f"the prefilled caches hold {capacity} positions but this decoder needs "
@@ -306,6 +314,17 @@ class SpeculativeDecoder:
         state = jax.lax.while_loop(cond_fn, body_fn, state)
         return GenerationOutput(tokens=state.tokens[:, : self.max_new_tokens],
                                 lengths=state.num_generated, stats=state.stats)
+
+
+@flax.struct.dataclass
+class _AutoregressiveState:
+    tokens: Array  # int32 [B, N + 1]
+    num_generated: Array  # int32 [B]
+    pending: Array  # int32 [B]: last emitted token, not yet fed
+    done: Array  # bool [B]
+    target_cache: Any
+    key: Array
+    stats: GenerationStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,11 +345,11 @@ class AutoregressiveDecoder:
         max_length = required_cache_length(width, self.max_new_tokens, 0)
         cache, pending = start_token_and_prefill(self.target, target_params, prompt,
                                                  max_length)
-        state = _LoopState(
+        state = _AutoregressiveState(
             tokens=jnp.full((batch, self.max_new_tokens + 1), self.pad_id, jnp.int32),
             num_generated=jnp.zeros((batch,), jnp.int32), pending=pending,
-            done=jnp.zeros((batch,), bool), target_cache=cache, drafter_cache=None,
-            verifier_state=None, key=key, stats=_zero_stats(batch, 0))
+            done=jnp.zeros((batch,), bool), target_cache=cache, key=key,
+            stats=_zero_stats(batch, 0))
 
         def cond_fn(state):
             return ~jnp.all(state.done)
@@ -348,7 +367,7 @@ class AutoregressiveDecoder:
             active = active_B.astype(jnp.int32)
             stats = state.stats.replace(
                 target_calls=state.stats.target_calls + active, emitted=num_generated,
-                nan_logits=state.stats.nan_logits + active * _has_nan(out.logits))
+                nan_logits=state.stats.nan_logits + active * has_nan(out.logits))
             return state.replace(
                 tokens=tokens, num_generated=num_generated,
                 pending=jnp.where(active_B, next_B, state.pending),

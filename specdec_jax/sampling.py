@@ -34,6 +34,17 @@ class SamplingConfig:
 
 
 @flax.struct.dataclass
+class SamplingParams:
+    """Traced hyperparameters: changing them does not recompile."""
+
+    temperature: Array  # float32 []: 0 = greedy
+    top_p: Array  # float32 []: 1 = off
+    alpha: Array  # float32 []: lenience of the target function
+    beta: Array  # float32 []: Lossy's beta (ignored by other methods)
+    lenience: Array  # float32 [] >= 1: CS Drafting lenience between drafters (never the target)
+
+
+@flax.struct.dataclass
 class Distributions:
     probs: Array  # float32 [..., V]: processed distribution (sampling/verification)
     stats: Array  # float32 [..., V]: distribution deferral statistics are taken from

@@ -49,12 +49,18 @@ def test_eos_stops_a_row_and_is_kept():
         assert rows(out)[b] == ref[:cut]
 
 
-def test_statistics_are_consistent():
-    out = run(temperature=1.0, seed=3)
+@pytest.mark.parametrize("method, calls_per_round", [("specdecode", 3), ("token-v3", 4)])
+def test_statistics_are_consistent(method, calls_per_round):
+    """G = 3: a cascade needs q_{G+1} (G + 1 drafter calls a round); specdecode
+    does not, so its drafter skips that step (G calls)."""
+    out = run(method, temperature=1.0, seed=3, alpha=0.3 if method != "specdecode" else 0.0)
     s = out.stats
     hist = np.asarray(s.accepted_histogram)
     np.testing.assert_array_equal(hist.sum(-1), np.asarray(s.target_calls))
-    np.testing.assert_array_equal(np.asarray(s.drafter_calls), 4 * np.asarray(s.target_calls))
+    np.testing.assert_array_equal(np.asarray(s.drafter_calls),
+                                  calls_per_round * np.asarray(s.target_calls))
+    np.testing.assert_array_equal(np.asarray(s.drafter_calls_by_model)[:, 0],
+                                  np.asarray(s.drafter_calls))
     np.testing.assert_array_equal(np.asarray(s.rejections), hist[:, :3].sum(-1))
     # each round emits accepted + 1 tokens (the last round may be cut at max_new_tokens)
     emitted_upper = (hist * (np.arange(4) + 1)).sum(-1)

@@ -99,3 +99,31 @@ def test_greedy_specdecode_equals_greedy_target(target_name, drafter_name, verif
     np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(reference.lengths))
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(reference.tokens))
     assert int(jnp.sum(spec.stats.target_calls)) < int(jnp.sum(reference.stats.target_calls))
+
+
+@pytest.mark.parametrize("spec, k_matrix", [
+    ("mag", None),
+    ("qwen2.5-coder-0.5b+mag", [[2, 10], [0, 10]]),
+    ("qwen2.5-coder-0.5b+mag", [[4, 0], [0, 6]]),
+    ("qwen2.5-coder-0.5b+mag", [[3, 5], [0, 0]]),
+])
+def test_greedy_cs_drafting_equals_greedy_target(spec, k_matrix):
+    """CS Drafting on the Qwen pair (Max-Gram with the packaged stdlib bigram
+    table): token for token the 1.5B target's greedy output, with lenience 3
+    between drafters (it never reaches the target's review)."""
+    from specdec_jax.drafting import bigram, make_drafter
+    target, target_params, tok = load("qwen2.5-coder-1.5b")
+    drafter_model, drafter_params, _ = load("qwen2.5-coder-0.5b")
+    drafter = make_drafter(spec, models={"qwen2.5-coder-0.5b": drafter_model},
+                           vocab_size=target.vocab_size, k_matrix=k_matrix)
+    named = {"qwen2.5-coder-0.5b": drafter_params,
+             "mag": jnp.asarray(bigram.load_table("qwen2.5-coder", target.vocab_size))}
+    prompts = [encode(tok, kind) for kind in PROMPTS]
+    common = dict(target=target, target_params=target_params, prompts=prompts,
+                  max_new_tokens=NEW_TOKENS, eos_ids=tok.eos_token_ids)
+    reference = sj.generate(method="autoregressive", **common)
+    out = sj.generate(method="specdecode", drafter=drafter,
+                      drafter_params=drafter.select_params(named), lenience=3.0,
+                      gamma=None if k_matrix else 6, **common)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
+    assert int(jnp.sum(out.stats.target_calls)) < int(jnp.sum(reference.stats.target_calls))

@@ -1,0 +1,228 @@
+"""The drafter interface: what a speculative round asks of whatever drafts.
+
+A round (``decoding.SpeculativeDecoder``) holds the whole token history of
+every row (prompt + emitted tokens; the last one is the *pending* token, not
+yet fed to any model) and asks its drafter for ``G`` proposals::
+
+    proposal, state = drafter.propose(params, state, Context(history, length),
+                                      G, with_next, key, sp, config)
+    ... the target verifies proposal.tokens against proposal.q ...
+    state = drafter.rewind(state, valid)
+
+``proposal.q[:, i]`` is the distribution ``d_{i+1}`` was *actually drawn
+from* given ``d_1 .. d_i`` (ALGORITHMS.md §5): a neural drafter's processed
+distribution, a one-hot for Max-Gram, the lenient review law of a vertical
+cascade. Exactness of every verifier rests on this. With ``with_next`` the
+drafter also reports ``q[:, G]``, its law at position ``G + 1`` (cascade
+targets need it for the bonus token); otherwise that slot is zero and the
+drafter may skip the work (one neural step per round saved).
+
+After verification the history keeps ``valid`` tokens the drafter saw as
+proposed (the old history plus the accepted drafts) and gains one token it
+did not propose. ``rewind`` drops whatever the drafter fed beyond ``valid``;
+the next ``propose`` catches up on what it has not fed (``extend_from_history``
+does it in one call). So drafters never need to be told what was emitted:
+they read it from the history.
+
+Every drafter is a frozen dataclass (hashable: a static argument of the
+jitted loop) with
+
+    name: str; model_names: tuple[str, ...]      (neural models it runs, in order)
+    select_params(named) -> params               (its params from a name -> params dict)
+    init(params, prompt, max_length, encoder_decoder) -> state   (prefill; no key)
+    propose(...) -> (Proposal, state);   rewind(state, valid_B) -> state
+
+``proposal.calls[:, m]`` counts forward calls of ``model_names[m]`` for each
+row, ``proposal.fed[:, m]`` the tokens those calls fed (a cost model prices
+both).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling
+from specdec_jax.models.interface import LanguageModel, Prompt
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class Context:
+    """The sequence so far, as every drafter sees it."""
+
+    history: Array  # int32 [B, S]: prompt then emitted tokens (decoder-side ids)
+    length: Array  # int32 [B]: tokens in history; history[b, length[b] - 1] is pending
+
+
+@flax.struct.dataclass
+class Proposal:
+    tokens: Array  # int32 [B, G]: d_1 .. d_G
+    q: Array  # float32 [B, G + 1, V]: law of d_i given d_<i; [:, G] = law at G + 1 or 0
+    q_stat: Array  # float32 [B, G + 1, V]: what deferral statistics read (ALGORITHMS §0)
+    hidden: Any  # float32 [B, G + 1, D]: state that produced q[:, i] (neural only) or None
+    calls: Array  # int32 [B, M]: forward calls per neural model
+    fed: Array  # int32 [B, M]: tokens fed by those calls
+    single: Array  # int32 [B, M]: of those calls, the ones that fed one token (K = 1
+    #                runs a cheaper matrix-vector path on CPU: a cost model prices it apart)
+    nan: Array  # int32 [B]: calls whose logits held NaN (must stay 0)
+
+
+class Drafter(Protocol):
+    name: str
+    model_names: tuple[str, ...]
+
+    def select_params(self, named: dict) -> Any: ...
+
+    def init(self, params: Any, prompt: Prompt, max_length: int,
+             encoder_decoder: bool) -> Any: ...
+
+    def propose(self, params: Any, state: Any, context: Context, num: int, with_next: bool,
+                key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
+                ) -> tuple[Proposal, Any]: ...
+
+    def rewind(self, state: Any, valid_B: Array) -> Any: ...
+
+
+def is_drafter(obj: Any) -> bool:
+    return callable(getattr(obj, "propose", None)) and callable(getattr(obj, "rewind", None))
+
+
+def start_token_and_prefill(model: LanguageModel, params, prompt: Prompt, max_length: int):
+    """Prefills a model and returns (cache, first pending token).
+
+    Decoder-only models feed every prompt token but the last, which becomes the
+    pending token. Encoder-decoder models encode the whole prompt and start the
+    decoder from its start token.
+    """
+    batch = prompt.tokens.shape[0]
+    cache = model.init_cache(batch, max_length)
+    start_id = getattr(model, "decoder_start_token_id", None)
+    if start_id is not None:
+        cache = model.prefill(params, prompt, cache).cache
+        return cache, jnp.full((batch,), start_id, jnp.int32)
+    last_B = jnp.take_along_axis(prompt.tokens, (prompt.lengths - 1)[:, None], axis=1)[:, 0]
+    cache = model.prefill(params, prompt.replace(lengths=prompt.lengths - 1), cache).cache
+    return cache, last_B.astype(jnp.int32)
+
+
+def is_encoder_decoder(model: LanguageModel) -> bool:
+    return getattr(model, "decoder_start_token_id", None) is not None
+
+
+def write_rows(buffer_BxN: Array, values_BxK: Array, start_B: Array,
+               count_B: Array | None = None) -> Array:
+    """buffer[b, start[b] + i] = values[b, i] for i < count[b] (all K when None).
+
+    Works for trailing feature axes ([B, N, V] buffers). Positions past the
+    buffer's end are dropped, never clamped onto valid entries.
+    """
+    batch, k = values_BxK.shape[:2]
+    offsets_K = jnp.arange(k)
+    positions_BxK = start_B[:, None] + offsets_K[None, :]
+    if count_B is not None:
+        positions_BxK = jnp.where(offsets_K[None, :] < count_B[:, None], positions_BxK,
+                                  buffer_BxN.shape[1])
+    rows_BxK = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, k))
+    return buffer_BxN.at[rows_BxK, positions_BxK].set(values_BxK.astype(buffer_BxN.dtype),
+                                                      mode="drop")
+
+
+def pad_history(context: Context, extra: int) -> Context:
+    """Room for ``extra`` more tokens per row (a level's own proposals)."""
+    return context.replace(history=jnp.pad(context.history, ((0, 0), (0, extra))))
+
+
+def append(context: Context, tokens_BxK: Array, count_B: Array | None = None) -> Context:
+    """Appends ``tokens[b, :count[b]]`` to each row (all K when count is None)."""
+    k = tokens_BxK.shape[1]
+    count = jnp.full_like(context.length, k) if count_B is None else count_B
+    return Context(history=write_rows(context.history, tokens_BxK, context.length, count),
+                   length=context.length + count)
+
+
+def extend_from_history(model: LanguageModel, params, cache, context: Context,
+                        extra_BxK: Array | None, widths: tuple[int, ...]):
+    """Feeds the tokens of ``history[:length]`` the cache lacks, then ``extra``.
+
+    Returns ``(logits [B, 1 + K, V], hidden [B, 1 + K, D], cache, calls_B,
+    fed_B, single_B)``: index 0 is the output after the pending token ``history[length -
+    1]``, index ``i`` the output after ``extra[:, i - 1]``; the cache then
+    holds ``length + K`` tokens.
+
+    A row lacks ``c = length - cache.lengths >= 1`` tokens (the pending one,
+    plus any the drafter did not feed: a draft it never had to score, tokens
+    another drafter proposed). Rather than a ragged feed, every row feeds a
+    window of a static width ``w >= c`` that *ends* at the pending token,
+    re-feeding ``w - c`` tokens it already holds (same tokens, same positions,
+    same keys and values: harmless). ``widths`` are the window sizes compiled;
+    the smallest that covers every row runs (``lax.switch``), and rows further
+    behind than the largest are first caught up in chunks.
+
+    Worked example (w = 2): a row with history [a b c d], cache holding [a b]
+    (the drafter never fed c) feeds [c d] from position 2; a row holding
+    [a b c] feeds [c d] from position 2 as well, rewriting c.
+    """
+    batch = context.length.shape[0]
+    extra_BxK = jnp.zeros((batch, 0), jnp.int32) if extra_BxK is None else extra_BxK
+    k = extra_BxK.shape[1]
+    history_BxS, length_B = context.history, context.length
+    widest = max(widths)
+    rows_B1 = jnp.arange(batch)[:, None]
+
+    def gather(positions_BxW):
+        safe = jnp.clip(positions_BxW, 0, history_BxS.shape[1] - 1)
+        return history_BxS[rows_B1, safe]
+
+    def chunk_cond(carry):
+        cache, _ = carry
+        return jnp.any(length_B - cache.lengths > widest)
+
+    def chunk_body(carry):
+        cache, calls_B = carry
+        behind_B = length_B - cache.lengths > widest
+        tokens = gather(cache.lengths[:, None] + jnp.arange(widest)[None, :])
+        out = model.extend(params, tokens, cache)
+        lengths = jnp.where(behind_B, cache.lengths + widest, cache.lengths)
+        return out.cache.replace(lengths=lengths), calls_B + behind_B.astype(jnp.int32)
+
+    cache, chunk_calls_B = jax.lax.while_loop(chunk_cond, chunk_body,
+                                              (cache, jnp.zeros((batch,), jnp.int32)))
+
+    def window(width):
+        def run(cache):
+            start_B = jnp.maximum(length_B - width, 0)
+            positions_BxW = start_B[:, None] + jnp.arange(width + k)[None, :]
+            from_extra = jnp.clip(positions_BxW - length_B[:, None], 0, max(k - 1, 0))
+            tokens = jnp.where(positions_BxW < length_B[:, None], gather(positions_BxW),
+                               jnp.take_along_axis(extra_BxK, from_extra, axis=1) if k else 0)
+            out = model.extend(params, tokens.astype(jnp.int32), cache.replace(lengths=start_B))
+            index_Bx1K = (length_B - 1 - start_B)[:, None] + jnp.arange(1 + k)[None, :]
+            logits = jnp.take_along_axis(out.logits, index_Bx1K[..., None], axis=1)
+            hidden = jnp.take_along_axis(out.hidden, index_Bx1K[..., None], axis=1)
+            return logits, hidden, out.cache.replace(lengths=length_B + k)
+        return run
+
+    sizes = sorted(set(widths))
+    lacking = jnp.max(length_B - cache.lengths)
+    if len(sizes) == 1:
+        logits, hidden, cache = window(sizes[0])(cache)
+        width_B = jnp.full((batch,), sizes[0], jnp.int32)
+    else:
+        branch = jnp.sum(lacking > jnp.asarray(sizes)).astype(jnp.int32)
+        logits, hidden, cache = jax.lax.switch(branch, [window(w) for w in sizes], cache)
+        width_B = jnp.full((batch,), jnp.asarray(sizes)[branch], jnp.int32)
+    calls_B = chunk_calls_B + 1
+    fed_B = chunk_calls_B * widest + width_B + k
+    single_B = chunk_calls_B * int(widest == 1) + (width_B + k == 1).astype(jnp.int32)
+    return logits, hidden, cache, calls_B, fed_B, single_B
+
+
+def pad_to(x_BxKxV: Array, size: int) -> Array:
+    """Zero-pads axis 1 to ``size`` (a missing q_{G+1} is a zero row)."""
+    return jnp.pad(x_BxKxV, ((0, 0), (0, size - x_BxKxV.shape[1])) +
+                   ((0, 0),) * (x_BxKxV.ndim - 2))

@@ -1,0 +1,150 @@
+"""Bigram tables for Max-Gram's no-match fallback: the most likely next token
+of every token id, counted over a real corpus.
+
+Build (documented command; prints the sha256 to pin in ``TABLES``)::
+
+    python -m specdec_jax.drafting.bigram --model qwen2.5-coder-0.5b \\
+        --out specdec_jax/drafting/tables/qwen2.5-coder.stdlib.npz
+
+The corpus for the code pair is the Python standard library's own sources
+(``sysconfig`` stdlib path, ``*.py`` outside ``site-packages`` and test
+directories; PSF licence), tokenized file by file (no bigram crosses a file
+boundary). Ties go to the smaller token id; a token never seen in the corpus
+falls back to the corpus's most frequent token. Tables ship with the package
+and are checked against their pinned sha256 and vocabulary size when loaded,
+like the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import pathlib
+import sys
+import sysconfig
+from collections.abc import Iterable
+
+import numpy as np
+
+TABLE_DIR = pathlib.Path(__file__).parent / "tables"
+
+
+@dataclasses.dataclass(frozen=True)
+class BigramSpec:
+    name: str
+    filename: str
+    sha256: str
+    vocab_size: int
+    tokenizer: str  # the registry model whose tokenizer made it
+    corpus: str  # source, licence, size
+
+
+TABLES: dict[str, BigramSpec] = {spec.name: spec for spec in (
+    BigramSpec(
+        name="qwen2.5-coder",
+        filename="qwen2.5-coder.stdlib.npz",
+        sha256="a1162d55f56d06a558679f42ee609f8eccf3cfbcff0f557234b8ce963205b783",
+        vocab_size=151936,
+        tokenizer="qwen2.5-coder-0.5b",
+        corpus="CPython 3.11.7 standard library, 734 *.py files outside site-packages and "
+               "test directories (PSF licence), 3,059,543 bigrams"),
+)}
+
+
+def build_table(streams: Iterable[Iterable[int]], vocab_size: int) -> tuple[np.ndarray, int]:
+    """(table int32 [V], bigrams counted) from token streams (one per document)."""
+    pair_chunks, unigram = [], np.zeros(vocab_size, np.int64)
+    for stream in streams:
+        ids = np.asarray(list(stream), np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(f"token id outside [0, {vocab_size}) in the corpus; wrong "
+                             "tokenizer for this vocabulary?")
+        unigram += np.bincount(ids, minlength=vocab_size)
+        if ids.size > 1:
+            pair_chunks.append(ids[:-1] * vocab_size + ids[1:])
+    pairs, counts = np.unique(np.concatenate(pair_chunks or [np.zeros(0, np.int64)]),
+                              return_counts=True)
+    first, second = pairs // vocab_size, pairs % vocab_size
+    table = np.full(vocab_size, int(np.argmax(unigram)), np.int32)
+    # Sort by (first, -count, second): the head of each `first` group wins.
+    order = np.lexsort((second, -counts, first))
+    heads = order[np.r_[True, first[order][1:] != first[order][:-1]]] if order.size else order
+    table[first[heads]] = second[heads]
+    return table, int(counts.sum())
+
+
+def stdlib_sources() -> list[pathlib.Path]:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "test", "tests", "idle_test"}
+    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+
+
+def save_table(table: np.ndarray, path: os.PathLike) -> str:
+    """Writes the table (compressed) and returns the file's sha256."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, table=table.astype(np.int32))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_table(name_or_path: str, vocab_size: int | None = None) -> np.ndarray:
+    """A bigram table by registry name (sha256-checked) or path (.npz/.npy)."""
+    if name_or_path in TABLES:
+        spec = TABLES[name_or_path]
+        path = TABLE_DIR / spec.filename
+        if not path.is_file():
+            raise FileNotFoundError(f"bigram table {path} is missing from the package; "
+                                    f"rebuild it: python -m specdec_jax.drafting.bigram "
+                                    f"--model {spec.tokenizer} --out {path}")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != spec.sha256:
+            raise ValueError(f"bigram table {path} has sha256 {digest}, expected "
+                             f"{spec.sha256} (altered file); restore it from the package.")
+        expected = spec.vocab_size
+    else:
+        path = pathlib.Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{name_or_path!r} is neither a known bigram table "
+                                    f"({', '.join(TABLES)}) nor a file.")
+        expected = None
+    loaded = np.load(path)
+    table = loaded["table"] if isinstance(loaded, np.lib.npyio.NpzFile) else loaded
+    for want in (expected, vocab_size):
+        if want is not None and table.shape != (want,):
+            raise ValueError(f"bigram table {path} has shape {table.shape}, expected "
+                             f"({want},) for this vocabulary.")
+    return table.astype(np.int32)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b",
+                        help="registry model (or .gguf) whose tokenizer and vocabulary to use")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    from tqdm import tqdm  # noqa: PLC0415
+
+    from specdec_jax.checkpoints import gguf, registry, tokenizer  # noqa: PLC0415
+
+    path = registry.local_path(args.model) if args.model in registry.MODELS else args.model
+    reader = gguf._reader(path)
+    meta = gguf.read_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    vocab = gguf.config_from_metadata(meta, "output.weight" in names).vocab_size
+    tok = tokenizer.tokenizer_from_gguf_metadata(meta)
+    files = stdlib_sources()
+    streams = (tok.encode(f.read_text(encoding="utf-8", errors="replace"))
+               for f in tqdm(files, desc="tokenize stdlib", unit="file"))
+    table, count = build_table(streams, vocab)
+    digest = save_table(table, args.out)
+    print(f"{args.out}: vocab {vocab}, {len(files)} files, {count} bigrams, "
+          f"Python {sys.version.split()[0]} stdlib, sha256 {digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
