@@ -11,7 +11,15 @@ from specdec_jax.api import (
     make_generate_fn,
     sampling_params,
 )
-from specdec_jax.decoding import GenerationOutput, GenerationStats, SamplingParams
+from specdec_jax.decoding import GenerationOutput, GenerationStats
+from specdec_jax.drafting import (
+    HorizontalCascade,
+    MaxGramDrafter,
+    ModelDrafter,
+    VerticalCascade,
+    cs_drafter,
+    make_drafter,
+)
 from specdec_jax.models import (
                                 DecoderCache,
                                 DecoderConfig,
@@ -21,13 +29,15 @@ from specdec_jax.models import (
                                 StepOutput,
                                 make_prompt,
 )
+from specdec_jax.sampling import SamplingParams
 from specdec_jax.targets import METHODS
 
 __version__ = "0.1.0"
 
 __all__ = [
     "METHODS", "VERIFIERS", "DecoderCache", "DecoderConfig", "DecoderOnlyLM",
-    "GenerationOutput", "GenerationStats", "LanguageModel", "Prompt", "SamplingParams",
-    "StepOutput", "T5Config", "T5EncoderDecoderLM", "generate", "get_verifier",
-    "make_decoder", "make_generate_fn", "make_prompt", "sampling_params",
+    "GenerationOutput", "GenerationStats", "HorizontalCascade", "LanguageModel",
+    "MaxGramDrafter", "ModelDrafter", "Prompt", "SamplingParams", "StepOutput", "T5Config",
+    "T5EncoderDecoderLM", "VerticalCascade", "cs_drafter", "generate", "get_verifier",
+    "make_decoder", "make_drafter", "make_generate_fn", "make_prompt", "sampling_params",
 ]

@@ -107,6 +107,25 @@ def _summary(outputs, seconds: float, gamma: int) -> dict:
     return summary
 
 
+def check_spec(spec: str, k_matrix: str | None) -> None:
+    """Rejects a bad --draft / --k-matrix before any weights are loaded."""
+    import os  # noqa: PLC0415
+
+    from specdec_jax.checkpoints import registry  # noqa: PLC0415
+
+    names = drafting.parse_spec(spec)
+    for name in names:
+        if name != drafting.spec.MAG and name not in registry.MODELS and \
+                not os.path.exists(name):
+            raise ValueError(f"unknown drafter {name!r} in --draft {spec!r}; use 'mag', a "
+                             f"registry model ({', '.join(registry.MODELS)}) or a path.")
+    if k_matrix is not None:
+        drafting.parse_k_matrix(k_matrix, len(names))
+    elif len(names) > 1:
+        raise ValueError(f"--draft {spec!r} lists {len(names)} drafters: pass --k-matrix, e.g. "
+                         "'[[2,10],[0,10]]' (the CS Drafting paper's decoder-only setting).")
+
+
 def _load_drafter(args, spec: str, names, target, tokenizer):
     """Loads every model a draft spec names; returns (strategy, its params)."""
     from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415 (heavy import)
@@ -138,9 +157,8 @@ def run(args) -> int:
     sp = api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
                              beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
+    check_spec(spec, args.k_matrix)
     names = drafting.parse_spec(spec)
-    if args.k_matrix is not None:
-        drafting.parse_k_matrix(args.k_matrix, len(names))
     target, target_params, tokenizer = load_model(args.target)
     drafter = drafter_params = None
     if args.method != "autoregressive":

@@ -25,6 +25,7 @@ from specdec_jax.drafting import (
     VerticalCascade,
     cs_drafter,
     lenient_law,
+    make_drafter,
 )
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.models.toy import TableLM
@@ -245,3 +246,35 @@ def test_bad_cascades_are_rejected():
                                                             [G_BIG_D, G_MAG]), gamma=5)
     with pytest.raises(ValueError, match="vocabulary"):
         sj.make_decoder(target=G_TARGET, drafter=MaxGramDrafter(GV + 1))
+
+
+@pytest.mark.parametrize("spec, k_matrix, message", [
+    ("big+nope", [[1, 1], [0, 1]], "unknown drafter 'nope'"),
+    ("mag+big", [[1, 1], [0, 1]], "list it last"),
+    ("big+mag", None, "pass a K-matrix"),
+    ("big++mag", None, "empty item"),
+    ("big+big", None, "names a drafter twice"),
+    ("wide", None, "vocabulary"),
+])
+def test_bad_draft_specs_fail_before_compiling(spec, k_matrix, message):
+    models = {"big": G_BIG, "wide": TableLM(GV + 1, 1)}
+    with pytest.raises(ValueError, match=message):
+        make_drafter(spec, models=models, vocab_size=GV, k_matrix=k_matrix)
+
+
+def test_draft_specs_build_the_documented_strategies():
+    models = {"big": G_BIG}
+    assert isinstance(make_drafter("big", models=models, vocab_size=GV), ModelDrafter)
+    assert isinstance(make_drafter("mag", models=models, vocab_size=GV), MaxGramDrafter)
+    seed = make_drafter("big+mag", models=models, vocab_size=GV, k_matrix="[[2,10],[0,10]]")
+    assert seed.lengths == (2, 10) and seed.gamma == 12
+    vertical, mag = seed.drafters
+    assert isinstance(vertical, VerticalCascade) and isinstance(mag, MaxGramDrafter)
+    assert vertical.inner_gamma == 10 and not vertical.lenient  # never lenient on Max-Gram
+    pure_vertical = make_drafter("big+mag", models=models, vocab_size=GV,
+                                 k_matrix=[[4, 0], [0, 10]])
+    assert len(pure_vertical.drafters) == 1 and pure_vertical.gamma == 4
+    pure_horizontal = make_drafter("big+mag", models=models, vocab_size=GV,
+                                   k_matrix=[[2, 10], [0, 0]])
+    assert isinstance(pure_horizontal.drafters[0], ModelDrafter)
+    assert sj.make_decoder(target=G_TARGET, drafter=seed).gamma == 12
