@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -76,7 +77,8 @@ def parse_args(argv=None):
                    help="T = 1 runs: the best SD config and the best CS configs (this many "
                         "in all), chosen by greedy SWI (latency)")
     p.add_argument("--phases", nargs="+", default=["costs", "greedy", "wallclock", "t1"],
-                   choices=["costs", "greedy", "wallclock", "t1"])
+                   choices=["costs", "greedy", "wallclock", "t1", "report"],
+                   help="'report' alone prints the Markdown table of --out")
     p.add_argument("--smoke", action="store_true", help="tiny run: check the pipeline")
     p.add_argument("--out", default="results/bench_drafting.json")
     return p.parse_args(argv)
@@ -254,12 +256,52 @@ def build(config, target, models, vocab, method="specdecode", draft_next_q=None,
     return decoder, gamma
 
 
+def _pm(mean_half, digits=2) -> str:
+    mean, half = mean_half
+    return f"{mean:.{digits}f}" if not math.isfinite(half) else \
+        f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    """Seed 001 Table 2 layout: one row per (temperature, configuration)."""
+    wall = report.get("wallclock", {})
+    lines = ["| T | configuration | drafters | G | tokens / target call | SWI (params) | "
+             "SWI (latency) | EWIF | 0.5B calls / token | batch-1 tokens/s | wall-clock "
+             "speedup |", "|" + "---|" * 11]
+    ar = wall.get("ar")
+    if ar:
+        lines.append(f"| 0 | autoregressive | – | – | 1 | 1 | 1 | – | – | "
+                     f"{ar['tokens_per_s']:.2f} | 1 |")
+    for section, temp in (("greedy", 0), ("t1", 1)):
+        for name, r in report.get(section, {}).items():
+            per_token = sum(r["drafter_calls"].values()) / r["tokens"]
+            w = wall.get(name) if temp == 0 else None
+            speed = (f"{w['tokens_per_s']:.2f} | {1 / w['over_ar'][0]:.2f}x"
+                     if w else "– | –")
+            ewif_text = f"{r['ewif']:.2f}" if "ewif" in r else "–"
+            lines.append(f"| {temp} | {name} | {r['draft']} | {r['gamma']} | "
+                         f"{_pm(r['tokens_per_target_call'])} | {r['swi_params']:.2f} | "
+                         f"{_pm(r['swi_latency'])} | {ewif_text} | ")
+            lines[-1] += f"{per_token:.2f} | {speed} |"
+    extra = wall.get("sd-g7-with-step-g+1")
+    if extra and "sd-g7" in wall:
+        lines.append("")
+        lines.append(f"Skipping the drafter's (G+1)-th step (sd-g7, batch 1, interleaved): "
+                     f"round {wall['sd-g7']['round_s']:.3f} s vs "
+                     f"{extra['round_s']:.3f} s with the step "
+                     f"({100 * (wall['sd-g7']['round_s'] / extra['round_s'] - 1):+.1f}%).")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     report = {}
     if os.path.exists(args.out):
         with open(args.out) as f:
             report = json.load(f)
+    if args.phases == ["report"]:
+        print(markdown(report))
+        return 0
     report.setdefault("environment", timing.environment())
     report["precision"] = "float32"
     report["protocol"] = {k: getattr(args, k) for k in (
