@@ -77,7 +77,7 @@ def parse_args(argv=None):
                    help="T = 1 runs: the best SD config and the best CS configs (this many "
                         "in all), chosen by greedy SWI (latency)")
     p.add_argument("--phases", nargs="+", default=["costs", "greedy", "wallclock", "t1"],
-                   choices=["costs", "greedy", "wallclock", "t1", "report"],
+                   choices=["costs", "greedy", "ar", "wallclock", "t1", "report"],
                    help="'report' alone prints the Markdown table of --out")
     p.add_argument("--smoke", action="store_true", help="tiny run: check the pipeline")
     p.add_argument("--out", default="results/bench_drafting.json")
@@ -197,16 +197,22 @@ def latency_at(cost, k: int) -> float:
     return float(np.interp(k, ks, [cost["median_s"][str(x)] for x in ks]))
 
 
-def predicted_seconds(row, costs, gamma):
-    """Counted calls priced by the measured latencies (decode only, batch 1):
-    target calls at K = G + 1; drafter calls at K = 1 by their own median, the
-    rest by the fit a + b K on the tokens they fed."""
-    total = row["target_calls"] * latency_at(costs["target"], gamma + 1)
+def drafting_seconds(row, costs):
+    """The drafters' calls priced at batch 1: K = 1 calls by their own median,
+    the rest by the fit a + b K on the tokens they fed."""
+    total = 0.0
     for name, calls in row["drafter_calls"].items():
         c, single = costs[name], row["drafter_single"][name]
         total += single * c["k1_s"] + (calls - single) * c["a_s"] + \
             (row["drafter_fed"][name] - single) * c["b_s"]
     return total
+
+
+def predicted_seconds(row, costs, gamma):
+    """Counted calls priced by the measured latencies (decode only, batch 1);
+    target calls at K = G + 1."""
+    return row["target_calls"] * latency_at(costs["target"], gamma + 1) + \
+        drafting_seconds(row, costs)
 
 
 def acceptance_rate(tokens_per_round: float, gamma: int) -> float:
@@ -233,15 +239,23 @@ def summarize(name, rows, gamma, costs, param_counts, spec):
     ar_latency = costs["target"]["k1_s"]
     per_prompt_swi = [r["tokens"] * ar_latency / predicted_seconds(r, costs, gamma)
                       for r in rows]
+    # EWIF, seed 001's horizontal form sum_i prod_{j<=i} alpha_j / (1 + sum_i c_i):
+    # with measured per-position acceptances the numerator is the measured
+    # tokens per round, the denominator one target step (K = 1, the seed's
+    # assumption) plus the round's drafting cost in target steps.
+    drafting = sum(drafting_seconds(r, costs) for r in rows)
     out = {"name": name, "draft": spec, "gamma": gamma, "prompts": len(rows),
            "tokens": tokens, "target_calls": t_calls, "drafter_calls": d_calls,
            "tokens_per_target_call": mean_ci(eff),
            "swi_params": tokens * p_t / cost_params,
-           "swi_latency": mean_ci(per_prompt_swi)}
+           "swi_latency": mean_ci(per_prompt_swi),
+           "drafting_cost_per_round": drafting / t_calls / ar_latency,
+           "ewif": tokens / t_calls / (1 + drafting / t_calls / ar_latency)}
     if not d_calls or name.startswith("sd-"):
+        # The closed form under i.i.d. acceptance (ALGORITHMS.md §5).
         alpha = acceptance_rate(tokens / t_calls, gamma)
         c = costs[DRAFTER]["k1_s"] / ar_latency if d_calls else 0.0
-        out.update(acceptance_rate=alpha, cost_ratio=c, ewif=ewif(alpha, c, gamma))
+        out.update(acceptance_rate=alpha, cost_ratio=c, ewif_iid=ewif(alpha, c, gamma))
     return out
 
 
@@ -263,22 +277,26 @@ def _pm(mean_half, digits=2) -> str:
 
 
 def markdown(report: dict) -> str:
-    """Seed 001 Table 2 layout: one row per (temperature, configuration)."""
+    """Seed 001 Table 2 layout: one row per (temperature, configuration),
+    summaries recomputed from the stored per-prompt rows."""
     wall = report.get("wallclock", {})
     lines = ["| T | configuration | drafters | G | tokens / target call | SWI (params) | "
-             "SWI (latency) | EWIF | 0.5B calls / token | batch-1 tokens/s | wall-clock "
+             "SWI (latency) | EWIF (i.i.d.) | 0.5B calls / token | batch-1 tokens/s | wall-clock "
              "speedup |", "|" + "---|" * 11]
     ar = wall.get("ar")
     if ar:
         lines.append(f"| 0 | autoregressive | – | – | 1 | 1 | 1 | – | – | "
                      f"{ar['tokens_per_s']:.2f} | 1 |")
     for section, temp in (("greedy", 0), ("t1", 1)):
-        for name, r in report.get(section, {}).items():
+        for name, stored in report.get(section, {}).items():
+            r = summarize(name, stored["rows"], stored["gamma"], report["costs"],
+                          report["param_counts"], stored["draft"])
             per_token = sum(r["drafter_calls"].values()) / r["tokens"]
             w = wall.get(name) if temp == 0 else None
             speed = (f"{w['tokens_per_s']:.2f} | {1 / w['over_ar'][0]:.2f}x"
                      if w else "– | –")
-            ewif_text = f"{r['ewif']:.2f}" if "ewif" in r else "–"
+            ewif_text = f"{r['ewif']:.2f}" + (f" ({r['ewif_iid']:.2f})" if "ewif_iid" in r
+                                               else "")
             lines.append(f"| {temp} | {name} | {r['draft']} | {r['gamma']} | "
                          f"{_pm(r['tokens_per_target_call'])} | {r['swi_params']:.2f} | "
                          f"{_pm(r['swi_latency'])} | {ewif_text} | ")
@@ -354,6 +372,28 @@ def main(argv=None) -> int:
     if "greedy" in args.phases:
         for config in tqdm(args.configs, desc="greedy configs"):
             counted("greedy", config, 0.0)
+
+    if "ar" in args.phases and "ar_greedy" not in report:
+        # Greedy autoregressive target decoding of the same prompts: every greedy
+        # configuration must reproduce it token for token (lossless drafting).
+        fn = api.make_generate_fn(target=target, method="autoregressive",
+                                  max_new_tokens=args.max_new_tokens, eos_ids=tuple(eos))
+        sp = api.sampling_params(temperature=0.0)
+        outputs = {}
+        order = np.argsort([len(p) for p in prompts], kind="stable")
+        for start in tqdm(range(0, len(prompts), args.batch_size), desc="autoregressive"):
+            idx = list(order[start:start + args.batch_size])
+            idx += [idx[-1]] * (args.batch_size - len(idx))
+            out = fn(target_params, None, make_prompt([prompts[i] for i in idx], pad_to=width),
+                     jax.random.PRNGKey(0), sp)
+            for row, i in enumerate(idx):
+                outputs[int(i)] = np.asarray(out.tokens[row, : out.lengths[row]]).tolist()
+        report["ar_greedy"] = {"outputs": [outputs[i] for i in range(len(prompts))]}
+        report["ar_greedy"]["mismatching_prompts"] = {
+            name: [r["prompt"] for r in v["rows"] if r["output"] != outputs[r["prompt"]]]
+            for name, v in report.get("greedy", {}).items()}
+        print(json.dumps(report["ar_greedy"]["mismatching_prompts"]), flush=True)
+        save()
 
     if "wallclock" in args.phases and "wallclock" not in report:
         subset = prompts[: args.wallclock_prompts]
