@@ -45,7 +45,7 @@ from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.targets import TargetFunction
-from specdec_jax.verify import TokenVerifier, sample_from_weights
+from specdec_jax.verify import TokenVerifier, emitted_tokens, sample_from_weights
 
 Array = jax.Array
 
@@ -240,10 +240,7 @@ class SpeculativeDecoder:
                                 bonus_BxV, state.verifier_state)
         accepted_B = verdict.num_accepted
 
-        # Candidates: d_1 .. d_j then y at index j (G + 1 slots).
-        candidates = jnp.concatenate([drafts_BxG, drafts_BxG[:, :1]], axis=1)
-        candidates = jnp.where(jnp.arange(g + 1)[None, :] == accepted_B[:, None],
-                               verdict.next_token[:, None], candidates)
+        candidates = emitted_tokens(drafts_BxG, accepted_B, verdict.next_token)
         active_B = ~state.done
         tokens, num_generated, hit_eos = _emit(
             state.tokens, state.num_generated, candidates,

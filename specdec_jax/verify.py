@@ -79,6 +79,17 @@ def leading_accepts(accept_BxG: Array) -> Array:
     return jnp.sum(jnp.cumprod(accept_BxG.astype(jnp.int32), axis=-1), axis=-1)
 
 
+def emitted_tokens(drafts_BxG: Array, num_accepted_B: Array, next_token_B: Array) -> Array:
+    """int32 [B, G + 1]: the accepted drafts, then the new token at index j.
+
+    drafts [[a, b, c]], j = [1], y = [z] -> [[a, z, c, a]] (slots past j are scratch).
+    """
+    g = drafts_BxG.shape[1]
+    tokens = jnp.concatenate([drafts_BxG, drafts_BxG[:, :1]], axis=1)
+    return jnp.where(jnp.arange(g + 1)[None, :] == num_accepted_B[:, None],
+                     next_token_B[:, None], tokens)
+
+
 def correction_or_bonus(key: Array, num_accepted_B: Array, q_BxGxV: Array, pi_BxGxV: Array,
                         bonus_BxV: Array, weights_fn=residual) -> Array:
     """Samples the token emitted after ``num_accepted`` drafts.

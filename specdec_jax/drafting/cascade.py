@@ -86,7 +86,12 @@ from specdec_jax.drafting.base import (
 from specdec_jax.drafting.maxgram import MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
-from specdec_jax.verify import TokenVerifier, gather_token_probs, leading_accepts
+from specdec_jax.verify import (
+    TokenVerifier,
+    emitted_tokens,
+    gather_token_probs,
+    leading_accepts,
+)
 
 Array = jax.Array
 
@@ -132,8 +137,7 @@ def lenient_review(key: Array, drafts_BxK: Array, q_BxKxV: Array, q_stat_BxKxV: 
     greedy = temperature <= 0
     accepted_B = jnp.where(greedy, greedy_accepted_B, sampled.num_accepted)
     next_B = jnp.where(greedy, greedy_next_B, sampled.next_token)
-    tokens = jnp.concatenate([drafts_BxK, drafts_BxK[:, :1]], axis=1)
-    tokens = jnp.where(jnp.arange(k + 1)[None, :] == accepted_B[:, None], next_B[:, None], tokens)
+    tokens = emitted_tokens(drafts_BxK, accepted_B, next_B)
     law = jnp.concatenate([law_fn(q_BxKxV, p_BxK1xV[:, :k], lenience),
                            p_BxK1xV[:, k:]], axis=1)
     law = jnp.where(greedy, jax.nn.one_hot(tokens, p_BxK1xV.shape[-1], dtype=jnp.float32), law)
