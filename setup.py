@@ -30,6 +30,12 @@ DEV = [
     "psutil>=5.9",
 ]
 
+# Quality metrics and plots of the evaluation sweep (imported lazily by specdec_jax.data.metrics).
+EVAL = ["sacrebleu>=2.4", "rouge-score>=0.1.2", "matplotlib>=3.8"]
+
+# seqio Tasks (specdec_jax.data.seqio_tasks): seqio pulls TensorFlow (~2.5 GB installed).
+SEQIO = ["seqio>=0.0.19", "tensorflow>=2.16"]
+
 setup(
     name="specdec_jax",
     version="0.1.0",
@@ -38,6 +44,6 @@ setup(
     package_data={"specdec_jax.drafting": ["tables/*.npz"]},
     python_requires=">=3.10",
     install_requires=CORE,
-    extras_require={"dev": DEV},
+    extras_require={"dev": DEV + EVAL, "eval": EVAL, "seqio": SEQIO},
     entry_points={"console_scripts": ["specdec-jax=specdec_jax.cli:main"]},
 )

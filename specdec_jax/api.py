@@ -26,8 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling, targets
+from specdec_jax.cascades import MAX_CONSECUTIVE_DRAFTS, DraftUntilDecoder
 from specdec_jax.decoding import (
     AutoregressiveDecoder,
+    EndOfBlockStop,
     GenerationOutput,
     SpeculativeDecoder,
     required_cache_length,
@@ -78,7 +80,9 @@ def _check_same_kind(target: LanguageModel, drafter: LanguageModel) -> None:
 def make_decoder(*, target: LanguageModel, drafter: Any = None,
                  method: str = "specdecode", gamma: int | None = None, verifier: str = "token",
                  max_new_tokens: int = 64, top_k: int = 0, eos_ids: tuple[int, ...] = (),
-                 pad_id: int = 0) -> SpeculativeDecoder | AutoregressiveDecoder:
+                 pad_id: int = 0, fallback_alpha: float = 0.5,
+                 stop_rule: EndOfBlockStop | None = None
+                 ) -> SpeculativeDecoder | AutoregressiveDecoder | DraftUntilDecoder:
     """The validated static decoder behind ``make_generate_fn`` (same arguments).
 
     Use it directly to prefill once and decode many configurations, e.g. a
@@ -96,6 +100,13 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     drafting strategy (``specdec_jax.drafting``: Max-Gram, cascades; see
     ``make_drafter`` for the spec strings). ``gamma`` defaults to 5, or to the
     block length a K-matrix fixes (a different explicit gamma is an error).
+
+    The cascade baselines (``cascades.py``): ``oracle`` is a ``G = 0`` round
+    with the Diff rule (both models at every position); ``token-cascade``
+    (Chow) and ``bild-original`` let the drafter run up to ``gamma`` tokens
+    (default 10, the paper's cap) before the target is called;
+    ``fallback_alpha`` is BiLD's fallback threshold. ``stop_rule`` ends rows
+    besides ``eos_ids`` (e.g. at the end of a Python function).
     """
     if method not in targets.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
@@ -106,9 +117,25 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     if method == "autoregressive":
         return AutoregressiveDecoder(target=target, max_new_tokens=max_new_tokens,
                                      sampling_config=config, eos_ids=tuple(eos_ids),
-                                     pad_id=pad_id)
+                                     pad_id=pad_id, stop_rule=stop_rule)
     if drafter is None:
         raise ValueError(f"method {method!r} needs a drafter model.")
+    if method in ("token-cascade", "bild-original"):
+        if is_drafter(drafter):
+            raise ValueError(f"method {method!r} runs a drafter model token by token; pass a "
+                             "LanguageModel, not a drafting strategy.")
+        _check_pair(target, drafter)
+        return DraftUntilDecoder(
+            target=target, drafter=drafter, mode=method, max_new_tokens=max_new_tokens,
+            max_drafts=MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma,
+            fallback_alpha=fallback_alpha, sampling_config=config, eos_ids=tuple(eos_ids),
+            pad_id=pad_id, stop_rule=stop_rule)
+    if method == "oracle":
+        _check_pair(target, drafter)
+        return SpeculativeDecoder(
+            target=target, drafter=drafter, target_fn=targets.Diff(), gamma=0,
+            max_new_tokens=max_new_tokens, sampling_config=config, eos_ids=tuple(eos_ids),
+            pad_id=pad_id, stop_rule=stop_rule)
     gamma = resolve_gamma(drafter, gamma)
     if gamma < 1:
         raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
@@ -116,7 +143,7 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     return SpeculativeDecoder(
         target=target, drafter=drafter, target_fn=targets.get_target(method), gamma=gamma,
         max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
-        sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id)
+        sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule)
 
 
 def resolve_gamma(drafter, gamma: int | None) -> int:
@@ -136,7 +163,9 @@ def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
                      method: str = "specdecode", gamma: int | None = None,
                      verifier: str = "token",
                      max_new_tokens: int = 64, top_k: int = 0,
-                     eos_ids: tuple[int, ...] = (), pad_id: int = 0) -> Callable:
+                     eos_ids: tuple[int, ...] = (), pad_id: int = 0,
+                     fallback_alpha: float = 0.5, stop_rule: EndOfBlockStop | None = None
+                     ) -> Callable:
     """Returns ``fn(target_params, drafter_params, prompt, key, sampling_params)``, jitted.
 
     Everything here is static (a new value compiles a new program); the
@@ -146,7 +175,8 @@ def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
     """
     decoder = make_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
                            verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
-                           eos_ids=tuple(eos_ids), pad_id=pad_id)
+                           eos_ids=tuple(eos_ids), pad_id=pad_id,
+                           fallback_alpha=fallback_alpha, stop_rule=stop_rule)
     return jax.jit(decoder.generate)
 
 
@@ -201,14 +231,18 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     if method not in targets.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
                          f"{', '.join(targets.METHODS)}.")
-    if method != "autoregressive":
-        targets.get_target(method).validate(alpha, beta)
+    targets.validate_alpha(method, alpha, beta)
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
-    if method != "autoregressive" and drafter is not None:
+    if method in ("token-cascade", "bild-original"):
+        gamma = MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma
+    elif method == "oracle":
+        gamma = 0
+    elif method != "autoregressive" and drafter is not None:
         gamma = resolve_gamma(drafter, gamma)
     needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens,
-                                   0 if method == "autoregressive" else gamma or DEFAULT_GAMMA)
+                                   0 if method == "autoregressive" else
+                                   DEFAULT_GAMMA if gamma is None else gamma)
     if max_cache_length is not None and needed > max_cache_length:
         raise ValueError(
             f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "

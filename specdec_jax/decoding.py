@@ -45,7 +45,12 @@ from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.targets import TargetFunction
-from specdec_jax.verify import TokenVerifier, emitted_tokens, sample_from_weights
+from specdec_jax.verify import (
+    TokenVerifier,
+    VerifyOutput,
+    emitted_tokens,
+    sample_from_weights,
+)
 
 Array = jax.Array
 
@@ -55,6 +60,8 @@ class GenerationStats:
     """Per-row counters returned with every generation."""
 
     target_calls: Array  # int32 [B]: target forward calls (rounds, or steps for AR)
+    target_fed: Array  # int32 [B]: tokens those calls fed (a cost model prices them)
+    target_single_calls: Array  # int32 [B]: target calls that fed one token
     drafter_calls: Array  # int32 [B]: neural drafter forward calls, all models
     drafter_calls_by_model: Array  # int32 [B, M]: per drafter model (drafter.model_names)
     drafter_tokens_by_model: Array  # int32 [B, M]: tokens those calls fed
@@ -64,6 +71,9 @@ class GenerationStats:
     deferred_mass: Array  # float32 [B]: sum over emitted positions of the deferral indicator
     emitted: Array  # int32 [B]: tokens emitted (== lengths)
     nan_logits: Array  # int32 [B]: model calls whose logits held NaN (must stay 0)
+    # float32 [B]: sum of log q_stat(token) over the emitted tokens (autoregressive
+    # decoders only; a sequence-level cascade defers on it; 0 elsewhere)
+    sequence_logprob: Array
 
 
 @flax.struct.dataclass
@@ -104,15 +114,42 @@ def required_cache_length(prompt_width: int, max_new_tokens: int, gamma: int) ->
     return prompt_width + max_new_tokens + gamma + 1
 
 
+@dataclasses.dataclass(frozen=True)
+class EndOfBlockStop:
+    """Ends a row when a line ends and the next starts at column 0: the end of a
+    top-level Python function (HumanEval's "stop at the end of the function").
+
+    Token classes come from the tokenizer (``data.humaneval.end_of_block_stop``):
+    ``line_end_ids`` are tokens whose text ends with a newline,
+    ``indented_ids`` tokens whose text starts with whitespace. A row stops at
+    the first token outside ``indented_ids`` that follows a line end; that
+    token is emitted (like an EOS) and the task's stop strings cut it from the
+    text. Hashable (tuples), so it is a static argument like ``eos_ids``.
+    """
+
+    vocab_size: int
+    line_end_ids: tuple[int, ...]
+    indented_ids: tuple[int, ...]
+
+    def hits(self, previous_BxK: Array, tokens_BxK: Array) -> Array:
+        """bool [B, K]: ``tokens[b, k]`` ends the block, given the token before it."""
+        table = lambda ids: jnp.zeros((self.vocab_size,), bool).at[jnp.asarray(ids)].set(True)
+        return table(self.line_end_ids)[previous_BxK] & ~table(self.indented_ids)[tokens_BxK]
+
+
 def _emit(state_tokens_BxN, num_generated_B, candidates_BxK, num_valid_B, eos_ids,
-          max_new_tokens):
+          max_new_tokens, stop_rule=None, previous_B=None):
     """Appends ``candidates[b, :num_valid[b]]`` to each row, stopping after an EOS
-    and at ``max_new_tokens``. Returns (tokens, num_generated, hit_eos)."""
+    (or where ``stop_rule`` hits, ``previous`` being the token before the
+    candidates) and at ``max_new_tokens``. Returns (tokens, num_generated, hit_eos)."""
     batch, k = candidates_BxK.shape
     offsets_K = jnp.arange(k)
     is_eos_BxK = jnp.zeros((batch, k), bool)
     for eos in eos_ids:
         is_eos_BxK |= candidates_BxK == eos
+    if stop_rule is not None:
+        previous_BxK = jnp.concatenate([previous_B[:, None], candidates_BxK[:, :-1]], axis=1)
+        is_eos_BxK |= stop_rule.hits(previous_BxK, candidates_BxK)
     is_eos_BxK &= offsets_K[None, :] < num_valid_B[:, None]
     first_eos_B = jnp.min(jnp.where(is_eos_BxK, offsets_K[None, :], k), axis=-1)
     count_B = jnp.minimum(num_valid_B, first_eos_B + 1)
@@ -125,12 +162,14 @@ def _emit(state_tokens_BxN, num_generated_B, candidates_BxK, num_valid_B, eos_id
 def _zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
     zeros = jnp.zeros((batch,), jnp.int32)
     by_model = jnp.zeros((batch, num_models), jnp.int32)
-    return GenerationStats(target_calls=zeros, drafter_calls=zeros,
+    return GenerationStats(target_calls=zeros, target_fed=zeros, target_single_calls=zeros,
+                           drafter_calls=zeros,
                            drafter_calls_by_model=by_model, drafter_tokens_by_model=by_model,
                            drafter_single_calls_by_model=by_model,
                            accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
                            rejections=zeros, deferred_mass=jnp.zeros((batch,), jnp.float32),
-                           emitted=zeros, nan_logits=zeros)
+                           emitted=zeros, nan_logits=zeros,
+                           sequence_logprob=jnp.zeros((batch,), jnp.float32))
 
 
 def initial_history(prompt: Prompt, width: int, encoder_decoder: bool, start_id: int | None
@@ -168,6 +207,7 @@ class SpeculativeDecoder:
     sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
     # None: ask the drafter for q_{G+1} only when the target function needs it.
     # True forces the classic G + 1 drafter steps (to measure what skipping saves).
     draft_next_q: bool | None = None
@@ -236,15 +276,21 @@ class SpeculativeDecoder:
         pi_BxG1xV, defer_BxG1 = self.target_fn(proposal.q, dist.probs, proposal.q_stat,
                                                dist.stats, sp.alpha, sp.beta)
         bonus_BxV = dist.probs[:, g] if self.target_fn.bonus_from_target else pi_BxG1xV[:, g]
-        verdict = self.verifier(verify_key, drafts_BxG, proposal.q[:, :g], pi_BxG1xV[:, :g],
-                                bonus_BxV, state.verifier_state)
+        if g == 0:  # the oracle cascade: no drafts to verify, y ~ pi_1
+            verdict = VerifyOutput(num_accepted=jnp.zeros_like(state.length),
+                                   next_token=sample_from_weights(verify_key, bonus_BxV),
+                                   state=state.verifier_state)
+        else:
+            verdict = self.verifier(verify_key, drafts_BxG, proposal.q[:, :g],
+                                    pi_BxG1xV[:, :g], bonus_BxV, state.verifier_state)
         accepted_B = verdict.num_accepted
 
         candidates = emitted_tokens(drafts_BxG, accepted_B, verdict.next_token)
         active_B = ~state.done
         tokens, num_generated, hit_eos = _emit(
             state.tokens, state.num_generated, candidates,
-            jnp.where(active_B, accepted_B + 1, 0), self.eos_ids, self.max_new_tokens)
+            jnp.where(active_B, accepted_B + 1, 0), self.eos_ids, self.max_new_tokens,
+            self.stop_rule, pending_B)
         done = state.done | hit_eos | (num_generated >= self.max_new_tokens)
 
         keep_B = jnp.where(active_B, 1 + accepted_B, 0)
@@ -254,6 +300,8 @@ class SpeculativeDecoder:
         active = active_B.astype(jnp.int32)
         stats = stats.replace(
             target_calls=stats.target_calls + active,
+            target_fed=stats.target_fed + active * (g + 1),
+            target_single_calls=stats.target_single_calls + active * int(g == 0),
             drafter_calls=stats.drafter_calls + active * jnp.sum(proposal.calls, axis=-1),
             drafter_calls_by_model=stats.drafter_calls_by_model + active[:, None] *
             proposal.calls,
@@ -334,6 +382,7 @@ class AutoregressiveDecoder:
     sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
 
     def generate(self, target_params, drafter_params, prompt: Prompt, key,
                  sp: SamplingParams) -> GenerationOutput:
@@ -358,13 +407,21 @@ class AutoregressiveDecoder:
                                           self.sampling_config)
             next_B = sample_from_weights(step_key, dist.probs)
             active_B = ~state.done
+            logprob_B = jnp.log(jnp.maximum(jnp.take_along_axis(
+                dist.stats, next_B[:, None], axis=-1)[:, 0], 1e-30))
             tokens, num_generated, hit_eos = _emit(
                 state.tokens, state.num_generated, next_B[:, None], active_B.astype(jnp.int32),
-                self.eos_ids, self.max_new_tokens)
+                self.eos_ids, self.max_new_tokens, self.stop_rule, state.pending)
             active = active_B.astype(jnp.int32)
+            emitted_B = num_generated > state.num_generated
             stats = state.stats.replace(
-                target_calls=state.stats.target_calls + active, emitted=num_generated,
-                nan_logits=state.stats.nan_logits + active * has_nan(out.logits))
+                target_calls=state.stats.target_calls + active,
+                target_fed=state.stats.target_fed + active,
+                target_single_calls=state.stats.target_single_calls + active,
+                emitted=num_generated,
+                nan_logits=state.stats.nan_logits + active * has_nan(out.logits),
+                sequence_logprob=state.stats.sequence_logprob + jnp.where(emitted_B, logprob_B,
+                                                                          0.0))
             return state.replace(
                 tokens=tokens, num_generated=num_generated,
                 pending=jnp.where(active_B, next_B, state.pending),

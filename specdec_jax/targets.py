@@ -102,9 +102,64 @@ class Lossy(TargetFunction):
         return pi, jnp.ones(p.shape[:-1], jnp.float32)
 
 
+# Bisection steps for the tuned beta: 1/beta lives in (0, 1/(1 - alpha)], and
+# 64 halvings take that interval below float32 resolution.
+BETA_BISECTION_STEPS = 64
+
+
+def tuned_beta(q: Array, p: Array, alpha: Array) -> Array:
+    """Per position, the ``beta >= 1 - alpha`` of Tran-Thien's lossy rule (App. E.6):
+
+        sum_v (q(v) - p(v) / (1 - alpha))_+  =  sum_v (p(v) / beta - q(v))_+
+
+    The left side is the drafter mass Lossy rejects; the right side the mass its
+    residual hands back, so ``pi`` sums to 1. In ``u = 1 / beta`` the right side
+    ``g(u)`` is continuous and increasing from ``g(0) = 0`` to ``g(1/(1-alpha))
+    = left + alpha / (1 - alpha) >= left``, so bisection on ``u`` finds a root
+    (the paper searched a 1000-point grid). Returns float32 [...].
+    """
+    left = jnp.sum(jnp.maximum(q - p / (1.0 - alpha), 0.0), axis=-1)
+    g = lambda u: jnp.sum(jnp.maximum(p * u[..., None] - q, 0.0), axis=-1)
+
+    def halve(_, bounds):
+        low, high = bounds
+        mid = 0.5 * (low + high)
+        below = g(mid) <= left
+        return jnp.where(below, mid, low), jnp.where(below, high, mid)
+
+    high = jnp.broadcast_to(1.0 / (1.0 - alpha), left.shape).astype(jnp.float32)
+    low, high = jax.lax.fori_loop(0, BETA_BISECTION_STEPS, halve, (jnp.zeros_like(high), high))
+    return 1.0 / jnp.maximum(0.5 * (low + high), _TINY)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossyTuned(Lossy):
+    """Lossy with ``beta`` solved per position (``tuned_beta``); the traced beta is ignored.
+
+    Under greedy decoding (one-hot ``q, p``) it accepts exactly the drafts whose
+    argmax matches the target's: it is then lossless, like Lossy(alpha, 1).
+    """
+
+    name: ClassVar[str] = "lossy-tuned"
+
+    def validate(self, alpha: float, beta: float = 1.0) -> None:
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"alpha={alpha} is outside [0, 1), the range of method "
+                             "'lossy-tuned'.")
+
+    def __call__(self, q, p, q_stat, p_stat, alpha, beta):
+        return super().__call__(q, p, q_stat, p_stat, alpha, tuned_beta(q, p, alpha)[..., None])
+
+
 @dataclasses.dataclass(frozen=True)
 class DeferralRule(TargetFunction):
-    """pi = (1 - delta) q + delta p for a rule delta(q_stat, p_stat, alpha)."""
+    """pi = (1 - delta) q + delta p for a rule delta(q_stat, p_stat, alpha).
+
+    ``reads_target``: the rule needs ``p``. A sequential token cascade, which
+    decides before the target runs, can only use rules that do not.
+    """
+
+    reads_target: ClassVar[bool] = True
 
     def defer(self, q, p, q_stat, p_stat, alpha) -> Array:
         """bool [...]: 1 = defer. The processed ``q, p`` enter only where the paper
@@ -139,6 +194,7 @@ class Chow(DeferralRule):
     """defer iff max_v q(v) < 1 - alpha."""
 
     name: ClassVar[str] = "chow"
+    reads_target: ClassVar[bool] = False
 
     def defer(self, q, p, q_stat, p_stat, alpha):
         return jnp.max(q_stat, axis=-1) < 1.0 - alpha
@@ -240,10 +296,27 @@ class TokenV3(TokenRule):
 
 
 TARGETS: dict[str, type[TargetFunction]] = {
-    cls.name: cls for cls in (SpecDecode, Lossy, BiLD, Chow, Diff, OPT, DiffLog, OPTLog,
+    cls.name: cls for cls in (SpecDecode, Lossy, LossyTuned, BiLD, Chow, Diff, OPT, DiffLog, OPTLog,
                               TokenV1, TokenV2, TokenV3)
 }
-METHODS = ("autoregressive",) + tuple(TARGETS)
+# Cascade baselines that are not a target function in a speculative round
+# (``cascades.py``): the oracle (a G = 0 round with Diff), the sequential token
+# cascade (Chow) and the original Big-Little Decoder.
+BASELINES: dict[str, tuple[float, float]] = {
+    "oracle": Diff.alpha_range, "token-cascade": Chow.alpha_range,
+    "bild-original": BiLD.alpha_range}
+METHODS = ("autoregressive",) + tuple(TARGETS) + tuple(BASELINES)
+
+
+def validate_alpha(method: str, alpha: float, beta: float = 1.0) -> None:
+    """Checks a method's hyperparameters (host side, before compiling)."""
+    if method in BASELINES:
+        low, high = BASELINES[method]
+        if not low <= alpha <= high:
+            raise ValueError(f"alpha={alpha} is outside [{low}, {high}], the range of method "
+                             f"{method!r}.")
+    elif method != "autoregressive":
+        get_target(method).validate(alpha, beta)
 
 
 def get_target(method: str) -> TargetFunction:

@@ -82,10 +82,10 @@ def leading_accepts(accept_BxG: Array) -> Array:
 def emitted_tokens(drafts_BxG: Array, num_accepted_B: Array, next_token_B: Array) -> Array:
     """int32 [B, G + 1]: the accepted drafts, then the new token at index j.
 
-    drafts [[a, b, c]], j = [1], y = [z] -> [[a, z, c, a]] (slots past j are scratch).
+    drafts [[a, b, c]], j = [1], y = [z] -> [[a, z, c, z]] (slots past j are scratch).
     """
     g = drafts_BxG.shape[1]
-    tokens = jnp.concatenate([drafts_BxG, drafts_BxG[:, :1]], axis=1)
+    tokens = jnp.concatenate([drafts_BxG, next_token_B[:, None]], axis=1)
     return jnp.where(jnp.arange(g + 1)[None, :] == num_accepted_B[:, None],
                      next_token_B[:, None], tokens)
 

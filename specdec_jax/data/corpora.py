@@ -1,0 +1,565 @@
+"""Real text corpora from the Debian archive, fetched into the cache and parsed into pairs.
+
+No dataset hub is reachable from where this library is developed and tested, but the Debian
+archive is. Three corpora come from it (see ``CORPORA`` for source, licence and record count):
+
+* ``debian-handbook`` (EN->DE): *The Debian Administrator's Handbook* ships the same HTML book
+  in en-US and de-DE; paragraphs (``<div class="para">``) align 1:1 page by page.
+* ``trans-de-en`` (EN->DE): the Ding German-English dictionary; we keep its full-sentence
+  example pairs only.
+* ``debian-descriptions`` (summarisation): package long description -> one-line synopsis,
+  from the archive's ``Translation-en`` list.
+
+Packages (.deb) are fetched with ``apt-get download PKG=VERSION`` into a temporary folder of the
+cache (never installed, nothing written outside the cache), checked against a pinned sha256 and
+unpacked with ``dpkg-deb -x`` into ``<cache>/data/<pkg>-<version>/``. The .deb stays in
+``<cache>/data/debs/``; a .deb put there by hand (e.g. downloaded from snapshot.debian.org on a
+machine without apt) is used as is, after the same hash check.
+
+Package descriptions and reproducibility
+----------------------------------------
+``Translation-en`` is not a package: it is an index file of a Debian release, replaced at every
+point release, so "the current list" is not a fixed thing. We therefore pin two things:
+
+1. the list itself: the uncompressed ``bookworm/main/i18n/Translation-en`` of Debian 12.15
+   (InRelease of 2026-07-11; ``DESCRIPTIONS_SOURCE``). Bookworm is oldstable: it gets few
+   point releases, and none once it leaves regular support, so this file is expected to stay
+   the current one for long; if a point release replaces it, the pinned file is still served
+   by content address as long as the archive keeps it (snapshot.debian.org keeps it for good).
+   It is read from the local apt lists when they hold this very file, otherwise downloaded by
+   its content address (``dists/bookworm/main/i18n/by-hash/SHA256/...``) with ``apt-helper``
+   (no root needed, the system's lists untouched) into
+   ``<cache>/data/debian-descriptions-bookworm/Translation-en.xz``; a copy put there by hand
+   is used too;
+2. the snapshot we produce from it: the parsed pairs, one JSON object a line, written once into
+   ``<cache>/data/debian-descriptions-bookworm/descriptions.jsonl`` and pinned by sha256 and
+   record count (``DESCRIPTIONS_SNAPSHOT``). Every later run reads only the snapshot.
+
+If the system has no ``Translation-en`` list at all we run
+``apt-get update -o Acquire::Languages=en`` first (as root; the Docker default
+``Acquire::Languages "none"`` skips these lists). A user on another day whose archive no longer
+serves the pinned list gets an error naming the hashes and three ways out: copy the pinned
+snapshot from a machine that has it, put the pinned list (e.g. from snapshot.debian.org) in
+the cache, or set
+``SPECDEC_JAX_UNPINNED_DESCRIPTIONS=1`` to build an unpinned snapshot from whatever list the
+system has (its scores are then not comparable with pinned ones, and it is stored under a name
+carrying its own hash).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import html.parser
+import io
+import json
+import lzma
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import warnings
+
+from tqdm import tqdm
+
+from specdec_jax.checkpoints import fetch
+
+DATA_SUBDIR = "data"
+DEB_SUBDIR = "debs"
+_MARKER = ".specdec_jax_sha256"  # written into an unpacked package once it is complete
+_ARCHIVE_URL = "https://deb.debian.org/debian"
+_SNAPSHOT_URL = "https://snapshot.debian.org/package"
+
+
+@dataclasses.dataclass(frozen=True)
+class DebPin:
+    """One Debian package, pinned by version and by the sha256 of its .deb."""
+
+    package: str
+    version: str
+    sha256: str
+    pool: str  # the archive folder, for the hand-download hint
+    licence: str  # from /usr/share/doc/<package>/copyright
+
+    @property
+    def filename(self) -> str:
+        return f"{self.package}_{self.version}_all.deb"
+
+
+DEBIAN_HANDBOOK = DebPin(
+    package="debian-handbook", version="11.20220922",
+    sha256="3d5dbeac1f1afc9c094eab9d0f701f6ecff99c4927d5a4794cf6c85678134faa",
+    pool="pool/main/d/debian-handbook", licence="GPL-2.0+ or CC-BY-SA-3.0")
+TRANS_DE_EN = DebPin(
+    package="trans-de-en", version="1.9-6",
+    sha256="45f6b4cf1c434776fba6811d7bc522efabb5425c43ba8afd0e289bf9e2e53df4",
+    pool="pool/main/d/ding", licence="GPL-2+")
+DEBS = {pin.package: pin for pin in (DEBIAN_HANDBOOK, TRANS_DE_EN)}
+
+# Debian 12.15 (bookworm) main, InRelease "Date: Sat, 11 Jul 2026 10:16:37 UTC".
+DESCRIPTIONS_SOURCE = {
+    "release": "Debian 12.15 (bookworm) main, InRelease of 2026-07-11",
+    "list": "dists/bookworm/main/i18n/Translation-en",
+    "sha256": "62f59c3cdca9786e4f7adf9002f9f5729a684adcb4667e58e448dec9b5a46c7f",
+    "size": 32699363,
+    "xz_sha256": "a3d4a0bfd8e9242810b0885eda7c1a6e05dac15b333ddbaab03ba56f2dfa4bf0",
+}
+DESCRIPTIONS_SNAPSHOT = {
+    "file": "debian-descriptions-bookworm/descriptions.jsonl",
+    "sha256": "7c84027f5c46a2065fc44697ebac18ecea37a957951a765dbc9f8e0874d48114",
+    "records": 53979,
+}
+UNPINNED_ENV = "SPECDEC_JAX_UNPINNED_DESCRIPTIONS"
+
+# Filters (see the module docstring of text_tasks for what each corpus keeps).
+MIN_WORDS = 4  # both sides of a translation pair
+MAX_WORDS = 60  # both sides of a handbook pair: longer paragraphs are dropped
+MIN_DESCRIPTION_WORDS = 20  # long descriptions shorter than this are dropped
+MIN_SYNOPSIS_WORDS = 2  # ROUGE-2 needs a bigram in the reference
+_SENTENCE_END = (".", "!", "?")
+_OPENERS = "\"'„“‚‘«»"
+
+HANDBOOK_RECORDS = 1635
+DING_RECORDS = 15904
+DESCRIPTION_RECORDS = DESCRIPTIONS_SNAPSHOT["records"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    name: str
+    source: str
+    licence: str
+    records: int
+
+
+CORPORA = {
+    "debian-handbook": Corpus(
+        name="debian-handbook",
+        source=f"Debian package debian-handbook {DEBIAN_HANDBOOK.version} "
+               "(html/en-US + html/de-DE)",
+        licence=DEBIAN_HANDBOOK.licence, records=HANDBOOK_RECORDS),
+    "trans-de-en": Corpus(
+        name="trans-de-en",
+        source=f"Debian package trans-de-en {TRANS_DE_EN.version} (Ding dictionary, "
+               "/usr/share/trans/de-en)",
+        licence=TRANS_DE_EN.licence, records=DING_RECORDS),
+    "debian-descriptions": Corpus(
+        name="debian-descriptions",
+        source=f"{DESCRIPTIONS_SOURCE['release']}, {DESCRIPTIONS_SOURCE['list']} "
+               f"(sha256 {DESCRIPTIONS_SOURCE['sha256'][:16]}...)",
+        licence="each description belongs to its package and is under that package's "
+                "licence (Debian main: DFSG-free); no single licence",
+        records=DESCRIPTION_RECORDS),
+}
+
+
+# --------------------------------------------------------------------------- packages
+
+
+def data_dir() -> pathlib.Path:
+    return fetch.cache_dir() / DATA_SUBDIR
+
+
+def _hash_mismatch(path: pathlib.Path, expected: str, actual: str, fix: str) -> ValueError:
+    return ValueError(f"{path}: sha256 {actual} does not match the pinned {expected}. {fix}")
+
+
+def _apt_download(pin: DebPin, dest: pathlib.Path) -> None:
+    """``apt-get download PKG=VERSION`` inside a temporary folder, then moved to ``dest``."""
+    hint = (f"Without apt, or if the archive no longer has this version, download "
+            f"{_ARCHIVE_URL}/{pin.pool}/{pin.filename} (or from "
+            f"{_SNAPSHOT_URL}/{pin.pool.rsplit('/', 1)[-1]}/{pin.version}/) and put it at "
+            f"{dest}.")
+    if shutil.which("apt-get") is None:
+        raise FileNotFoundError(f"apt-get is not available to fetch {pin.filename}. {hint}")
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        result = subprocess.run(["apt-get", "download", f"{pin.package}={pin.version}"],
+                                cwd=tmp, capture_output=True, text=True)
+        got = pathlib.Path(tmp) / pin.filename
+        if result.returncode != 0 or not got.is_file():
+            raise ConnectionError(
+                f"apt-get download {pin.package}={pin.version} failed:\n"
+                f"{result.stderr.strip()[-800:]}\nThe pinned version is in Debian 12 "
+                f"(bookworm); add a bookworm apt source, or fetch it by hand. {hint}")
+        shutil.move(got, dest)
+
+
+def _unpack(deb: pathlib.Path, out: pathlib.Path) -> None:
+    """``dpkg-deb -x``; without dpkg, the .deb (an ar archive) is unpacked in Python."""
+    if shutil.which("dpkg-deb"):
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(out)], check=True,
+                       capture_output=True)
+        return
+    with open(deb, "rb") as f:
+        if f.read(8) != b"!<arch>\n":
+            raise ValueError(f"{deb} is not a Debian package (no ar header).")
+        while header := f.read(60):
+            name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
+            body = f.read(size + size % 2)[:size]
+            if name.startswith("data.tar"):
+                with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+                    if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12
+                        tar.extractall(out, filter="data")
+                    else:  # pragma: no cover
+                        tar.extractall(out)  # noqa: S202 - a hash-checked Debian package
+                return
+    raise ValueError(f"{deb} has no data.tar member.")
+
+
+def fetch_deb(pin: DebPin) -> pathlib.Path:
+    """The unpacked tree of a pinned package (``<cache>/data/<pkg>-<version>``), fetched once.
+
+    A .deb whose sha256 differs from the pin raises ValueError naming the file, both hashes
+    and the fix.
+    """
+    root = data_dir() / f"{pin.package}-{pin.version}"
+    marker = root / _MARKER
+    if marker.is_file() and marker.read_text().strip() == pin.sha256:
+        return root
+    debs = data_dir() / DEB_SUBDIR
+    debs.mkdir(parents=True, exist_ok=True)
+    deb = debs / pin.filename
+    with tqdm(total=3, desc=f"fetch {pin.package}", unit="step", leave=False) as bar:
+        if not deb.is_file():
+            _apt_download(pin, deb)
+        bar.update()
+        actual = fetch.sha256_file(deb)
+        if actual != pin.sha256:
+            raise _hash_mismatch(
+                deb, pin.sha256, actual,
+                f"Delete {deb} and fetch again; if the archive now serves a different "
+                f"{pin.filename}, update the pin (and the record counts) in {__name__}.")
+        bar.update()
+        if root.exists():
+            shutil.rmtree(root)  # an unpacking that did not finish
+        with tempfile.TemporaryDirectory(dir=data_dir()) as tmp:
+            _unpack(deb, pathlib.Path(tmp) / "tree")
+            (pathlib.Path(tmp) / "tree").replace(root)
+        marker.write_text(pin.sha256 + "\n")
+        bar.update()
+    return root
+
+
+# --------------------------------------------------------------------------- translation
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+class _ParaParser(html.parser.HTMLParser):
+    """Text of each ``<div class="para">`` (markup stripped); ``code`` when it holds a <pre>."""
+
+    _VOID = frozenset({"br", "img", "hr", "meta", "link", "input", "col", "area", "wbr"})
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.paras: list[tuple[str, bool]] = []
+        self._text: list[str] | None = None
+        self._depth = 0
+        self._code = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self._VOID:
+            return
+        if self._text is not None:
+            self._depth += 1
+            self._code |= tag == "pre"
+        elif tag == "div" and dict(attrs).get("class") == "para":
+            self._text, self._depth, self._code = [], 1, False
+
+    def handle_endtag(self, tag):
+        if tag in self._VOID or self._text is None:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self.paras.append((" ".join("".join(self._text).split()), self._code))
+            self._text = None
+
+    def handle_data(self, data):
+        if self._text is not None:
+            self._text.append(data)
+
+
+def _paragraphs(path: pathlib.Path) -> list[tuple[str, bool]]:
+    parser = _ParaParser()
+    parser.feed(path.read_text(encoding="utf-8"))
+    parser.close()
+    return parser.paras
+
+
+def handbook_pairs() -> list[tuple[str, str]]:
+    """(English, German) paragraphs of the Debian Administrator's Handbook, in book order.
+
+    Pages are read in sorted file-name order and paragraphs aligned by position; a page whose
+    two versions differ in paragraph count is skipped (none does in the pinned version).
+    Dropped: paragraphs holding code (<pre>), empty or identical sides (untranslated text),
+    fewer than ``MIN_WORDS`` or more than ``MAX_WORDS`` words, repeated English paragraphs.
+    """
+    html_dir = fetch_deb(DEBIAN_HANDBOOK) / "usr/share/doc/debian-handbook/html"
+    pairs, seen = [], set()
+    for en_page in sorted((html_dir / "en-US").glob("*.html")):
+        de_page = html_dir / "de-DE" / en_page.name
+        if not de_page.is_file():
+            continue
+        en_paras, de_paras = _paragraphs(en_page), _paragraphs(de_page)
+        if len(en_paras) != len(de_paras):
+            continue
+        for (en, en_code), (de, de_code) in zip(en_paras, de_paras):
+            if en_code or de_code or not en or not de or en == de or en in seen:
+                continue
+            if not all(MIN_WORDS <= _words(s) <= MAX_WORDS for s in (en, de)):
+                continue
+            seen.add(en)
+            pairs.append((en, de))
+    return pairs
+
+
+_DING_ANNOTATION = re.compile(r"\{[^}]*\}|\[[^\]]*\]|<[^>]*>|\([^)]*\)")
+# Ellipses, slashes (alternatives) and placeholders (jdm./sth.) mark templates, not sentences.
+_DING_TEMPLATE = re.compile(r"…|\.\.\.|/|\b(jd|jdm|jdn|jds|etw|sb|sth)\.(?=\s|$)", re.I)
+
+
+def _ding_clean(text: str) -> str:
+    text = " ".join(_DING_ANNOTATION.sub(" ", text).split())
+    return re.sub(r" ([,.!?;:])", r"\1", text)
+
+
+def _is_sentence(text: str) -> bool:
+    return (_words(text) >= MIN_WORDS and text.endswith(_SENTENCE_END)
+            and (text[0].isupper() or text[0] in _OPENERS) and not _DING_TEMPLATE.search(text))
+
+
+def _has_end(text: str) -> bool:
+    return "." in text or "!" in text or "?" in text
+
+
+def ding_pairs() -> list[tuple[str, str]]:
+    """(English, German) full-sentence pairs of the Ding dictionary, in file order.
+
+    A Ding line is ``German :: English``; `` | `` separates sub-entries that align between the
+    two sides (the head word, then its forms and example phrases), ``; `` separates
+    alternatives. We pair sub-entries by position, take the first alternative, strip the
+    annotations ({m}, [coll.], <Abk.>, (optional words)) and keep a pair when both sides are
+    sentences: at least ``MIN_WORDS`` words, a capital or quote first, . ! or ? last, and no
+    template marks. Repeated English sentences keep their first pair.
+    """
+    path = fetch_deb(TRANS_DE_EN) / "usr/share/trans/de-en"
+    pairs, seen = [], set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or " :: " not in line:
+                continue
+            german, english = line.rstrip("\n").split(" :: ", 1)
+            de_parts, en_parts = german.split(" | "), english.split(" | ")
+            if len(de_parts) != len(en_parts):
+                continue
+            for de, en in zip(de_parts, en_parts):
+                de, en = de.split("; ")[0], en.split("; ")[0]
+                if not (_has_end(de) and _has_end(en)):  # cheap pre-filter: most are words
+                    continue
+                de, en = _ding_clean(de), _ding_clean(en)
+                if en not in seen and _is_sentence(en) and _is_sentence(de):
+                    seen.add(en)
+                    pairs.append((en, de))
+    return pairs
+
+
+# --------------------------------------------------------------------------- descriptions
+
+
+def _normalise_description(lines: list[str]) -> str:
+    """Long-description lines (leading space removed) -> one line: no " ." markers."""
+    return " ".join(" ".join(line for line in lines if line.strip() != ".").split())
+
+
+def parse_translation_en(text: str) -> list[dict]:
+    """Description records of a ``Translation-en`` list, in list order.
+
+    Each stanza has ``Package``, ``Description-md5`` and ``Description-en`` (the synopsis,
+    then the long description on continuation lines). Kept: long descriptions of at least
+    ``MIN_DESCRIPTION_WORDS`` words whose synopsis has at least ``MIN_SYNOPSIS_WORDS``. A
+    long description shared by packages with different synopses is ambiguous and dropped; one
+    shared with the same synopsis is kept once.
+    """
+    records = []
+    for stanza in text.split("\n\n"):
+        fields, key = {}, None
+        for line in stanza.split("\n"):
+            if line.startswith(" ") and key is not None:
+                fields[key].append(line[1:])
+            elif ":" in line:
+                key, _, value = line.partition(":")
+                fields[key] = [value.strip()]
+        if "Description-en" not in fields:
+            continue
+        synopsis, *long_lines = fields["Description-en"]
+        description = _normalise_description(long_lines)
+        if (_words(synopsis) >= MIN_SYNOPSIS_WORDS
+                and _words(description) >= MIN_DESCRIPTION_WORDS):
+            records.append({"package": fields["Package"][0],
+                            "description_md5": fields.get("Description-md5", [""])[0],
+                            "synopsis": " ".join(synopsis.split()),
+                            "description": description})
+    synopses: dict[str, set[str]] = {}
+    for record in records:
+        synopses.setdefault(record["description"], set()).add(record["synopsis"])
+    kept, seen = [], set()
+    for record in records:
+        if len(synopses[record["description"]]) == 1 and record["description"] not in seen:
+            seen.add(record["description"])
+            kept.append(record)
+    return kept
+
+
+def _apt_translation_lists() -> list[pathlib.Path]:
+    """Local Translation-en lists of Debian bookworm main, as apt knows them."""
+    if shutil.which("apt-get") is None:
+        return []
+    result = subprocess.run(
+        ["apt-get", "-o", "Acquire::Languages=en", "indextargets", "--format", "$(FILENAME)",
+         "Identifier: Translations", "Language: en", "Codename: bookworm", "Component: main",
+         "Origin: Debian"], capture_output=True, text=True)
+    return [pathlib.Path(p) for p in result.stdout.split() if pathlib.Path(p).is_file()]
+
+
+def _read_apt_list(path: pathlib.Path) -> bytes:
+    """An apt list file, decompressed (apt keeps them as .lz4/.gz/.xz/...)."""
+    result = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(path)],
+                            capture_output=True)
+    if result.returncode != 0:
+        raise OSError(f"apt-helper could not read {path}: {result.stderr.decode()[-400:]}")
+    return result.stdout
+
+
+def _pinned_list_path() -> pathlib.Path:
+    """Where the pinned list is kept (xz, as the archive serves it); a hand-made copy works."""
+    return data_dir() / "debian-descriptions-bookworm" / "Translation-en.xz"
+
+
+def _pinned_list_url() -> str:
+    return (f"{_ARCHIVE_URL}/dists/bookworm/main/i18n/by-hash/SHA256/"
+            f"{DESCRIPTIONS_SOURCE['xz_sha256']}")
+
+
+def _download_pinned_list(target: pathlib.Path) -> None:
+    """The pinned list, fetched by content address from the archive (no root needed)."""
+    xz_sha = DESCRIPTIONS_SOURCE["xz_sha256"]
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = pathlib.Path(tmp) / target.name
+        result = subprocess.run(["/usr/lib/apt/apt-helper", "download-file", _pinned_list_url(),
+                                 str(partial), f"SHA256:{xz_sha}"], capture_output=True, text=True)
+        if result.returncode != 0 or not partial.is_file():
+            raise ConnectionError(f"{_pinned_list_url()}: {result.stderr.strip()[-400:]}")
+        partial.replace(target)
+
+
+def _translation_en() -> tuple[bytes, str]:
+    """(uncompressed list, its sha256): the pinned list if it can be had at all.
+
+    Tried in order: a copy in the cache (``_pinned_list_path``, e.g. put there by hand), the
+    local apt lists (after ``apt-get update -o Acquire::Languages=en`` if there are none), a
+    content-addressed download into the cache. If none is the pinned file, the local list is
+    used only when ``SPECDEC_JAX_UNPINNED_DESCRIPTIONS=1``; otherwise ValueError says why.
+    """
+    pinned = DESCRIPTIONS_SOURCE["sha256"]
+    notes, unpinned = [], None
+    cached = _pinned_list_path()
+
+    def read_cached() -> bytes | None:
+        data = lzma.decompress(cached.read_bytes())
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == pinned:
+            return data
+        notes.append(f"{cached} holds a list with sha256 {digest} (delete it)")
+        return None
+
+    if cached.is_file() and (data := read_cached()) is not None:
+        return data, pinned
+    lists = _apt_translation_lists()
+    if not lists and shutil.which("apt-get"):
+        result = subprocess.run(["apt-get", "update", "-o", "Acquire::Languages=en"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            notes.append("apt-get update -o Acquire::Languages=en failed (it needs root): "
+                         + result.stderr.strip()[-300:])
+        lists = _apt_translation_lists()
+    for path in lists:
+        data = _read_apt_list(path)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == pinned:
+            return data, digest
+        notes.append(f"the local list {path} has sha256 {digest}")
+        unpinned = unpinned or (data, digest)
+    if not lists:
+        notes.append("there is no local bookworm/main Translation-en list")
+    if pathlib.Path("/usr/lib/apt/apt-helper").is_file() and not cached.is_file():
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            _download_pinned_list(cached)
+            if (data := read_cached()) is not None:
+                return data, pinned
+        except ConnectionError as err:
+            notes.append(f"the content-addressed download failed: {err}")
+    if unpinned is not None and os.environ.get(UNPINNED_ENV) == "1":
+        warnings.warn(f"{UNPINNED_ENV}=1: building an UNPINNED description snapshot from a list "
+                      f"with sha256 {unpinned[1]}; scores are not comparable with the pinned "
+                      "corpus.", stacklevel=3)
+        return unpinned
+    snapshot = data_dir() / DESCRIPTIONS_SNAPSHOT["file"]
+    raise ValueError(
+        f"cannot get the pinned package-description list ({DESCRIPTIONS_SOURCE['release']}, "
+        f"{DESCRIPTIONS_SOURCE['list']}, sha256 {pinned}): " + "; ".join(notes) + ". Ways "
+        f"out: (1) copy the snapshot {snapshot.name} (sha256 {DESCRIPTIONS_SNAPSHOT['sha256']}) "
+        f"from a machine that has it to {snapshot}; (2) put the pinned list, xz-compressed "
+        f"(sha256 {DESCRIPTIONS_SOURCE['xz_sha256']}), at {cached}: it is "
+        f"{_pinned_list_url()}, also kept by snapshot.debian.org under "
+        "archive/debian/<a date after 2026-07-11>/dists/bookworm/main/i18n/by-hash/...; "
+        f"(3) set {UNPINNED_ENV}=1 to build an unpinned snapshot from the local list (after "
+        "apt-get update -o Acquire::Languages=en; record counts and scores will differ from the "
+        "pinned ones).")
+
+
+def _snapshot_bytes(records: list[dict]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n"
+                   for r in records).encode("utf-8")
+
+
+def description_records() -> list[dict]:
+    """Package-description records ({package, description_md5, synopsis, description}).
+
+    Read from the pinned JSONL snapshot in the cache, which is built on first use (see the
+    module docstring). A snapshot whose sha256 differs from the pin raises ValueError.
+    """
+    path = data_dir() / DESCRIPTIONS_SNAPSHOT["file"]
+    expected = DESCRIPTIONS_SNAPSHOT["sha256"]
+    if path.is_file():
+        actual = fetch.sha256_file(path)
+        if actual != expected:
+            raise _hash_mismatch(path, expected, actual,
+                                 "Delete it and run again to rebuild it from the pinned list.")
+        return _read_jsonl(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text, source_sha = _translation_en()
+    records = parse_translation_en(text.decode("utf-8"))
+    blob = _snapshot_bytes(records)
+    actual = hashlib.sha256(blob).hexdigest()
+    if source_sha != DESCRIPTIONS_SOURCE["sha256"]:
+        path = path.with_name(f"descriptions-unpinned-{source_sha[:12]}.jsonl")
+    elif actual != expected:
+        raise ValueError(
+            f"the snapshot built from the pinned list has sha256 {actual} ({len(records)} "
+            f"records), expected {expected} ({DESCRIPTIONS_SNAPSHOT['records']}): the parser in "
+            f"{__name__} changed. Update DESCRIPTIONS_SNAPSHOT if the change is intended.")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(blob)
+    partial.replace(path)
+    return records
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,79 @@
+"""Quality metrics and their bootstrap confidence intervals.
+
+Each metric is a ``tasks.Metric``: per-example items, then a corpus
+aggregate. sacrebleu and rouge-score are imported when a metric first runs,
+so the library imports without them (they live in the ``eval`` extra).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_jax.data.tasks import Example, Metric
+
+BOOTSTRAP_SAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
+def bootstrap_ci(items: list, aggregate, *, num_samples: int = BOOTSTRAP_SAMPLES,
+                 seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float, float]:
+    """(score, low, high): the corpus score and a percentile bootstrap interval.
+
+    Resamples the examples with replacement ``num_samples`` times and
+    re-aggregates, so corpus-level metrics (BLEU) get an honest interval too.
+    """
+    if not items:
+        raise ValueError("cannot score an empty set of examples.")
+    score = float(aggregate(items))
+    rng = np.random.default_rng(seed)
+    n = len(items)
+    draws = [float(aggregate([items[i] for i in rng.integers(0, n, n)]))
+             for _ in range(num_samples)]
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(draws, [tail, 1.0 - tail])
+    return score, float(low), float(high)
+
+
+def _mean(items: list) -> float:
+    return float(np.mean(np.asarray(items, np.float64)))
+
+
+def _bleu_items(outputs: list[str], examples: list[Example]) -> list:
+    return [(out, ex.reference) for out, ex in zip(outputs, examples, strict=True)]
+
+
+def _bleu_aggregate(items: list) -> float:
+    import sacrebleu  # the eval extra
+
+    hyps = [h for h, _ in items]
+    refs = [r for _, r in items]
+    return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+
+
+def _rouge2_items(outputs: list[str], examples: list[Example]) -> list:
+    from rouge_score import rouge_scorer  # the eval extra
+
+    scorer = rouge_scorer.RougeScorer(["rouge2"], use_stemmer=True)
+    return [100.0 * scorer.score(ex.reference, out)["rouge2"].fmeasure
+            for out, ex in zip(outputs, examples, strict=True)]
+
+
+def _pass_items(outputs: list[str], examples: list[Example]) -> list:
+    from specdec_jax.data import sandbox
+
+    outcomes = sandbox.check_humaneval_many(
+        [ex.reference for ex in examples], outputs)
+    return [100.0 * float(o.passed) for o in outcomes]
+
+
+BLEU = Metric(name="bleu", score_examples=_bleu_items, aggregate=_bleu_aggregate)
+ROUGE2 = Metric(name="rouge2", score_examples=_rouge2_items, aggregate=_mean)
+PASS_AT_1 = Metric(name="pass@1", score_examples=_pass_items, aggregate=_mean)
+
+METRICS = {m.name: m for m in (BLEU, ROUGE2, PASS_AT_1)}
+
+
+def get_metric(name: str) -> Metric:
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
+    return METRICS[name]

@@ -1,0 +1,1 @@
+"""Evaluation helpers: exactness checks and reports for quality-vs-latency sweeps."""

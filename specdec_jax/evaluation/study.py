@@ -1,0 +1,109 @@
+"""One quality-vs-latency study: models and task in, JSON + Markdown + plots out.
+
+``run_study`` is what ``python -m eval.main --gin_file=configs/runs/...``
+calls (gin binds its keyword arguments; this module knows nothing of gin).
+It loads the pair, calibrates the cost model on this machine, runs (or
+resumes) the sweep, and writes the reports.
+
+Models are registry names (``specdec-jax models``) or the byte-level toys
+``toy-bytes-small`` / ``toy-bytes-large`` (random weights, UTF-8 bytes as
+tokens): those exist so CI can run the whole pipeline in seconds; their
+quality numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+
+import jax
+
+from specdec_jax.data import tasks
+from specdec_jax.evaluation import cost as cost_lib
+from specdec_jax.evaluation import report, sweep
+
+TOY_MODELS = {"toy-bytes-small": (1, 32, 0), "toy-bytes-large": (2, 64, 1)}
+BYTE_VOCAB = 256
+
+
+def _toy(name: str):
+    from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM  # noqa: PLC0415
+
+    layers, width, seed = TOY_MODELS[name]
+    config = DecoderConfig(vocab_size=BYTE_VOCAB, hidden_size=width,
+                           intermediate_size=2 * width, num_layers=layers, num_heads=4,
+                           num_kv_heads=2)
+    model = DecoderOnlyLM(config)
+    return model, model.init_params(jax.random.PRNGKey(seed))
+
+
+def load_pair(*, target: str, drafter: str, dtype: str = "float32",
+              stop_at_block_end: bool = False) -> sweep.ModelPair:
+    """The two models of a study with their text interface."""
+    if (target in TOY_MODELS) != (drafter in TOY_MODELS):
+        raise ValueError(f"target {target!r} and drafter {drafter!r} must both be toys or both "
+                         "be real models: they need one tokenizer.")
+    if target in TOY_MODELS:
+        (t, tp), (d, dp) = _toy(target), _toy(drafter)
+        return sweep.ModelPair(
+            target=t, target_params=tp, drafter=d, drafter_params=dp,
+            encode=lambda text: list(text.encode("utf-8")),
+            decode=lambda ids: bytes(ids).decode("utf-8", errors="replace"),
+            names=(target, drafter))
+    from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415
+    from specdec_jax.data.humaneval import end_of_block_stop  # noqa: PLC0415
+
+    t, tp, tok = load_model(target, dtype=dtype)
+    d, dp, drafter_tok = load_model(drafter, dtype=dtype)
+    if t.vocab_size != d.vocab_size:
+        raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
+                         "do not share a vocabulary; pick a drafter of the target's family.")
+    return sweep.ModelPair(
+        target=t, target_params=tp, drafter=d, drafter_params=dp, encode=tok.encode,
+        decode=tok.decode, eos_ids=tuple(tok.eos_token_ids),
+        stop_rule=end_of_block_stop(tok) if stop_at_block_end else None,
+        names=(target, drafter))
+
+
+def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequence[float]],
+              out_dir: str, stem: str, split: str = "test", num_examples: int = 30,
+              gammas: Sequence[int] = (5,), temperatures: Sequence[float] = (0.0,),
+              max_new_tokens: int = 160, batch_size: int = 10, seed: int = 0,
+              dtype: str = "float32", wallclock_examples: int = 3, wallclock_trials: int = 1,
+              calibration_context: int = 256, progress: bool = True) -> dict:
+    """Runs the sweep and writes ``<out_dir>/<stem>.json``, ``.md`` and two PNGs.
+
+    ``methods`` maps each method to its alpha grid (see ``sweep.plan_points``).
+    Returns the stored sweep (settings, records, cost model, wall clock).
+    """
+    the_task = tasks.get_task(task)
+    points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures)
+    if max_new_tokens < 1 or batch_size < 1 or num_examples < 1:
+        raise ValueError("max_new_tokens, batch_size and num_examples must all be >= 1.")
+    examples = the_task.load(split, num_examples)
+    pair = load_pair(target=target, drafter=drafter, dtype=dtype,
+                     stop_at_block_end=the_task.stop_at_block_end)
+    settings = {"task": task, "split": split, "num_examples": num_examples,
+                "target": target, "drafter": drafter, "max_new_tokens": max_new_tokens,
+                "seed": seed, "dtype": dtype, "batch_size": batch_size,
+                "example_ids": [ex.id for ex in examples]}
+    out = pathlib.Path(out_dir)
+    json_path = out / f"{stem}.json"
+    stored = sweep.load_or_start(json_path, settings)  # fails early on a settings mismatch
+    if "cost_model" in stored:
+        cost = cost_lib.CostModel.from_json(stored["cost_model"])
+        calibration = stored.get("calibration")
+    else:
+        cost, calibration = cost_lib.calibrate(
+            target=pair.target, target_params=pair.target_params, drafter=pair.drafter,
+            drafter_params=pair.drafter_params, context=calibration_context)
+    data = sweep.run_sweep(pair=pair, task=the_task, examples=examples, points=points,
+                           out_path=json_path, settings=settings,
+                           max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                           cost=cost, calibration=calibration,
+                           wallclock_examples=wallclock_examples,
+                           wallclock_trials=wallclock_trials, progress=progress)
+    records = [{k: v for k, v in r.items() if k not in ("per_example", "cost_seconds")}
+               for r in data["records"]]
+    report.write_reports(records, out, stem=stem)
+    return data

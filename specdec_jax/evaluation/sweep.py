@@ -1,0 +1,398 @@
+"""Quality-vs-latency sweeps of every method on one task (SpecCascade §6).
+
+A sweep is a list of *points* (method, alpha, gamma, temperature). Each point
+generates the task's examples in batches, decodes and cuts the outputs at the
+task's stop strings, scores them (quality with a 95% bootstrap interval), and
+keeps the per-example counters of ``GenerationStats``. Latency comes two ways
+(``cost.py``): the calibrated cost model prices every point's counts, and a
+wall-clock phase times a subset at batch 1, interleaving the points example by
+example so drift hits every method alike. Relative latency is over the
+autoregressive target (method ``target``), which every sweep runs.
+
+The JSON file is rewritten after every point: a killed sweep resumes where it
+stopped, and refuses to resume a file whose settings differ.
+
+Methods: ``drafter`` and ``target`` (autoregressive), every target function of
+``targets.py`` in a speculative round, the baselines ``oracle``,
+``token-cascade`` and ``bild-original`` (``cascades.py``), and
+``seq-cascade``, which is derived from the drafter's and the target's outputs
+(the sequence-level cascade runs exactly those two generations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from specdec_jax import api, targets, timing
+from specdec_jax.cascades import sequence_defers
+from specdec_jax.data import metrics
+from specdec_jax.data.tasks import Example, Task
+from specdec_jax.decoding import EndOfBlockStop
+from specdec_jax.evaluation.cost import CostModel
+from specdec_jax.models.interface import make_prompt
+
+AUTOREGRESSIVE = ("drafter", "target")
+DERIVED = ("seq-cascade",)
+NO_ALPHA = ("drafter", "target", "specdecode")
+# The baselines run the drafter up to this many tokens, not gamma (App. E.1).
+FIXED_GAMMA = {"oracle": 0, "token-cascade": 10, "bild-original": 10}
+SEQ_CASCADE_RANGE = (0.0, 1.0)
+PROMPT_WIDTH_MULTIPLE = 16  # pad prompts to a multiple: one compiled width per sweep
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    method: str
+    alpha: float | None
+    gamma: int | None  # None for the autoregressive runs and seq-cascade
+    temperature: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.method}|alpha={self.alpha}|gamma={self.gamma}|T={self.temperature}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPair:
+    """What a sweep runs: the two models, their params and the text interface."""
+
+    target: Any
+    target_params: Any
+    drafter: Any
+    drafter_params: Any
+    encode: Callable[[str], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    eos_ids: tuple[int, ...] = ()
+    stop_rule: EndOfBlockStop | None = None
+    names: tuple[str, str] = ("target", "drafter")
+
+
+def method_range(method: str) -> tuple[float, float]:
+    if method in targets.BASELINES:
+        return targets.BASELINES[method]
+    if method == "seq-cascade":
+        return SEQ_CASCADE_RANGE
+    if method in targets.TARGETS:
+        low, high = targets.TARGETS[method].alpha_range
+        return (low, high - 1e-6) if method.startswith("lossy") else (low, high)
+    raise ValueError(f"unknown method {method!r}; choose one of "
+                     f"{', '.join(all_methods())}.")
+
+
+def all_methods() -> tuple[str, ...]:
+    return AUTOREGRESSIVE + tuple(targets.TARGETS) + tuple(targets.BASELINES) + DERIVED
+
+
+def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
+                temperatures: Sequence[float]) -> list[Point]:
+    """Every point of the grid, ``target`` and ``drafter`` first (the rest is
+    priced relative to the target; seq-cascade is derived from both).
+
+    ``methods`` maps a method to its alpha grid (ignored for ``drafter``,
+    ``target``, ``specdecode``). An alpha outside a method's range is an error.
+    """
+    if not gammas or any(g < 1 for g in gammas):
+        raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
+    for temperature in temperatures:
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}.")
+    points = []
+    for temperature in temperatures:
+        points += [Point(m, None, None, temperature) for m in AUTOREGRESSIVE]
+        for method, alphas in methods.items():
+            if method in AUTOREGRESSIVE:
+                continue
+            low, high = method_range(method)
+            grid = [None] if method in NO_ALPHA else list(alphas)
+            if not grid:
+                raise ValueError(f"method {method!r} needs at least one alpha in "
+                                 f"[{low}, {high}].")
+            bad = [a for a in grid if a is not None and not low <= a <= high]
+            if bad:
+                raise ValueError(f"alpha grid of {method!r} has {bad} outside [{low}, {high}], "
+                                 "the method's range.")
+            method_gammas = [None] if method in DERIVED else \
+                [FIXED_GAMMA[method]] if method in FIXED_GAMMA else list(gammas)
+            for gamma in method_gammas:
+                points += [Point(method, None if a is None else float(a), gamma, temperature)
+                           for a in grid]
+    seen, unique = set(), []
+    for point in points:
+        if point.key not in seen:
+            seen.add(point.key)
+            unique.append(point)
+    return unique
+
+
+def _generate_fn(pair: ModelPair, point: Point, max_new_tokens: int):
+    if point.method in AUTOREGRESSIVE:
+        model = pair.target if point.method == "target" else pair.drafter
+        fn = api.make_generate_fn(target=model, method="autoregressive",
+                                  max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids,
+                                  stop_rule=pair.stop_rule)
+        params = pair.target_params if point.method == "target" else pair.drafter_params
+        return lambda prompt, key, sp: fn(params, None, prompt, key, sp)
+    fn = api.make_generate_fn(target=pair.target, drafter=pair.drafter, method=point.method,
+                              gamma=point.gamma if point.gamma else None,
+                              max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids,
+                              stop_rule=pair.stop_rule)
+    return lambda prompt, key, sp: fn(pair.target_params, pair.drafter_params, prompt, key, sp)
+
+
+def _sampling(point: Point):
+    return api.sampling_params(temperature=point.temperature,
+                               alpha=0.0 if point.alpha is None else point.alpha)
+
+
+def _row_counters(stats, row: int, drafter_as_target: bool) -> dict:
+    get = lambda name: np.asarray(getattr(stats, name))[row]
+    counters = {
+        "target_calls": int(get("target_calls")), "target_fed": int(get("target_fed")),
+        "target_single": int(get("target_single_calls")),
+        "drafter_calls": int(get("drafter_calls")),
+        "drafter_fed": int(np.sum(get("drafter_tokens_by_model"))),
+        "drafter_single": int(np.sum(get("drafter_single_calls_by_model"))),
+        "rejections": int(get("rejections")), "deferred": float(get("deferred_mass")),
+        "emitted": int(get("emitted")), "logprob": float(get("sequence_logprob")),
+    }
+    if drafter_as_target:  # the drafter alone: its calls are the drafter's
+        for name in ("calls", "fed", "single"):
+            counters[f"drafter_{name}"] = counters.pop(f"target_{name}")
+            counters[f"target_{name}"] = 0
+    return counters
+
+
+def prompt_width(pair: ModelPair, examples: Sequence[Example]) -> int:
+    longest = max(len(pair.encode(ex.prompt)) for ex in examples)
+    return -(-longest // PROMPT_WIDTH_MULTIPLE) * PROMPT_WIDTH_MULTIPLE
+
+
+def generate_point(pair: ModelPair, point: Point, examples: Sequence[Example], *,
+                   max_new_tokens: int, batch_size: int, width: int, seed: int,
+                   order: Sequence[int] | None = None, progress: bool = True) -> list[dict]:
+    """Per-example outputs and counters of one point (batched; the last batch is
+    padded with copies of its first prompt, which are discarded).
+
+    ``order`` groups examples into batches (e.g. by the target's output
+    length, so rows of a batch finish together and little compute is spent on
+    finished rows); rows come back in the examples' order."""
+    fn = _generate_fn(pair, point, max_new_tokens)
+    sp = _sampling(point)
+    rows = []
+    order = list(range(len(examples))) if order is None else list(order)
+    batches = range(0, len(examples), batch_size)
+    for index in tqdm(batches, desc=point.key, leave=False, disable=not progress):
+        chunk = [examples[i] for i in order[index:index + batch_size]]
+        ids = [pair.encode(ex.prompt) for ex in chunk]
+        ids += [ids[0]] * (batch_size - len(ids))
+        prompt = make_prompt(ids, pad_to=width)
+        out = fn(prompt, jax.random.fold_in(jax.random.PRNGKey(seed), index), sp)
+        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        if int(np.asarray(out.stats.nan_logits).sum()):
+            raise FloatingPointError(f"{point.key}: NaN logits; check the weights and dtype.")
+        for row, ex in enumerate(chunk):
+            text = pair.decode(tokens[row, :lengths[row]].tolist())
+            rows.append({"id": ex.id, "text": text, "prompt_tokens": len(ids[row]),
+                         **_row_counters(out.stats, row, point.method == "drafter")})
+    position = {i: n for n, i in enumerate(order)}
+    return [rows[position[i]] for i in range(len(examples))]
+
+
+def score_rows(task: Task, rows: list[dict], examples: Sequence[Example]) -> None:
+    """Cuts outputs at the task's stop strings and adds each example's metric item."""
+    outputs = [task.postprocess(r["text"]) for r in rows]
+    items = task.metric.score_examples(outputs, list(examples))
+    for row, output, item in zip(rows, outputs, items, strict=True):
+        row["output"] = output
+        row["item"] = list(item) if isinstance(item, tuple) else item
+
+
+def summarise(task: Task, point: Point, rows: list[dict], cost: CostModel | None) -> dict:
+    """The record of one point (``report.py`` documents the schema)."""
+    score, low, high = metrics.bootstrap_ci(
+        [tuple(r["item"]) if isinstance(r["item"], list) else r["item"] for r in rows],
+        task.metric.aggregate)
+    total = lambda key: sum(r[key] for r in rows)
+    target_calls = total("target_calls")
+    record = {
+        # The baselines draft up to their own cap, not gamma: gamma None puts them
+        # in every gamma's table and plot (report.py), beside the AR runs.
+        "method": point.method, "alpha": point.alpha,
+        "gamma": None if point.method in FIXED_GAMMA else point.gamma,
+        "draft_cap": point.gamma,
+        "temperature": point.temperature, "task": task.name, "metric": task.metric.name,
+        "num_examples": len(rows), "key": point.key,
+        "quality": {"score": score, "low": low, "high": high},
+        "relative_latency": {"cost_model": None, "wallclock": None},
+        "rejection_rate": total("rejections") / target_calls if target_calls and
+        point.method not in AUTOREGRESSIVE else None,
+        "deferral_rate": total("deferred") / max(total("emitted"), 1),
+        "calls": {"target": target_calls, "drafter": total("drafter_calls")},
+        "tokens": total("emitted"),
+        "per_example": rows,
+    }
+    if cost is not None:
+        record["cost_seconds"] = [cost.row_seconds(r, prompt_tokens=r["prompt_tokens"])
+                                  for r in rows]
+    return record
+
+
+def derive_seq_cascade(task: Task, point: Point, drafter: dict, target: dict,
+                       cost: CostModel | None) -> dict:
+    """SeqCascade [Chow] from the two autoregressive records of the same examples."""
+    rows = []
+    logprob = jnp.asarray([r["logprob"] for r in drafter["per_example"]])
+    lengths = jnp.asarray([r["emitted"] for r in drafter["per_example"]])
+    defers = np.asarray(sequence_defers(logprob, lengths, point.alpha))
+    for d, t, defer in zip(drafter["per_example"], target["per_example"], defers, strict=True):
+        row = dict(t if defer else d)
+        for name in ("calls", "fed", "single"):
+            row[f"drafter_{name}"] = d[f"drafter_{name}"]
+            row[f"target_{name}"] = t[f"target_{name}"] if defer else 0
+        row["deferred"] = float(row["emitted"]) if defer else 0.0
+        rows.append(row)
+    return summarise(task, point, rows, cost)
+
+
+def relative_latencies(records: list[dict]) -> None:
+    """Fills ``relative_latency.cost_model``: a point's priced seconds over the
+    target's, summed over the same examples."""
+    targets_by_t = {r["temperature"]: r for r in records if r["method"] == "target"}
+    for record in records:
+        base = targets_by_t.get(record["temperature"])
+        if base is None or "cost_seconds" not in record or "cost_seconds" not in base:
+            continue
+        record["relative_latency"]["cost_model"] = sum(record["cost_seconds"]) / \
+            sum(base["cost_seconds"])
+
+
+def _length_order(records: list[dict], point: Point) -> list[int] | None:
+    """Examples sorted by the target's output length at this temperature, once
+    the target has run (batching only: results do not depend on it)."""
+    for record in records:
+        if record["method"] == "target" and record["temperature"] == point.temperature:
+            lengths = [r["emitted"] for r in record["per_example"]]
+            return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return None
+
+
+def _write(path: pathlib.Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)  # atomic: a kill never leaves half a file
+
+
+def load_or_start(path: pathlib.Path, settings: dict) -> dict:
+    """The stored sweep when its settings match, a fresh one when there is none."""
+    if not path.exists():
+        return {"settings": settings, "records": [], "wallclock": {}}
+    data = json.loads(path.read_text())
+    stored = data.get("settings", {})
+    differ = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+    if differ:
+        detail = "; ".join(f"{k}: stored {stored.get(k)!r}, now {settings.get(k)!r}"
+                           for k in differ)
+        raise ValueError(f"{path} holds a sweep with other settings ({detail}). Resume with "
+                         "the same settings, or write to another output file.")
+    data.setdefault("wallclock", {})
+    return data
+
+
+def run_sweep(*, pair: ModelPair, task: Task, examples: Sequence[Example],
+              points: Sequence[Point], out_path: str | os.PathLike, settings: dict,
+              max_new_tokens: int, batch_size: int, seed: int = 0,
+              cost: CostModel | None = None, calibration: dict | None = None,
+              wallclock_examples: int = 0, wallclock_trials: int = 1,
+              progress: bool = True) -> dict:
+    """Runs (or resumes) a sweep; returns the stored data (settings, records...)."""
+    path = pathlib.Path(out_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = load_or_start(path, settings)
+    if cost is not None:
+        data["cost_model"] = cost.to_json()
+        data["calibration"] = calibration
+        for record in data["records"]:  # a recalibrated model reprices stored points
+            if "per_example" in record:
+                record["cost_seconds"] = [cost.row_seconds(r, prompt_tokens=r["prompt_tokens"])
+                                          for r in record["per_example"]]
+        relative_latencies(data["records"])
+    data["environment"] = timing.environment()
+    done = {r["key"] for r in data["records"]}
+    width = prompt_width(pair, examples)
+    todo = [p for p in points if p.key not in done]
+    bar = tqdm(todo, desc=f"sweep {task.name}", disable=not progress)
+    for point in bar:
+        bar.set_postfix_str(point.key)
+        start = time.perf_counter()
+        if point.method in DERIVED:
+            by_key = {r["key"]: r for r in data["records"]}
+            drafter, target = (by_key[Point(m, None, None, point.temperature).key]
+                               for m in AUTOREGRESSIVE)
+            record = derive_seq_cascade(task, point, drafter, target, cost)
+        else:
+            rows = generate_point(pair, point, examples, max_new_tokens=max_new_tokens,
+                                  batch_size=batch_size, width=width, seed=seed,
+                                  order=_length_order(data["records"], point),
+                                  progress=progress)
+            score_rows(task, rows, examples)
+            record = summarise(task, point, rows, cost)
+        record["sweep_seconds"] = time.perf_counter() - start
+        data["records"].append(record)
+        relative_latencies(data["records"])
+        _write(path, data)
+    if wallclock_examples:
+        wallclock_phase(pair, points, examples[:wallclock_examples], data, path,
+                        max_new_tokens=max_new_tokens, width=width, seed=seed,
+                        trials=wallclock_trials, progress=progress)
+    return data
+
+
+def wallclock_phase(pair: ModelPair, points: Sequence[Point], examples: Sequence[Example],
+                    data: dict, path: pathlib.Path, *, max_new_tokens: int, width: int,
+                    seed: int, trials: int, progress: bool) -> None:
+    """Times every generated point at batch 1 on ``examples``, interleaved
+    (example by example, all points in turn), ``trials`` times; stores seconds
+    per point and example, and the ratio to the target in each record."""
+    timed = [p for p in points if p.method not in DERIVED]
+    store = data["wallclock"]
+    compiled: dict[str, Any] = {}
+    jobs = [(trial, ex) for trial in range(trials) for ex in examples]
+    for trial, ex in tqdm(jobs, desc="wall clock (batch 1)", disable=not progress):
+        slot = f"{trial}|{ex.id}"
+        if slot in store and all(p.key in store[slot] for p in timed):
+            continue
+        prompt = make_prompt([pair.encode(ex.prompt)], pad_to=width)
+        key = jax.random.PRNGKey(seed)
+        times = store.setdefault(slot, {})
+        for point in timed:
+            fn, sp = compiled.get(point.key), _sampling(point)
+            if fn is None:  # compile and warm up once per point, outside the timing
+                fn = compiled[point.key] = _generate_fn(pair, point, max_new_tokens)
+                jax.block_until_ready(fn(prompt, key, sp))
+            start = time.perf_counter()
+            jax.block_until_ready(fn(prompt, key, sp))
+            times[point.key] = time.perf_counter() - start
+        _write(path, data)
+    _wallclock_ratios(data)
+    _write(path, data)
+
+
+def _wallclock_ratios(data: dict) -> None:
+    slots = list(data["wallclock"].values())
+    for record in data["records"]:
+        base = Point("target", None, None, record["temperature"]).key
+        usable = [s for s in slots if record["key"] in s and base in s]
+        if usable:
+            record["relative_latency"]["wallclock"] = \
+                sum(s[record["key"]] for s in usable) / sum(s[base] for s in usable)

@@ -1,0 +1,100 @@
+"""The gin-configured evaluation job end to end on byte-level toys, and its errors.
+
+The toys have random weights, so their scores mean nothing: these tests pin
+the pipeline (tasks, generation of every kind of method, scoring, bootstrap,
+cost model, wall clock, resume, reports), not quality.
+"""
+
+import json
+
+import pytest
+
+from eval import main as eval_main
+from specdec_jax.evaluation import sweep
+
+TOY = "configs/runs/cascades_toy.gin"
+
+
+def bindings(tmp_path, task, methods):
+    return [f"TASK = '{task}'", f"OUT_DIR = '{tmp_path}'",
+            f"run_study.methods = {methods!r}"]
+
+
+def run_main(tmp_path, task, methods):
+    args = ["--gin_file", TOY]
+    for binding in bindings(tmp_path, task, methods):
+        args += ["--gin_bindings", binding]
+    assert eval_main.main(args) == 0
+    return json.loads((tmp_path / "cascades_toy.json").read_text())
+
+
+def test_humaneval_pipeline_every_kind_of_method_and_resume(tmp_path):
+    methods = {"specdecode": [], "opt": [0.3], "token-cascade": [0.3], "oracle": [0.3],
+               "bild-original": [2.0], "seq-cascade": [0.3, 0.9]}
+    data = run_main(tmp_path, "humaneval", methods)
+    by_method = {}
+    for record in data["records"]:
+        by_method.setdefault(record["method"], []).append(record)
+        assert record["num_examples"] == 3
+        low, score, high = (record["quality"][k] for k in ("low", "score", "high"))
+        assert low <= score <= high
+        assert record["relative_latency"]["cost_model"] > 0
+    assert set(by_method) == {"target", "drafter", *methods}
+    assert by_method["target"][0]["relative_latency"]["cost_model"] == pytest.approx(1.0)
+    assert by_method["target"][0]["relative_latency"]["wallclock"] == pytest.approx(1.0)
+    # Every output went through the sandbox (random bytes never pass).
+    assert all(r["item"] == 0.0 for r in by_method["specdecode"][0]["per_example"])
+    for stem in ("cascades_toy.md", "cascades_toy_latency.png", "cascades_toy_rejection.png"):
+        assert (tmp_path / stem).stat().st_size > 0
+    # A second run resumes: nothing is regenerated.
+    stamps = [r["sweep_seconds"] for r in data["records"]]
+    again = run_main(tmp_path, "humaneval", methods)
+    assert [r["sweep_seconds"] for r in again["records"]] == stamps
+
+
+@pytest.mark.parametrize("task", ["translation_en_de", "summarisation_debian"])
+def test_text_task_pipelines(tmp_path, task):
+    data = run_main(tmp_path, task, {"specdecode": [], "token-v3": [0.3]})
+    metric = {"translation_en_de": "bleu", "summarisation_debian": "rouge2"}[task]
+    assert {r["metric"] for r in data["records"]} == {metric}
+    assert len(data["records"]) == 4
+
+
+def test_resume_with_other_settings_fails(tmp_path):
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"settings": {"task": "humaneval", "num_examples": 3},
+                                "records": []}))
+    with pytest.raises(ValueError, match="num_examples: stored 3, now 5"):
+        sweep.load_or_start(path, {"task": "humaneval", "num_examples": 5})
+
+
+def test_alpha_grid_outside_the_range_fails():
+    with pytest.raises(ValueError, match=r"alpha grid of 'chow' has \[1.5\]"):
+        sweep.plan_points(methods={"chow": [0.2, 1.5]}, gammas=[5], temperatures=[0.0])
+    with pytest.raises(ValueError, match=r"'bild' has \[11.0\]"):
+        sweep.plan_points(methods={"bild": [11.0]}, gammas=[5], temperatures=[0.0])
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        sweep.plan_points(methods={"nope": [0.1]}, gammas=[5], temperatures=[0.0])
+
+
+def test_missing_gin_file_names_it():
+    with pytest.raises(FileNotFoundError, match="configs/runs/nope.gin"):
+        eval_main.main(["--gin_file", "configs/runs/nope.gin"])
+
+
+def test_missing_required_macro_names_the_file():
+    with pytest.raises(ValueError, match=r"configs/runs/sweep.gin.*REQUIRED|TASK"):
+        eval_main.main(["--gin_file", "configs/runs/sweep.gin"])
+
+
+def test_wrong_binding_names_the_file(tmp_path):
+    with pytest.raises(ValueError, match=r"cascades_toy.gin.*no_such_argument"):
+        eval_main.main(["--gin_file", TOY, "--gin_bindings", "TASK = 'humaneval'",
+                        "--gin_bindings", f"OUT_DIR = '{tmp_path}'",
+                        "--gin_bindings", "run_study.no_such_argument = 1"])
+
+
+def test_unknown_task_fails(tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        eval_main.main(["--gin_file", TOY, "--gin_bindings", "TASK = 'nope'",
+                        "--gin_bindings", f"OUT_DIR = '{tmp_path}'"])
