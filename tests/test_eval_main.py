@@ -15,14 +15,14 @@ from specdec_jax.evaluation import sweep
 TOY = "configs/runs/cascades_toy.gin"
 
 
-def bindings(tmp_path, task, methods):
+def bindings(tmp_path, task, methods, extra=()):
     return [f"TASK = '{task}'", f"OUT_DIR = '{tmp_path}'",
-            f"run_study.methods = {methods!r}"]
+            f"run_study.methods = {methods!r}", *extra]
 
 
-def run_main(tmp_path, task, methods):
+def run_main(tmp_path, task, methods, extra=()):
     args = ["--gin_file", TOY]
-    for binding in bindings(tmp_path, task, methods):
+    for binding in bindings(tmp_path, task, methods, extra):
         args += ["--gin_bindings", binding]
     assert eval_main.main(args) == 0
     return json.loads((tmp_path / "cascades_toy.json").read_text())
@@ -30,7 +30,7 @@ def run_main(tmp_path, task, methods):
 
 def test_humaneval_pipeline_every_kind_of_method_and_resume(tmp_path):
     methods = {"specdecode": [], "opt": [0.3], "token-cascade": [0.3], "oracle": [0.3],
-               "bild-original": [2.0], "seq-cascade": [0.3, 0.9]}
+               "seq-cascade": [0.3, 0.9]}
     data = run_main(tmp_path, "humaneval", methods)
     by_method = {}
     for record in data["records"]:
@@ -54,10 +54,11 @@ def test_humaneval_pipeline_every_kind_of_method_and_resume(tmp_path):
 
 @pytest.mark.parametrize("task", ["translation_en_de", "summarisation_debian"])
 def test_text_task_pipelines(tmp_path, task):
-    data = run_main(tmp_path, task, {"specdecode": [], "token-v3": [0.3]})
+    data = run_main(tmp_path, task, {"specdecode": []},
+                    extra=["run_study.wallclock_examples = 0"])
     metric = {"translation_en_de": "bleu", "summarisation_debian": "rouge2"}[task]
     assert {r["metric"] for r in data["records"]} == {metric}
-    assert len(data["records"]) == 4
+    assert len(data["records"]) == 3
 
 
 def test_resume_with_other_settings_fails(tmp_path):

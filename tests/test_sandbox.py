@@ -257,3 +257,15 @@ def test_bad_input_is_refused_with_the_fix():
         sandbox.check_humaneval(ADD, None, FAST)
     with pytest.raises(ValueError, match="wall_s"):
         sandbox.Limits(wall_s=0)
+
+
+def test_kernel_limits_reach_the_sample():
+    """The sample runs under the Limits it was given (set by prlimit before exec)."""
+    limits = sandbox.Limits(wall_s=5.0, cpu_s=7, memory_mb=900, file_size_mb=3)
+    source = ("import resource\n"
+              "assert resource.getrlimit(resource.RLIMIT_CPU) == (7, 7)\n"
+              "assert resource.getrlimit(resource.RLIMIT_AS)[0] == 900 * 2 ** 20\n"
+              "assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == 3 * 2 ** 20\n")
+    assert sandbox.run_program(source, limits).passed
+    wrong = source.replace("(7, 7)", "(8, 8)")
+    assert not sandbox.run_program(wrong, limits).passed

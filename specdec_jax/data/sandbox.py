@@ -311,16 +311,40 @@ def _live_group_members(pgid: int) -> list[str]:
     return members
 
 
-def _set_limits(limits: Limits, nproc: int):
-    """The preexec function: runs in the child between fork and exec."""
+_PRLIMIT_FLAGS = {resource.RLIMIT_CPU: "--cpu", resource.RLIMIT_AS: "--as",
+                  resource.RLIMIT_NPROC: "--nproc", resource.RLIMIT_FSIZE: "--fsize",
+                  resource.RLIMIT_CORE: "--core"}
+
+
+def _wanted_limits(limits: Limits, nproc: int) -> list[tuple[int, int]]:
     wanted = ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_AS, limits.memory_mb * MIB),
               (resource.RLIMIT_NPROC, nproc), (resource.RLIMIT_FSIZE, limits.file_size_mb * MIB),
               (resource.RLIMIT_CORE, 0))
+    clamped = []
+    for kind, value in wanted:
+        hard = resource.getrlimit(kind)[1]  # the child inherits our hard limits
+        clamped.append((kind, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+    return clamped
+
+
+def _limit_command(limits: Limits, nproc: int) -> list[str] | None:
+    """``prlimit`` sets the limits (soft == hard: they cannot be raised) and execs
+    the sample, so no Python runs between fork and exec in our (multithreaded,
+    JAX) process: a ``preexec_fn`` there can deadlock on a lock another thread
+    held at the fork. None when util-linux's ``prlimit`` is missing."""
+    binary = shutil.which("prlimit")
+    if binary is None:
+        return None
+    return [binary, *(f"{_PRLIMIT_FLAGS[kind]}={value}:{value}"
+                      for kind, value in _wanted_limits(limits, nproc)), "--"]
+
+
+def _set_limits(limits: Limits, nproc: int):
+    """The preexec fallback (no ``prlimit``): runs in the child between fork and exec."""
+    wanted = _wanted_limits(limits, nproc)
 
     def apply():
         for kind, value in wanted:
-            hard = resource.getrlimit(kind)[1]
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(kind, (value, value))  # soft == hard: cannot be raised
     return apply
 
@@ -412,10 +436,12 @@ def _run(source: str, limits: Limits, *, audit_hook: bool = True) -> Outcome:
                   "wall_s": limits.wall_s}
         nproc = limits.processes + (_threads_of_user(os.getuid()) if os.getuid() else 0)
         command = [*namespace_command(), sys.executable, "-I", "-c", _HARNESS]
+        prlimit = _limit_command(limits, nproc)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(command, cwd=box, env=env, stdin=subprocess.PIPE,
-                                    stdout=out, stderr=err, start_new_session=True,
-                                    preexec_fn=_set_limits(limits, nproc))
+            proc = subprocess.Popen(
+                command if prlimit is None else prlimit + command, cwd=box, env=env,
+                stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True,
+                preexec_fn=_set_limits(limits, nproc) if prlimit is None else None)
             try:
                 try:
                     proc.stdin.write((json.dumps(config) + "\n").encode())

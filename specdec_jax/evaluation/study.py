@@ -70,7 +70,9 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
               gammas: Sequence[int] = (5,), temperatures: Sequence[float] = (0.0,),
               max_new_tokens: int = 160, batch_size: int = 10, seed: int = 0,
               dtype: str = "float32", wallclock_examples: int = 3, wallclock_trials: int = 1,
-              calibration_context: int = 256, progress: bool = True) -> dict:
+              calibration_context: int = 256,
+              calibration_widths: Sequence[int] = cost_lib.CALIBRATION_WIDTHS,
+              progress: bool = True) -> dict:
     """Runs the sweep and writes ``<out_dir>/<stem>.json``, ``.md`` and two PNGs.
 
     ``methods`` maps each method to its alpha grid (see ``sweep.plan_points``).
@@ -90,13 +92,14 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
     out = pathlib.Path(out_dir)
     json_path = out / f"{stem}.json"
     stored = sweep.load_or_start(json_path, settings)  # fails early on a settings mismatch
-    if "cost_model" in stored:
+    if "prefill_per_token_s" in stored.get("cost_model", {}).get("target", {}):
         cost = cost_lib.CostModel.from_json(stored["cost_model"])
         calibration = stored.get("calibration")
     else:
         cost, calibration = cost_lib.calibrate(
             target=pair.target, target_params=pair.target_params, drafter=pair.drafter,
-            drafter_params=pair.drafter_params, context=calibration_context)
+            drafter_params=pair.drafter_params, context=calibration_context,
+            widths=tuple(calibration_widths))
     data = sweep.run_sweep(pair=pair, task=the_task, examples=examples, points=points,
                            out_path=json_path, settings=settings,
                            max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,

@@ -43,7 +43,11 @@ from specdec_jax.evaluation.cost import CostModel
 from specdec_jax.models.interface import make_prompt
 
 AUTOREGRESSIVE = ("drafter", "target")
-DERIVED = ("seq-cascade",)
+# Derived from the drafter's and the target's runs; recomputed on every pass.
+# "seq-cascade" scores q(response), which shrinks with length (long answers
+# always defer unless alpha is near 1); "seq-cascade-norm" its per-token
+# geometric mean (ALGORITHMS.md §4.3's length-normalised option).
+DERIVED = ("seq-cascade", "seq-cascade-norm")
 NO_ALPHA = ("drafter", "target", "specdecode")
 # The baselines run the drafter up to this many tokens, not gamma (App. E.1).
 FIXED_GAMMA = {"oracle": 0, "token-cascade": 10, "bild-original": 10}
@@ -81,7 +85,7 @@ class ModelPair:
 def method_range(method: str) -> tuple[float, float]:
     if method in targets.BASELINES:
         return targets.BASELINES[method]
-    if method == "seq-cascade":
+    if method in DERIVED:
         return SEQ_CASCADE_RANGE
     if method in targets.TARGETS:
         low, high = targets.TARGETS[method].alpha_range
@@ -254,7 +258,8 @@ def derive_seq_cascade(task: Task, point: Point, drafter: dict, target: dict,
     rows = []
     logprob = jnp.asarray([r["logprob"] for r in drafter["per_example"]])
     lengths = jnp.asarray([r["emitted"] for r in drafter["per_example"]])
-    defers = np.asarray(sequence_defers(logprob, lengths, point.alpha))
+    defers = np.asarray(sequence_defers(logprob, lengths, point.alpha,
+                                        length_normalised=point.method.endswith("-norm")))
     for d, t, defer in zip(drafter["per_example"], target["per_example"], defers, strict=True):
         row = dict(t if defer else d)
         for name in ("calls", "fed", "single"):
@@ -328,29 +333,32 @@ def run_sweep(*, pair: ModelPair, task: Task, examples: Sequence[Example],
                                           for r in record["per_example"]]
         relative_latencies(data["records"])
     data["environment"] = timing.environment()
+    data["records"] = [r for r in data["records"] if r["method"] not in DERIVED]
     done = {r["key"] for r in data["records"]}
     width = prompt_width(pair, examples)
-    todo = [p for p in points if p.key not in done]
+    todo = [p for p in points if p.key not in done and p.method not in DERIVED]
     bar = tqdm(todo, desc=f"sweep {task.name}", disable=not progress)
     for point in bar:
         bar.set_postfix_str(point.key)
         start = time.perf_counter()
-        if point.method in DERIVED:
-            by_key = {r["key"]: r for r in data["records"]}
-            drafter, target = (by_key[Point(m, None, None, point.temperature).key]
-                               for m in AUTOREGRESSIVE)
-            record = derive_seq_cascade(task, point, drafter, target, cost)
-        else:
-            rows = generate_point(pair, point, examples, max_new_tokens=max_new_tokens,
-                                  batch_size=batch_size, width=width, seed=seed,
-                                  order=_length_order(data["records"], point),
-                                  progress=progress)
-            score_rows(task, rows, examples)
-            record = summarise(task, point, rows, cost)
+        rows = generate_point(pair, point, examples, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, width=width, seed=seed,
+                              order=_length_order(data["records"], point), progress=progress)
+        score_rows(task, rows, examples)
+        record = summarise(task, point, rows, cost)
         record["sweep_seconds"] = time.perf_counter() - start
         data["records"].append(record)
         relative_latencies(data["records"])
         _write(path, data)
+    by_key = {r["key"]: r for r in data["records"]}
+    for point in points:
+        if point.method in DERIVED:
+            base = [by_key.get(Point(m, None, None, point.temperature).key)
+                    for m in AUTOREGRESSIVE]
+            if None not in base:
+                data["records"].append(derive_seq_cascade(task, point, *base, cost))
+    relative_latencies(data["records"])
+    _write(path, data)
     if wallclock_examples:
         wallclock_phase(pair, points, examples[:wallclock_examples], data, path,
                         max_new_tokens=max_new_tokens, width=width, seed=seed,
