@@ -47,6 +47,7 @@ from specdec_jax.drafting import bigram
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.drafting.cascade import HorizontalCascade, VerticalCascade, VerticalState
 from specdec_jax.drafting.model import ModelDrafter, ModelDrafterState
+from specdec_jax.evaluation.cost import measure_call_cost
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.targets import get_target
 
@@ -170,24 +171,11 @@ def run_counted(decoder, named, target_params, caches, prompts, width, max_lengt
 
 def call_latency(model, params, fill, ks=(1, 2, 3, 4, 6, 8, 13, 16), repeats=5):
     """Seconds of one ``extend`` of K tokens at batch 1 with ``fill`` tokens in
-    the cache, measured as steps inside a jitted loop. Returns the medians and
-    the least-squares fit t(K) = a + b K over K >= 2 (K = 1 takes a cheaper
-    matrix-vector path on CPU and is priced by its own median)."""
-    cache, _ = start_token_and_prefill(model, params, make_prompt([[1] * fill]), fill + 64)
-    medians, steps = {}, 4
-    for k in ks:
-
-        def loop(params, cache, k=k):
-            def body(_, cache):
-                out = model.extend(params, jnp.ones((1, k), jnp.int32), cache)
-                return out.cache.replace(lengths=cache.lengths)
-            return jax.lax.fori_loop(0, steps, body, cache)
-
-        compiled = timing.Compiled(jax.jit(loop), params, cache)
-        medians[k] = compiled.time(params, cache, repeats=repeats).median_s / steps
-    multi = [k for k in medians if k >= 2]
-    a_b = np.polyfit(multi, [medians[k] for k in multi], 1)[::-1]
-    return {"a_s": float(a_b[0]), "b_s": float(a_b[1]), "k1_s": medians[1],
+    the cache (``evaluation.cost.measure_call_cost``: steps inside a jitted
+    loop), as this benchmark's report stores them: the medians and the fit
+    t(K) = a + b K over K >= 2 (K = 1 is priced by its own median)."""
+    cost, medians = measure_call_cost(model, params, context=fill, widths=ks, repeats=repeats)
+    return {"a_s": cost.base_s, "b_s": cost.per_token_s, "k1_s": cost.single_s,
             "median_s": {str(k): v for k, v in medians.items()}}
 
 

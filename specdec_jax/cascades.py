@@ -52,6 +52,7 @@ from specdec_jax.decoding import (
     _zero_stats,
     initial_history,
     required_cache_length,
+    run_rounds,
 )
 from specdec_jax.drafting.base import (
     Context,
@@ -297,16 +298,8 @@ class DraftUntilDecoder:
             done=jnp.zeros((batch,), bool), target_cache=target_cache,
             drafter_cache=drafter_cache, key=key,
             stats=_zero_stats(batch, self.max_drafts, 1))
-
-        def cond_fn(state):
-            return ~jnp.all(state.done)
-
-        def body_fn(state):
-            return self.round(target_params, drafter_params, state, sp)
-
-        state = jax.lax.while_loop(cond_fn, body_fn, state)
-        return GenerationOutput(tokens=state.tokens[:, : self.max_new_tokens],
-                                lengths=state.num_generated, stats=state.stats)
+        return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
+                          self.max_new_tokens)
 
 
 def sequence_defers(sequence_logprob_B: Array, lengths_B: Array, alpha: float, *,

@@ -349,16 +349,20 @@ class SpeculativeDecoder:
                 f"{self.max_new_tokens} + gamma {self.gamma} + 1); prefill with "
                 f"max_length={needed} or more.")
         state = self.init_state(prefilled, key)
+        return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
+                          self.max_new_tokens)
 
-        def cond_fn(state):
-            return ~jnp.all(state.done)
 
-        def body_fn(state):
-            return self.round(target_params, drafter_params, state, sp)
+def run_rounds(round_fn, state, max_new_tokens: int) -> GenerationOutput:
+    """Runs ``round_fn`` until every row is done; the loop every round-based
+    decoder shares (``state`` has tokens, num_generated, done and stats)."""
 
-        state = jax.lax.while_loop(cond_fn, body_fn, state)
-        return GenerationOutput(tokens=state.tokens[:, : self.max_new_tokens],
-                                lengths=state.num_generated, stats=state.stats)
+    def cond_fn(state):
+        return ~jnp.all(state.done)
+
+    state = jax.lax.while_loop(cond_fn, round_fn, state)
+    return GenerationOutput(tokens=state.tokens[:, :max_new_tokens],
+                            lengths=state.num_generated, stats=state.stats)
 
 
 @flax.struct.dataclass
