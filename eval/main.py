@@ -18,9 +18,16 @@ import gin
 
 from specdec_jax.evaluation import study
 
-# The functions a run config may bind, under the names the configs use.
-run_study = gin.external_configurable(study.run_study, name="run_study")
-JOBS = {"run_study": run_study}
+# The functions a run config may bind, under the names the configs use. A run
+# file picks one with ``run.job = @run_study`` (the default) or ``@run_generate``.
+JOBS = {name: gin.external_configurable(getattr(study, name), name=name)
+        for name in ("run_study", "run_generate")}
+
+
+@gin.configurable("run", denylist=())
+def run(job=JOBS["run_study"]):
+    """The job a config selected (the entry point's only configurable of its own)."""
+    return job()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,15 +61,28 @@ def parse_config(files: list[str], bindings: list[str], search_paths: list[str])
                          f"failed to parse: {error}") from error
 
 
+def _selected_job() -> str:
+    try:
+        chosen = repr(gin.query_parameter("run.job"))
+    except ValueError:
+        return "run_study"
+    name = chosen.lstrip("@").removesuffix("()")
+    if name not in JOBS:
+        raise ValueError(f"run.job = {chosen} is not a job; choose one of "
+                         f"{', '.join('@' + j for j in JOBS)}.")
+    return name
+
+
 def check_required(files: list[str]) -> None:
     """gin only enforces ``%gin.REQUIRED`` on parameters; run files put it on
     macros (t5x style), so check the macros the job's parameters use."""
     import inspect  # noqa: PLC0415
 
     missing = []
-    for name in inspect.signature(study.run_study).parameters:
+    job = _selected_job()
+    for name in inspect.signature(getattr(study, job)).parameters:
         try:
-            value = gin.query_parameter(f"run_study.{name}")
+            value = gin.query_parameter(f"{job}.{name}")
         except ValueError:
             continue  # not bound: the function's default applies
         text = repr(value)
@@ -79,13 +99,13 @@ def main(argv=None) -> int:
     parse_config(args.gin_file, args.gin_bindings, args.gin_search_path)
     check_required(args.gin_file)
     try:
-        data = run_study()
+        result = run()
     except Exception as error:
         if "REQUIRED" in str(error) or "gin" in type(error).__module__:
             raise ValueError(f"gin config {', '.join(args.gin_file)}: {error}") from error
         raise
-    print(f"wrote {len(data['records'])} sweep points; operative config:\n"
-          f"{gin.operative_config_str()}")
+    done = f"{len(result['records'])} sweep points" if "records" in result else "1 record"
+    print(f"wrote {done}; operative config:\n{gin.operative_config_str()}")
     return 0
 
 

@@ -99,3 +99,21 @@ def test_unknown_task_fails(tmp_path):
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         eval_main.main(["--gin_file", TOY, "--gin_bindings", "TASK = 'nope'",
                         "--gin_bindings", f"OUT_DIR = '{tmp_path}'"])
+
+
+def test_generate_job(tmp_path, capsys):
+    out = tmp_path / "gen.json"
+    assert eval_main.main([
+        "--gin_file", "configs/runs/generate.gin", "--gin_file", "configs/models/toy_bytes.gin",
+        "--gin_bindings", "TASK = 'humaneval'", "--gin_bindings", f"OUT_PATH = '{out}'",
+        "--gin_bindings", "run_generate.method = 'token-v3'",
+        "--gin_bindings", "run_generate.alpha = 0.1",
+        "--gin_bindings", "run_generate.max_new_tokens = 4"]) == 0
+    record = json.loads(out.read_text())
+    assert record["method"] == "token-v3" and record["num_examples"] == 3
+    assert "--- HumanEval/0" in capsys.readouterr().out
+
+
+def test_generate_job_lists_its_missing_macros():
+    with pytest.raises(ValueError, match="TASK, TARGET, DRAFTER, OUT_PATH unset"):
+        eval_main.main(["--gin_file", "configs/runs/generate.gin"])

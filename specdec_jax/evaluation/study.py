@@ -13,6 +13,7 @@ quality numbers mean nothing.
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Sequence
 
@@ -110,3 +111,33 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                for r in data["records"]]
     report.write_reports(records, out, stem=stem)
     return data
+
+
+def run_generate(*, task: str, target: str, drafter: str, out_path: str,
+                 method: str = "specdecode", alpha: float | None = None, gamma: int = 5,
+                 temperature: float = 0.0, split: str = "test", num_examples: int = 3,
+                 max_new_tokens: int = 160, batch_size: int = 3, seed: int = 0,
+                 dtype: str = "float32", progress: bool = True) -> dict:
+    """One method on a task's first examples: outputs, scores and counters as
+    one sweep record (JSON at ``out_path``), the outputs printed."""
+    the_task = tasks.get_task(task)
+    grid = {} if method in sweep.AUTOREGRESSIVE else {method: [] if alpha is None else [alpha]}
+    points = [p for p in sweep.plan_points(methods=grid, gammas=[gamma],
+                                           temperatures=[temperature])
+              if p.method == method]
+    if not points:
+        raise ValueError(f"method {method!r} needs an alpha (and cannot be derived alone).")
+    examples = the_task.load(split, num_examples)
+    pair = load_pair(target=target, drafter=drafter, dtype=dtype,
+                     stop_at_block_end=the_task.stop_at_block_end)
+    rows = sweep.generate_point(pair, points[0], examples, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size, width=sweep.prompt_width(pair, examples),
+                                seed=seed, progress=progress)
+    sweep.score_rows(the_task, rows, examples)
+    record = sweep.summarise(the_task, points[0], rows, None)
+    path = pathlib.Path(out_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    for row in rows:
+        print(f"--- {row['id']} ({the_task.metric.name} item {row['item']}):\n{row['output']}")
+    return record
