@@ -437,9 +437,14 @@ def agreement(records: Sequence[dict]) -> dict:
     when fewer than 3 points or either is constant); the statistics are None when count is 0.
     """
     records = _validated(records)
-    pairs = [(float(r["relative_latency"]["cost_model"]), float(_wallclock(r)))
+    # Compare like with like: the wall clock times a subset of examples, so the cost
+    # model's prediction on that same subset (``cost_model_subset``) is used when the
+    # sweep recorded it (outputs differ in length between methods and examples).
+    predicted = lambda r: r["relative_latency"].get("cost_model_subset",
+                                                    r["relative_latency"]["cost_model"])
+    pairs = [(float(predicted(r)), float(_wallclock(r)))
              for r in records
-             if r["method"] != TARGET and r["relative_latency"]["cost_model"] is not None
+             if r["method"] != TARGET and predicted(r) is not None
              and _wallclock(r) is not None]
     result: dict[str, Any] = {"count": len(pairs), "mean_ratio": None,
                               "max_abs_rel_diff": None, "pearson": None}
@@ -459,7 +464,8 @@ def agreement_markdown(stats: dict) -> str:
         return "No sweep point has both a cost-model and a wall-clock latency to compare.\n"
     pearson = MISSING if stats["pearson"] is None else f"{stats['pearson']:.3f}"
     points = "point" if stats["count"] == 1 else "points"
-    return (f"Cost model vs measured wall clock over {stats['count']} sweep {points} (target runs "
+    return (f"Cost model vs measured wall clock (batch 1, on the wall-clock examples) over "
+            f"{stats['count']} sweep {points} (target runs "
             f"excluded): mean ratio wall clock / cost model = {stats['mean_ratio']:.3f}, "
             f"max |relative difference| = {100.0 * stats['max_abs_rel_diff']:.1f} %, "
             f"Pearson r = {pearson}.\n")

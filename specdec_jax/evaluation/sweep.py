@@ -358,6 +358,7 @@ def run_sweep(*, pair: ModelPair, task: Task, examples: Sequence[Example],
             if None not in base:
                 data["records"].append(derive_seq_cascade(task, point, *base, cost))
     relative_latencies(data["records"])
+    _wallclock_ratios(data)
     _write(path, data)
     if wallclock_examples:
         wallclock_phase(pair, points, examples[:wallclock_examples], data, path,
@@ -397,10 +398,21 @@ def wallclock_phase(pair: ModelPair, points: Sequence[Point], examples: Sequence
 
 
 def _wallclock_ratios(data: dict) -> None:
-    slots = list(data["wallclock"].values())
+    """Wall-clock ratio to the target on the timed examples, and the cost model's
+    prediction of the same ratio on the same examples (``cost_model_subset``):
+    outputs differ in length between examples and methods, so only the latter is
+    a fair check of the cost model."""
+    by_key = {r["key"]: r for r in data["records"]}
     for record in data["records"]:
         base = Point("target", None, None, record["temperature"]).key
-        usable = [s for s in slots if record["key"] in s and base in s]
-        if usable:
-            record["relative_latency"]["wallclock"] = \
-                sum(s[record["key"]] for s in usable) / sum(s[base] for s in usable)
+        usable = [(slot.split("|", 1)[1], times) for slot, times in data["wallclock"].items()
+                  if record["key"] in times and base in times]
+        if not usable or base not in by_key:
+            continue
+        record["relative_latency"]["wallclock"] = \
+            sum(t[record["key"]] for _, t in usable) / sum(t[base] for _, t in usable)
+        if "cost_seconds" in record and "cost_seconds" in by_key[base]:
+            ids = [row["id"] for row in record["per_example"]]
+            chosen = [ids.index(example_id) for example_id, _ in usable]
+            cost = [sum(r["cost_seconds"][i] for i in chosen) for r in (record, by_key[base])]
+            record["relative_latency"]["cost_model_subset"] = cost[0] / cost[1]
