@@ -48,8 +48,8 @@ from specdec_jax import sampling, targets
 from specdec_jax.decoding import (
     EndOfBlockStop,
     GenerationOutput,
-    _emit,
     _zero_stats,
+    emit_round,
     initial_history,
     required_cache_length,
     run_rounds,
@@ -64,7 +64,7 @@ from specdec_jax.drafting.base import (
 from specdec_jax.drafting.model import has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
 from specdec_jax.sampling import SamplingParams
-from specdec_jax.verify import emitted_tokens, sample_from_weights
+from specdec_jax.verify import sample_from_weights
 
 Array = jax.Array
 
@@ -244,13 +244,8 @@ class DraftUntilDecoder:
             defer_B = jnp.ones_like(k_B, jnp.float32)  # the new token is the target's
         next_B = sample_from_weights(sample_key, weights)
 
-        candidates = emitted_tokens(d.tokens, accepted_B, next_B)
-        tokens, num_generated, hit_eos = _emit(
-            state.tokens, state.num_generated, candidates,
-            jnp.where(active_B, accepted_B + 1, 0), self.eos_ids, self.max_new_tokens,
-            self.stop_rule, pending_B)
-        done = state.done | hit_eos | (num_generated >= self.max_new_tokens)
-        keep_B = jnp.where(active_B, 1 + accepted_B, 0)
+        candidates, tokens, num_generated, done, keep_B = emit_round(
+            self, state, d.tokens, accepted_B, next_B, pending_B)
         y_emitted_B = num_generated - state.num_generated == accepted_B + 1
 
         active = active_B.astype(jnp.int32)

@@ -159,6 +159,23 @@ def _emit(state_tokens_BxN, num_generated_B, candidates_BxK, num_valid_B, eos_id
     return tokens, num_generated_B + count_B, hit_eos_B
 
 
+def emit_round(decoder, state, drafts_BxG, accepted_B, next_B, pending_B):
+    """A round's output for every row not yet done: the accepted drafts, then the
+    new token (stopping at EOS, the decoder's stop rule, or max_new_tokens).
+
+    Returns (candidates [B, G + 1], tokens, num_generated, done, keep [B]); ``keep``
+    is what the target's cache keeps of the round (pending + accepted drafts).
+    """
+    candidates = emitted_tokens(drafts_BxG, accepted_B, next_B)
+    active_B = ~state.done
+    tokens, num_generated, hit_eos = _emit(
+        state.tokens, state.num_generated, candidates, jnp.where(active_B, accepted_B + 1, 0),
+        decoder.eos_ids, decoder.max_new_tokens, decoder.stop_rule, pending_B)
+    done = state.done | hit_eos | (num_generated >= decoder.max_new_tokens)
+    keep_B = jnp.where(active_B, 1 + accepted_B, 0)
+    return candidates, tokens, num_generated, done, keep_B
+
+
 def _zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
     zeros = jnp.zeros((batch,), jnp.int32)
     by_model = jnp.zeros((batch, num_models), jnp.int32)
@@ -285,15 +302,9 @@ class SpeculativeDecoder:
                                     pi_BxG1xV[:, :g], bonus_BxV, state.verifier_state)
         accepted_B = verdict.num_accepted
 
-        candidates = emitted_tokens(drafts_BxG, accepted_B, verdict.next_token)
         active_B = ~state.done
-        tokens, num_generated, hit_eos = _emit(
-            state.tokens, state.num_generated, candidates,
-            jnp.where(active_B, accepted_B + 1, 0), self.eos_ids, self.max_new_tokens,
-            self.stop_rule, pending_B)
-        done = state.done | hit_eos | (num_generated >= self.max_new_tokens)
-
-        keep_B = jnp.where(active_B, 1 + accepted_B, 0)
+        candidates, tokens, num_generated, done, keep_B = emit_round(
+            self, state, drafts_BxG, accepted_B, verdict.next_token, pending_B)
         emitted_pos_BxG1 = jnp.arange(g + 1)[None, :] < (num_generated - state.num_generated
                                                          )[:, None]
         stats = state.stats
