@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling, targets
-from specdec_jax.cascades import MAX_CONSECUTIVE_DRAFTS, DraftUntilDecoder
+from specdec_jax.cascades import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
 from specdec_jax.decoding import (
     AutoregressiveDecoder,
     EndOfBlockStop,
@@ -120,14 +120,14 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
                                      pad_id=pad_id, stop_rule=stop_rule)
     if drafter is None:
         raise ValueError(f"method {method!r} needs a drafter model.")
-    if method in ("token-cascade", "bild-original"):
+    if method in MODES:
         if is_drafter(drafter):
             raise ValueError(f"method {method!r} runs a drafter model token by token; pass a "
                              "LanguageModel, not a drafting strategy.")
         _check_pair(target, drafter)
         return DraftUntilDecoder(
             target=target, drafter=drafter, mode=method, max_new_tokens=max_new_tokens,
-            max_drafts=MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma,
+            max_drafts=effective_gamma(method, drafter, gamma),
             fallback_alpha=fallback_alpha, sampling_config=config, eos_ids=tuple(eos_ids),
             pad_id=pad_id, stop_rule=stop_rule)
     if method == "oracle":
@@ -144,6 +144,19 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
         target=target, drafter=drafter, target_fn=targets.get_target(method), gamma=gamma,
         max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
         sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule)
+
+
+def effective_gamma(method: str, drafter, gamma: int | None) -> int:
+    """The draft length a method's decoder runs with (what its caches must hold):
+    0 for autoregressive decoding and the oracle, the 10-token cap (or ``gamma``)
+    for the draft-until baselines, else ``resolve_gamma``."""
+    if method in ("autoregressive", "oracle"):
+        return 0
+    if method in MODES:
+        return MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma
+    if drafter is None:
+        return DEFAULT_GAMMA if gamma is None else gamma
+    return resolve_gamma(drafter, gamma)
 
 
 def resolve_gamma(drafter, gamma: int | None) -> int:
@@ -234,15 +247,8 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     targets.validate_alpha(method, alpha, beta)
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
-    if method in ("token-cascade", "bild-original"):
-        gamma = MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma
-    elif method == "oracle":
-        gamma = 0
-    elif method != "autoregressive" and drafter is not None:
-        gamma = resolve_gamma(drafter, gamma)
     needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens,
-                                   0 if method == "autoregressive" else
-                                   DEFAULT_GAMMA if gamma is None else gamma)
+                                   effective_gamma(method, drafter, gamma))
     if max_cache_length is not None and needed > max_cache_length:
         raise ValueError(
             f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "

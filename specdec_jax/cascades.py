@@ -64,7 +64,7 @@ from specdec_jax.drafting.base import (
 from specdec_jax.drafting.model import has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
 from specdec_jax.sampling import SamplingParams
-from specdec_jax.verify import sample_from_weights
+from specdec_jax.verify import leading_accepts, sample_from_weights
 
 Array = jax.Array
 
@@ -157,11 +157,6 @@ class DraftUntilDecoder:
         if not 0.0 <= self.fallback_alpha <= 1.0:
             raise ValueError(f"fallback_alpha must be in [0, 1], got {self.fallback_alpha}.")
 
-    @property
-    def alpha_range(self) -> tuple[float, float]:
-        return self.rule.alpha_range if self.mode == "token-cascade" else \
-            targets.BiLD.alpha_range
-
     def _stop(self, q_stat_BxV: Array, sp: SamplingParams) -> Array:
         """bool [B]: stop drafting before sampling at this position."""
         if self.mode == "token-cascade":
@@ -232,13 +227,10 @@ class DraftUntilDecoder:
             weights = (1.0 - defer_B[:, None]) * q_k1 + defer_B[:, None] * p_k1
             rolled_back_B = jnp.zeros_like(k_B, bool)
         else:
-            # D(q_i, p_i) > alpha rolls back at i; q of positions past k is zero,
-            # so D there is 0 and never rolls back.
+            # D(q_i, p_i) > alpha rolls back at i; positions past k were not drafted.
             reject_BxM = targets.BiLD().defer(d.q[:, :m], dist.probs[:, :m],
                                               d.q_stat[:, :m], dist.stats[:, :m], sp.alpha)
-            reject_BxM &= jnp.arange(m)[None, :] < k_B[:, None]
-            first_reject_B = jnp.min(jnp.where(reject_BxM, jnp.arange(m)[None, :], m), axis=-1)
-            accepted_B = jnp.minimum(first_reject_B, k_B)
+            accepted_B = jnp.minimum(leading_accepts(~reject_BxM), k_B)
             rolled_back_B = accepted_B < k_B
             weights = pick(dist.probs, accepted_B)
             defer_B = jnp.ones_like(k_B, jnp.float32)  # the new token is the target's

@@ -150,20 +150,15 @@ def _shuffled(texts):
     return texts
 
 
-def test_bleu_of_references_is_100_and_of_shuffled_ones_low(splits):
-    pytest.importorskip("sacrebleu")
-    examples = splits[text_tasks.TRANSLATION_TASK]["test"]
+@pytest.mark.parametrize("task, metric, module", [
+    (text_tasks.TRANSLATION_TASK, metrics.BLEU, "sacrebleu"),
+    (text_tasks.SUMMARISATION_TASK, metrics.ROUGE2, "rouge_score")])
+def test_metric_of_references_is_100_and_of_shuffled_ones_low(splits, task, metric, module):
+    pytest.importorskip(module)
+    examples = splits[task]["test"]
     references = [e.reference for e in examples]
-    assert _score(metrics.BLEU, references, examples) == pytest.approx(100.0)
-    assert _score(metrics.BLEU, _shuffled(references), examples) < 5.0
-
-
-def test_rouge2_of_references_is_100_and_of_shuffled_ones_low(splits):
-    pytest.importorskip("rouge_score")
-    examples = splits[text_tasks.SUMMARISATION_TASK]["test"]
-    references = [e.reference for e in examples]
-    assert _score(metrics.ROUGE2, references, examples) == pytest.approx(100.0)
-    assert _score(metrics.ROUGE2, _shuffled(references), examples) < 5.0
+    assert _score(metric, references, examples) == pytest.approx(100.0)
+    assert _score(metric, _shuffled(references), examples) < 5.0
 
 
 def test_iterate_gives_plain_dicts_of_a_split(splits):

@@ -83,15 +83,28 @@ class ModelPair:
 
 
 def method_range(method: str) -> tuple[float, float]:
+    """The alpha range a method's errors quote (``alpha_in_range`` decides)."""
     if method in targets.BASELINES:
         return targets.BASELINES[method]
     if method in DERIVED:
         return SEQ_CASCADE_RANGE
     if method in targets.TARGETS:
-        low, high = targets.TARGETS[method].alpha_range
-        return (low, high - 1e-6) if method.startswith("lossy") else (low, high)
+        return targets.TARGETS[method].alpha_range
     raise ValueError(f"unknown method {method!r}; choose one of "
                      f"{', '.join(all_methods())}.")
+
+
+def alpha_in_range(method: str, alpha: float) -> bool:
+    """The methods' own validation (``targets.validate_alpha``; Lossy's range is
+    open at 1), plus the derived sequence cascades' closed [0, 1]."""
+    if method in DERIVED:
+        low, high = SEQ_CASCADE_RANGE
+        return low <= alpha <= high
+    try:
+        targets.validate_alpha(method, alpha)
+    except ValueError:
+        return False
+    return True
 
 
 def all_methods() -> tuple[str, ...]:
@@ -122,7 +135,7 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
             if not grid:
                 raise ValueError(f"method {method!r} needs at least one alpha in "
                                  f"[{low}, {high}].")
-            bad = [a for a in grid if a is not None and not low <= a <= high]
+            bad = [a for a in grid if a is not None and not alpha_in_range(method, a)]
             if bad:
                 raise ValueError(f"alpha grid of {method!r} has {bad} outside [{low}, {high}], "
                                  "the method's range.")
