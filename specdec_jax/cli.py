@@ -1,4 +1,4 @@
-"""``specdec-jax``: command-line entry point (``fetch``, ``generate``)."""
+"""``specdec-jax``: command-line entry point (``fetch``, ``generate``, ``eval``)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,25 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", help="a registry name, or 'all'")
     fetch.set_defaults(func=_fetch)
     cli_generate.add_parser(sub)
+    evaluate = sub.add_parser(
+        "eval", help="a gin-configured evaluation job (the same as python -m eval.main)",
+        add_help=False)
+    evaluate.set_defaults(func=_eval)
     return parser
 
 
+def _eval(args) -> int:
+    from specdec_jax import launch  # noqa: PLC0415
+
+    return launch.main(args.rest, default_job="run_study",
+                       description="specdec-jax eval: a gin-configured evaluation job")
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
+    if rest and args.command != "eval":  # only the gin launcher takes its own flags
+        build_parser().parse_args(argv)  # exits with argparse's message
+    args.rest = rest
     try:
         return args.func(args)
     except (ValueError, KeyError, FileNotFoundError, PermissionError, ConnectionError) as err:

@@ -119,3 +119,43 @@ def test_generate_job(tmp_path, capsys):
 def test_generate_job_lists_its_missing_macros():
     with pytest.raises(ValueError, match="TASK, TARGET, DRAFTER, OUT_PATH unset"):
         eval_main.main(["--gin_file", "configs/runs/generate.gin"])
+
+
+def test_benchmark_job_through_the_cli(tmp_path, capsys):
+    """``specdec-jax eval`` is the same launcher; the benchmark job times every
+    method against the target at batch 1 and prints the ratios."""
+    from specdec_jax import cli  # noqa: PLC0415
+
+    out = tmp_path / "bench.json"
+    assert cli.main([
+        "eval", "--gin_file", "configs/runs/benchmark.gin",
+        "--gin_file", "configs/models/toy_bytes.gin",
+        "--gin_bindings", "TASK = 'humaneval'", "--gin_bindings", f"OUT_PATH = '{out}'",
+        "--gin_bindings", "run_benchmark.gammas = [3]",
+        "--gin_bindings", "run_benchmark.num_examples = 1",
+        "--gin_bindings", "run_benchmark.max_new_tokens = 4",
+        "--gin_bindings", "run_benchmark.progress = False"]) == 0
+    data = json.loads(out.read_text())
+    speedups = {r["key"]: r["speedup"] for r in data["records"]}
+    assert set(speedups) == {"target|alpha=None|gamma=None|T=0.0",
+                             "drafter|alpha=None|gamma=None|T=0.0",
+                             "specdecode|alpha=None|gamma=3|T=0.0",
+                             "token-v3|alpha=0.1|gamma=3|T=0.0"}
+    assert speedups["target|alpha=None|gamma=None|T=0.0"] == pytest.approx(1.0) and all(s > 0 for s in speedups.values())
+    assert "speedup vs target" in capsys.readouterr().out
+
+
+def test_benchmark_rejects_derived_methods(tmp_path):
+    with pytest.raises(ValueError, match="derived from the autoregressive runs"):
+        eval_main.main(["--gin_file", "configs/runs/benchmark.gin",
+                        "--gin_file", "configs/models/toy_bytes.gin",
+                        "--gin_bindings", "TASK = 'humaneval'",
+                        "--gin_bindings", f"OUT_PATH = '{tmp_path / 'b.json'}'",
+                        "--gin_bindings", "run_benchmark.methods = {'seq-cascade': [0.5]}"])
+
+
+def test_unknown_job_names_the_choices(tmp_path):
+    with pytest.raises(ValueError, match="@run_study, @run_generate, @run_benchmark"):
+        eval_main.main(["--gin_file", TOY, "--gin_bindings", "TASK = 'humaneval'",
+                        "--gin_bindings", f"OUT_DIR = '{tmp_path}'",
+                        "--gin_bindings", "run.job = @run_nothing"])

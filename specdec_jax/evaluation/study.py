@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import jax
 
+from specdec_jax import timing
 from specdec_jax.data import tasks
 from specdec_jax.evaluation import cost as cost_lib
 from specdec_jax.evaluation import report, sweep
@@ -141,3 +142,58 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
     for row in rows:
         print(f"--- {row['id']} ({the_task.metric.name} item {row['item']}):\n{row['output']}")
     return record
+
+
+def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
+                  methods: dict[str, Sequence[float]] | None = None,
+                  gammas: Sequence[int] = (3, 5, 7), temperatures: Sequence[float] = (0.0,),
+                  split: str = "test", num_examples: int = 5, max_new_tokens: int = 160,
+                  trials: int = 1, seed: int = 0, dtype: str = "float32",
+                  progress: bool = True) -> dict:
+    """Wall-clock speed at batch 1: every method against autoregressive target
+    decoding on a task's first examples, timed interleaved (example by example,
+    all methods in turn; compilation and one warm-up call excluded).
+
+    Writes ``out_path`` (JSON: settings, per-example seconds, one record per
+    point with ``speedup`` = target seconds / method seconds on the same
+    examples) and prints a Markdown table. Quality is the sweep's job
+    (``run_study``); this one answers "how much faster, here, now".
+    """
+    methods = {"specdecode": []} if methods is None else methods
+    derived = [m for m in methods if m in sweep.DERIVED]
+    if derived:
+        raise ValueError(f"{derived} are derived from the autoregressive runs and have no "
+                         "wall clock of their own; drop them from run_benchmark.methods.")
+    if max_new_tokens < 1 or num_examples < 1 or trials < 1:
+        raise ValueError("max_new_tokens, num_examples and trials must all be >= 1.")
+    the_task = tasks.get_task(task)
+    points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures)
+    examples = the_task.load(split, num_examples)
+    pair = load_pair(target=target, drafter=drafter, dtype=dtype,
+                     stop_at_block_end=the_task.stop_at_block_end)
+    data = {"settings": {"task": task, "split": split, "target": target, "drafter": drafter,
+                         "max_new_tokens": max_new_tokens, "trials": trials, "dtype": dtype,
+                         "example_ids": [ex.id for ex in examples]},
+            "environment": timing.environment(), "wallclock": {},
+            "records": [{"key": p.key, "method": p.method, "alpha": p.alpha,
+                         "gamma": p.gamma, "temperature": p.temperature,
+                         "relative_latency": {}} for p in points]}
+    path = pathlib.Path(out_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep.wallclock_phase(pair, points, examples, data, path, max_new_tokens=max_new_tokens,
+                          width=sweep.prompt_width(pair, examples), seed=seed, trials=trials,
+                          progress=progress)
+    lines = ["| method | alpha | G | T | seconds / example | speedup vs target |",
+             "|---|---|---|---|---|---|"]
+    for record in data["records"]:
+        seconds = [times[record["key"]] for times in data["wallclock"].values()]
+        record["seconds_per_example"] = sum(seconds) / len(seconds)
+        record["speedup"] = 1.0 / record["relative_latency"]["wallclock"]
+        show = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+        lines.append(f"| {record['method']} | {show(record['alpha'])} | "
+                     f"{show(record['gamma'])} | {record['temperature']:g} | "
+                     f"{record['seconds_per_example']:.3f} | {record['speedup']:.2f}x |")
+    path.write_text(json.dumps(data, indent=1))
+    print(f"{target} / {drafter} on {len(examples)} {task} examples, batch 1, {dtype}, "
+          f"{data['environment']['machine']}:\n" + "\n".join(lines))
+    return data

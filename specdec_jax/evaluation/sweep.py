@@ -152,7 +152,21 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
     return unique
 
 
-def _generate_fn(pair: ModelPair, point: Point, max_new_tokens: int):
+def _generate_fn(pair: ModelPair, point: Point, max_new_tokens: int,
+                 cache: dict | None = None):
+    """The jitted generate function of a point's structure. Alpha and the
+    temperature are traced, so points that differ only in them share one
+    function (and its compilations) through ``cache``."""
+    structure = (point.method, point.gamma, max_new_tokens)
+    if cache is not None and structure in cache:
+        return cache[structure]
+    fn = _build_generate_fn(pair, point, max_new_tokens)
+    if cache is not None:
+        cache[structure] = fn
+    return fn
+
+
+def _build_generate_fn(pair: ModelPair, point: Point, max_new_tokens: int):
     if point.method in AUTOREGRESSIVE:
         model = pair.target if point.method == "target" else pair.drafter
         fn = api.make_generate_fn(target=model, method="autoregressive",
@@ -197,14 +211,16 @@ def prompt_width(pair: ModelPair, examples: Sequence[Example]) -> int:
 
 def generate_point(pair: ModelPair, point: Point, examples: Sequence[Example], *,
                    max_new_tokens: int, batch_size: int, width: int, seed: int,
-                   order: Sequence[int] | None = None, progress: bool = True) -> list[dict]:
+                   order: Sequence[int] | None = None, progress: bool = True,
+                   cache: dict | None = None) -> list[dict]:
     """Per-example outputs and counters of one point (batched; the last batch is
     padded with copies of its first prompt, which are discarded).
 
     ``order`` groups examples into batches (e.g. by the target's output
     length, so rows of a batch finish together and little compute is spent on
-    finished rows); rows come back in the examples' order."""
-    fn = _generate_fn(pair, point, max_new_tokens)
+    finished rows); rows come back in the examples' order. ``cache`` shares
+    compiled functions between points (see ``_generate_fn``)."""
+    fn = _generate_fn(pair, point, max_new_tokens, cache)
     sp = _sampling(point)
     rows = []
     order = list(range(len(examples))) if order is None else list(order)
@@ -350,13 +366,15 @@ def run_sweep(*, pair: ModelPair, task: Task, examples: Sequence[Example],
     done = {r["key"] for r in data["records"]}
     width = prompt_width(pair, examples)
     todo = [p for p in points if p.key not in done and p.method not in DERIVED]
+    cache: dict = {}  # one compilation per structure and shape, shared with the wall clock
     bar = tqdm(todo, desc=f"sweep {task.name}", disable=not progress)
     for point in bar:
         bar.set_postfix_str(point.key)
         start = time.perf_counter()
         rows = generate_point(pair, point, examples, max_new_tokens=max_new_tokens,
                               batch_size=batch_size, width=width, seed=seed,
-                              order=_length_order(data["records"], point), progress=progress)
+                              order=_length_order(data["records"], point), progress=progress,
+                              cache=cache)
         score_rows(task, rows, examples)
         record = summarise(task, point, rows, cost)
         record["sweep_seconds"] = time.perf_counter() - start
@@ -376,19 +394,20 @@ def run_sweep(*, pair: ModelPair, task: Task, examples: Sequence[Example],
     if wallclock_examples:
         wallclock_phase(pair, points, examples[:wallclock_examples], data, path,
                         max_new_tokens=max_new_tokens, width=width, seed=seed,
-                        trials=wallclock_trials, progress=progress)
+                        trials=wallclock_trials, progress=progress, cache=cache)
     return data
 
 
 def wallclock_phase(pair: ModelPair, points: Sequence[Point], examples: Sequence[Example],
                     data: dict, path: pathlib.Path, *, max_new_tokens: int, width: int,
-                    seed: int, trials: int, progress: bool) -> None:
+                    seed: int, trials: int, progress: bool, cache: dict | None = None) -> None:
     """Times every generated point at batch 1 on ``examples``, interleaved
     (example by example, all points in turn), ``trials`` times; stores seconds
     per point and example, and the ratio to the target in each record."""
     timed = [p for p in points if p.method not in DERIVED]
     store = data["wallclock"]
-    compiled: dict[str, Any] = {}
+    cache = {} if cache is None else cache
+    warm: set[tuple] = set()
     jobs = [(trial, ex) for trial in range(trials) for ex in examples]
     for trial, ex in tqdm(jobs, desc="wall clock (batch 1)", disable=not progress):
         slot = f"{trial}|{ex.id}"
@@ -398,9 +417,9 @@ def wallclock_phase(pair: ModelPair, points: Sequence[Point], examples: Sequence
         key = jax.random.PRNGKey(seed)
         times = store.setdefault(slot, {})
         for point in timed:
-            fn, sp = compiled.get(point.key), _sampling(point)
-            if fn is None:  # compile and warm up once per point, outside the timing
-                fn = compiled[point.key] = _generate_fn(pair, point, max_new_tokens)
+            fn, sp = _generate_fn(pair, point, max_new_tokens, cache), _sampling(point)
+            if point.key not in warm:  # compile (if new) and warm up, outside the timing
+                warm.add(point.key)
                 jax.block_until_ready(fn(prompt, key, sp))
             start = time.perf_counter()
             jax.block_until_ready(fn(prompt, key, sp))

@@ -424,7 +424,8 @@ class T5EncoderDecoderLM:
         """Random parameters in the t5x tree (for tests and training)."""
         cache = self.init_cache(1, 2, 2)
         tokens = jnp.zeros((1, 1), jnp.int32)
-        variables = self._net.init(rng, tokens, jnp.ones((1,), jnp.int32), tokens, cache)
+        # Jitted: one compilation instead of one per op of an eager init.
+        variables = jax.jit(self._net.init)(rng, tokens, jnp.ones((1,), jnp.int32), tokens, cache)
         return variables["params"]
 
     def init_cache(self, batch_size: int, max_length: int,

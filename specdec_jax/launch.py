@@ -1,0 +1,129 @@
+"""Gin-configured jobs, t5x style: the launcher behind ``python -m eval.main``,
+``python -m train.main`` and ``specdec-jax eval|train``.
+
+Thin on purpose: parse flags, parse gin, call one library function. The
+library carries no gin decorators; the functions a config may bind (the
+*jobs*) are registered here under the names the configs use, and a run file
+picks one with ``run.job = @run_study`` (each entry point has a default)::
+
+    python -m eval.main --gin_file=configs/runs/cascades_humaneval.gin \\
+        --gin_bindings="run_study.num_examples = 5"
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import pathlib
+from collections.abc import Callable, Sequence
+
+import gin
+
+# job name -> "module:function" (imported when the launcher starts).
+JOBS = {
+    "run_study": "specdec_jax.evaluation.study:run_study",
+    "run_generate": "specdec_jax.evaluation.study:run_generate",
+    "run_benchmark": "specdec_jax.evaluation.study:run_benchmark",
+}
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+_registered: dict[str, Callable] = {}  # name -> the undecorated function
+
+
+def _register_jobs() -> None:
+    """Makes every job a gin configurable once per process."""
+    for name, where in JOBS.items():
+        if name in _registered:
+            continue
+        module, attribute = where.split(":")
+        function = getattr(importlib.import_module(module), attribute)
+        gin.external_configurable(function, name=name)
+        _registered[name] = function
+
+
+@gin.configurable("run")
+def run(job=None):  # noqa: ARG001 (exists so that ``run.job = @...`` parses)
+    """The configurable that holds the job a config selected."""
+
+
+def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--gin_file", action="append", required=True,
+                        help="gin config (repeatable); paths relative to the repository root "
+                             "or absolute")
+    parser.add_argument("--gin_bindings", action="append", default=[],
+                        help="extra gin bindings, e.g. \"run_study.num_examples = 5\"")
+    parser.add_argument("--gin_search_path", action="append", default=[],
+                        help="directories where gin looks for included files")
+    return parser.parse_args(argv)
+
+
+def parse_config(files: list[str], bindings: list[str], search_paths: list[str]) -> None:
+    """Parses gin files and bindings; errors name the file that needs fixing."""
+    _register_jobs()
+    gin.clear_config()  # a fresh configuration per job (tests run several in one process)
+    places = [*search_paths, str(REPO_ROOT), "."]
+    for path in places:
+        gin.add_config_file_search_path(path)
+    for name in files:
+        if not any((pathlib.Path(p) / name).exists() for p in places) \
+                and not pathlib.Path(name).exists():
+            raise FileNotFoundError(f"gin file {name!r} does not exist (looked in "
+                                    f"{', '.join(places)}); see configs/runs/ for the "
+                                    "shipped jobs.")
+    try:
+        gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
+    except Exception as error:  # gin raises several types; add the file to any of them
+        raise ValueError(f"gin config {', '.join(files)} (bindings {bindings or 'none'}) "
+                         f"failed to parse: {error}") from error
+
+
+def selected_job(default: str) -> str:
+    """The job ``run.job`` names, or the entry point's default."""
+    try:
+        chosen = repr(gin.query_parameter("run.job"))
+    except ValueError:
+        return default
+    name = chosen.lstrip("@").removesuffix("()")
+    if name not in _registered:
+        raise ValueError(f"run.job = {chosen} is not a job; choose one of "
+                         f"{', '.join('@' + j for j in JOBS)}.")
+    return name
+
+
+def check_required(files: list[str], job: str) -> None:
+    """gin only enforces ``%gin.REQUIRED`` on parameters; run files put it on
+    macros (t5x style), so check the macros the job's parameters use."""
+    missing = []
+    for name in inspect.signature(_registered[job]).parameters:
+        try:
+            value = gin.query_parameter(f"{job}.{name}")
+        except ValueError:
+            continue  # not bound: the function's default applies
+        text = repr(value)
+        if text.startswith("%") and repr(gin.query_parameter(text)) == "%gin.REQUIRED":
+            missing.append(text[1:])
+    if missing:
+        raise ValueError(f"gin config {', '.join(files)} leaves required macro(s) "
+                         f"{', '.join(missing)} unset (%gin.REQUIRED); set them in the file "
+                         "or with --gin_bindings, e.g. --gin_bindings=\"TASK = 'humaneval'\".")
+
+
+def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
+         description: str = "Runs a gin-configured job.") -> int:
+    args = parse_args(argv, description)
+    parse_config(args.gin_file, args.gin_bindings, args.gin_search_path)
+    job = selected_job(default_job)
+    check_required(args.gin_file, job)
+    configured = gin.get_configurable(job)
+    try:
+        result = configured()
+    except Exception as error:
+        if "REQUIRED" in str(error) or "gin" in type(error).__module__:
+            raise ValueError(f"gin config {', '.join(args.gin_file)}: {error}") from error
+        raise
+    done = (f"{len(result['records'])} records" if isinstance(result, dict)
+            and "records" in result else "done")
+    print(f"{job}: {done}; operative config:\n{gin.operative_config_str()}")
+    return 0
