@@ -33,6 +33,9 @@ DEV = [
 # Quality metrics and plots of the evaluation sweep (imported lazily by specdec_jax.data.metrics).
 EVAL = ["sacrebleu>=2.4", "rouge-score>=0.1.2", "matplotlib>=3.8"]
 
+# Training runs: TensorBoard event files beside metrics.jsonl (specdec_jax.training.checkpointing).
+TRAIN = ["tensorboard>=2.15"]
+
 # seqio Tasks (specdec_jax.data.seqio_tasks): seqio pulls TensorFlow (~2.5 GB installed).
 SEQIO = ["seqio>=0.0.19", "tensorflow>=2.16"]
 
@@ -44,6 +47,6 @@ setup(
     package_data={"specdec_jax.drafting": ["tables/*.npz"]},
     python_requires=">=3.10",
     install_requires=CORE,
-    extras_require={"dev": DEV + EVAL, "eval": EVAL, "seqio": SEQIO},
+    extras_require={"dev": DEV + EVAL + TRAIN, "eval": EVAL, "train": TRAIN, "seqio": SEQIO},
     entry_points={"console_scripts": ["specdec-jax=specdec_jax.cli:main"]},
 )

@@ -27,6 +27,8 @@ from specdec_jax.models import (
                                 LanguageModel,
                                 Prompt,
                                 StepOutput,
+                                T5Config,
+                                T5EncoderDecoderLM,
                                 make_prompt,
 )
 from specdec_jax.sampling import SamplingParams
