@@ -70,3 +70,28 @@ def test_sentencepiece_vocabulary_in_t5_layout(tmp_path):
     assert vocab.fingerprint.endswith("+10")
     with pytest.raises(FileNotFoundError, match="train one with"):
         vocabulary.SentencePieceVocabulary(tmp_path / "missing.model")
+
+
+def test_pack_joins_documents_with_eos_and_reports_the_rest():
+    from specdec_jax.data import pretraining  # noqa: PLC0415
+
+    rows, rest = pretraining.pack([[5, 6, 7], [8], [9, 10]], length=4, eos_id=1)
+    assert rows == [[5, 6, 7, 1], [8, 1, 9, 10]] and rest == 1  # the final EOS
+    with pytest.raises(ValueError, match="length of 2 or more"):
+        pretraining.pack([[5]], length=1, eos_id=1)
+
+
+@pytest.mark.parametrize("source", ["gcide", "libc-de", "python"])
+def test_pretraining_corpora_have_their_recorded_sizes(source):
+    """Pinned .debs (sha256-checked on fetch) give the recorded record counts."""
+    from specdec_jax.data import corpora, pretraining  # noqa: PLC0415
+
+    docs = list(pretraining.SOURCES[source]())
+    assert len(docs) == corpora.CORPORA[source].records
+    assert all(doc.strip() for doc in docs)
+    if source == "libc-de":
+        assert any("Datei" in doc for doc in docs)  # German
+    if source == "gcide":
+        assert not any("\ufffd" in doc for doc in docs)  # the cp1252 bytes were read as such
+    with pytest.raises(ValueError, match="unknown pre-training source"):
+        next(pretraining.documents(["c4"]))

@@ -97,7 +97,20 @@ TRANS_DE_EN = DebPin(
     package="trans-de-en", version="1.9-6",
     sha256="45f6b4cf1c434776fba6811d7bc522efabb5425c43ba8afd0e289bf9e2e53df4",
     pool="pool/main/d/ding", licence="GPL-2+")
-DEBS = {pin.package: pin for pin in (DEBIAN_HANDBOOK, TRANS_DE_EN)}
+DICT_GCIDE = DebPin(
+    package="dict-gcide", version="0.48.5+nmu2",
+    sha256="7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
+    pool="pool/main/d/dict-gcide", licence="GPL-3+")
+LIBC_L10N = DebPin(
+    package="libc-l10n", version="2.36-9+deb12u14",
+    sha256="95285badd0b02ca7e90e8f20d17c912170ffaeb48db10f113d1ece042b59248d",
+    pool="pool/main/g/glibc", licence="LGPL-2.1+ (translations: same as glibc)")
+PYTHON_TESTSUITE = DebPin(
+    package="libpython3.11-testsuite", version="3.11.2-6+deb12u9",
+    sha256="5dd0f85e950b344a51374e0ef68089e808f73c6c594c80e5232936b5c7ea4a28",
+    pool="pool/main/p/python3.11", licence="PSF-2.0")
+DEBS = {pin.package: pin for pin in (DEBIAN_HANDBOOK, TRANS_DE_EN, DICT_GCIDE, LIBC_L10N,
+                                     PYTHON_TESTSUITE)}
 
 # Debian 12.15 (bookworm) main, InRelease "Date: Sat, 11 Jul 2026 10:16:37 UTC".
 DESCRIPTIONS_SOURCE = {
@@ -125,6 +138,9 @@ _OPENERS = "\"'„“‚‘«»"
 HANDBOOK_RECORDS = 1635
 DING_RECORDS = 15904
 DESCRIPTION_RECORDS = DESCRIPTIONS_SNAPSHOT["records"]
+GCIDE_RECORDS = 200519  # paragraphs of >= 8 words (pretraining.gcide_documents)
+LIBC_DE_RECORDS = 1423  # translated messages
+PYTHON_RECORDS = 722  # non-empty .py files of the test suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +169,19 @@ CORPORA = {
         licence="each description belongs to its package and is under that package's "
                 "licence (Debian main: DFSG-free); no single licence",
         records=DESCRIPTION_RECORDS),
+    # Pre-training text (specdec_jax.data.pretraining).
+    "gcide": Corpus(
+        name="gcide", source=f"Debian package dict-gcide {DICT_GCIDE.version} "
+                             "(/usr/share/dictd/gcide.dict.dz)",
+        licence=DICT_GCIDE.licence, records=GCIDE_RECORDS),
+    "libc-de": Corpus(
+        name="libc-de", source=f"Debian package libc-l10n {LIBC_L10N.version} "
+                               "(/usr/share/locale/de/LC_MESSAGES/libc.mo)",
+        licence=LIBC_L10N.licence, records=LIBC_DE_RECORDS),
+    "python": Corpus(
+        name="python", source=f"Debian package libpython3.11-testsuite "
+                              f"{PYTHON_TESTSUITE.version} (/usr/lib/python3.11/test/**.py)",
+        licence=PYTHON_TESTSUITE.licence, records=PYTHON_RECORDS),
 }
 
 
