@@ -1,4 +1,4 @@
-"""``specdec-jax``: command-line entry point (``fetch``, ``generate``, ``eval``)."""
+"""``specdec-jax``: command-line entry point (``fetch``, ``generate``, ``eval``, ``train``)."""
 
 from __future__ import annotations
 
@@ -28,20 +28,24 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser(
         "eval", help="a gin-configured evaluation job (the same as python -m eval.main)",
         add_help=False)
-    evaluate.set_defaults(func=_eval)
+    evaluate.set_defaults(func=lambda args: _launch(args, "run_study", "evaluation"))
+    train = sub.add_parser(
+        "train", help="a gin-configured training job (the same as python -m train.main)",
+        add_help=False)
+    train.set_defaults(func=lambda args: _launch(args, "run_training", "training"))
     return parser
 
 
-def _eval(args) -> int:
+def _launch(args, default_job: str, kind: str) -> int:
     from specdec_jax import launch  # noqa: PLC0415
 
-    return launch.main(args.rest, default_job="run_study",
-                       description="specdec-jax eval: a gin-configured evaluation job")
+    return launch.main(args.rest, default_job=default_job,
+                       description=f"specdec-jax {args.command}: a gin-configured {kind} job")
 
 
 def main(argv=None) -> int:
     args, rest = build_parser().parse_known_args(argv)
-    if rest and args.command != "eval":  # only the gin launcher takes its own flags
+    if rest and args.command not in ("eval", "train"):  # only the gin launcher takes its own flags
         build_parser().parse_args(argv)  # exits with argparse's message
     args.rest = rest
     try:

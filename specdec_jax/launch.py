@@ -25,6 +25,7 @@ JOBS = {
     "run_study": "specdec_jax.evaluation.study:run_study",
     "run_generate": "specdec_jax.evaluation.study:run_generate",
     "run_benchmark": "specdec_jax.evaluation.study:run_benchmark",
+    "run_training": "specdec_jax.training.recipes:run_training",
 }
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -47,7 +48,12 @@ def run(job=None):  # noqa: ARG001 (exists so that ``run.job = @...`` parses)
     """The configurable that holds the job a config selected."""
 
 
+GIN_FLAG_PREFIX = "--gin."
+
+
 def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
+    """Flags; t5x's ``--gin.NAME=VALUE`` (VALUE a gin literal, strings quoted:
+    ``--gin.WORKDIR="'/tmp/run'"``) is the same as ``--gin_bindings="NAME = VALUE"``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--gin_file", action="append", required=True,
                         help="gin config (repeatable); paths relative to the repository root "
@@ -56,7 +62,14 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                         help="extra gin bindings, e.g. \"run_study.num_examples = 5\"")
     parser.add_argument("--gin_search_path", action="append", default=[],
                         help="directories where gin looks for included files")
-    return parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    for flag in rest:
+        name, equals, value = flag[len(GIN_FLAG_PREFIX):].partition("=")
+        if not flag.startswith(GIN_FLAG_PREFIX) or not equals or not name:
+            parser.error(f"unrecognised argument {flag!r} (gin bindings are "
+                         "--gin_bindings=\"NAME = VALUE\" or --gin.NAME=VALUE)")
+        args.gin_bindings.append(f"{name} = {value}")
+    return args
 
 
 def parse_config(files: list[str], bindings: list[str], search_paths: list[str]) -> None:

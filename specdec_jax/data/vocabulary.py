@@ -53,7 +53,7 @@ def train_sentencepiece(texts: Iterable[str], prefix: str | os.PathLike, *, voca
     # sha256, the vocabulary's identity) depends on the texts and settings only.
     from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415
 
-    path = prefix.with_suffix(".model")
+    path = pathlib.Path(f"{prefix}.model")  # SentencePiece appends, never replaces
     proto = sentencepiece_model_pb2.ModelProto.FromString(path.read_bytes())
     proto.trainer_spec.model_prefix = ""
     path.write_bytes(proto.SerializeToString())

@@ -1,0 +1,227 @@
+"""T5 v1.1 recipes: a vocabulary, pre-training by span corruption, fine-tuning
+on the evaluation tasks, and the ``run_training`` job behind ``train.main``.
+
+Everything a run needs is built from pinned corpora and cached under
+``<cache>/vocab`` (SentencePiece models, named by the hash of their settings)
+and the run's ``workdir``. A recipe states its sizes here and its budget in
+its gin file (``configs/runs/*_t5.gin``)::
+
+    python -m train.main --gin_file=configs/runs/finetune_t5.gin \\
+        --gin_bindings="MODEL_SIZE = 't5-small-cpu'" --gin_bindings="WORKDIR = '/tmp/t5'"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from specdec_jax import timing
+from specdec_jax.checkpoints import fetch
+from specdec_jax.data import pretraining, span_corruption, tasks
+from specdec_jax.data.vocabulary import SentencePieceVocabulary, train_sentencepiece
+from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
+from specdec_jax.training import loop
+from specdec_jax.training.data import ArrayDataset, seq2seq_dataset
+from specdec_jax.training.optimizers import OptimizerConfig
+
+# Shapes sized for the 2-core CPU machines (the "-cpu" pair is >= 4x apart in
+# parameters at an 8k vocabulary); "t5-tiny" is for tests.
+T5_SIZES = {
+    "t5-tiny": dict(d_model=32, d_kv=8, d_ff=64, num_heads=4, num_encoder_layers=1,
+                    num_decoder_layers=1),
+    "t5-small-cpu": dict(d_model=128, d_kv=32, d_ff=384, num_heads=4, num_encoder_layers=2,
+                         num_decoder_layers=2),
+    "t5-large-cpu": dict(d_model=256, d_kv=32, d_ff=1024, num_heads=8, num_encoder_layers=6,
+                         num_decoder_layers=6),
+}
+VOCAB_SUBDIR = "vocab"
+DEFAULT_VOCAB_SOURCES = ("gcide", "libc-de", "translation-train", "summarisation-train",
+                         "python")
+# SentencePiece sees at most this many characters per source (its sample is random anyway;
+# this bounds the time to read and hash them on 2 cores).
+VOCAB_CHARS_PER_SOURCE = 4_000_000
+
+
+def t5_model(size: str, vocab_size: int) -> T5EncoderDecoderLM:
+    if size not in T5_SIZES:
+        raise ValueError(f"unknown T5 size {size!r}; choose one of {', '.join(T5_SIZES)}.")
+    return T5EncoderDecoderLM(T5Config(vocab_size=vocab_size, **T5_SIZES[size]))
+
+
+def parameter_count(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+def vocabulary(*, sources: Sequence[str] = DEFAULT_VOCAB_SOURCES, vocab_size: int = 8000,
+               extra_ids: int = 100, seed: int = 0) -> SentencePieceVocabulary:
+    """The SentencePiece vocabulary of these settings, trained once and cached."""
+    settings = {"sources": list(sources), "vocab_size": vocab_size, "seed": seed,
+                "chars_per_source": VOCAB_CHARS_PER_SOURCE}
+    name = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    final = fetch.cache_dir() / VOCAB_SUBDIR / f"spm-{vocab_size}-{name}.model"
+    if not final.exists():
+        texts, budget = [], {s: VOCAB_CHARS_PER_SOURCE for s in sources}
+        for source, text in tqdm(pretraining.documents(sources), desc="vocabulary text",
+                                 unit="doc"):
+            if budget[source] > 0:
+                texts.append(text)
+                budget[source] -= len(text)
+        path = train_sentencepiece(texts, final.with_name(final.stem + ".partial"),
+                                   vocab_size=vocab_size, seed=seed)
+        final.with_suffix(".json").write_text(json.dumps(settings, indent=1))
+        path.replace(final)  # complete files only, under their name
+    return SentencePieceVocabulary(final, extra_ids=extra_ids)
+
+
+def task_dataset(task_name: str, split: str, vocab: SentencePieceVocabulary, *,
+                 input_length: int, target_length: int, limit: int | None = None
+                 ) -> tuple[ArrayDataset, int]:
+    """(inputs + EOS, reference + EOS) pairs of a task split, and how many
+    examples were left out for not fitting the lengths (reported, not cut)."""
+    examples = tasks.get_task(task_name).load(split, limit)
+    inputs, targets, dropped = [], [], 0
+    for example in examples:
+        if not isinstance(example.reference, str):
+            raise ValueError(f"task {task_name!r} has non-text references; fine-tune on a "
+                             "text task (translation_en_de, summarisation_debian).")
+        source = vocab.encode(example.prompt) + [vocab.eos_id]
+        target = vocab.encode(example.reference) + [vocab.eos_id]
+        if len(source) > input_length or len(target) > target_length:
+            dropped += 1
+            continue
+        inputs.append(source)
+        targets.append(target)
+    if not inputs:
+        raise ValueError(f"no {split} example of {task_name} fits input_length {input_length} "
+                         f"and target_length {target_length}; raise them.")
+    return seq2seq_dataset(inputs, targets, input_length=input_length,
+                           target_length=target_length), dropped
+
+
+def span_corruption_dataset(vocab: SentencePieceVocabulary, *, sources: Sequence[str],
+                            length: int, seed: int, max_rows: int | None = None
+                            ) -> ArrayDataset:
+    """Packed rows of ``length`` tokens, each span-corrupted once (row ``i``
+    with the generator seeded by ``(seed, i)``): T5's pre-training pairs."""
+    token_lists = (vocab.encode(text) for _, text in pretraining.documents(sources))
+    rows, _ = pretraining.pack(tqdm(token_lists, desc="pack", unit="doc"), length=length,
+                               eos_id=vocab.eos_id)
+    if max_rows is not None:
+        rows = rows[:max_rows]
+    pairs = [span_corruption.span_corrupt(row, np.random.default_rng([seed, i]),
+                                          vocab_size=vocab.vocab_size,
+                                          num_sentinels=vocab.extra_ids)
+             for i, row in enumerate(rows)]
+    targets = [t + [vocab.eos_id] for _, t in pairs]
+    return seq2seq_dataset([i for i, _ in pairs], targets, input_length=length,
+                           target_length=max(len(t) for t in targets))
+
+
+def init_params(model: T5EncoderDecoderLM, vocab: SentencePieceVocabulary, *,
+                init_checkpoint: str | None, seed: int) -> dict:
+    """Random parameters, or a t5x / orbax checkpoint's (fine-tuning), checked
+    against this model's shapes and vocabulary."""
+    if not init_checkpoint:
+        return model.init_params(jax.random.PRNGKey(seed))
+    from specdec_jax.checkpoints.t5x_io import load_t5x  # noqa: PLC0415
+
+    loaded, params = load_t5x(init_checkpoint)
+    stored, wanted = dataclasses.asdict(loaded.config), dataclasses.asdict(model.config)
+    changed = {k: (stored[k], wanted[k]) for k in ("vocab_size", "d_model", "d_kv", "d_ff",
+                                                    "num_heads", "num_encoder_layers",
+                                                    "num_decoder_layers")
+               if stored[k] != wanted[k]}
+    if changed:
+        detail = ", ".join(f"{k}: checkpoint {a}, this run {b}" for k, (a, b) in changed.items())
+        fix = (" The vocabulary differs: fine-tune with the vocabulary the checkpoint was "
+               "trained with." if "vocab_size" in changed else "")
+        raise ValueError(f"INIT_CHECKPOINT {init_checkpoint} does not match the model: "
+                         f"{detail}.{fix}")
+    return params
+
+
+def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
+                 objective: str = "task", task: str = "translation_en_de",
+                 pretraining_sources: Sequence[str] = ("gcide", "libc-de", "python"),
+                 vocab_sources: Sequence[str] = DEFAULT_VOCAB_SOURCES,
+                 vocab_size: int = 8000, extra_ids: int = 100,
+                 init_checkpoint: str | None = None, num_steps: int = 1000,
+                 batch_size: int = 32, input_length: int = 128, target_length: int = 128,
+                 train_limit: int | None = None, eval_examples: int = 256,
+                 eval_every: int = 200, checkpoint_every: int = 200, keep: int = 2,
+                 optimizer: str = "adafactor", learning_rate: float = 1e-2,
+                 schedule: str = "rsqrt", warmup_steps: int = 100, clip_norm: float = 1.0,
+                 weight_decay: float = 0.0, seed: int = 0, progress: bool = True) -> dict:
+    """Pre-trains (``objective="span_corruption"``) or fine-tunes
+    (``objective="task"``) a T5 v1.1 model; writes the run into ``workdir``
+    and ``workdir/summary.json`` (parameter count, training tokens, seconds,
+    final losses). Killed runs resume from their last checkpoint."""
+    objectives = ("task", "span_corruption")
+    if objective not in objectives:
+        raise ValueError(f"unknown objective {objective!r}; choose one of "
+                         f"{', '.join(objectives)}.")
+    opt = OptimizerConfig(name=optimizer, learning_rate=learning_rate, schedule=schedule,
+                          warmup_steps=warmup_steps,
+                          # only decaying schedules depend on the run's length; the others
+                          # can be extended by resuming with more steps
+                          total_steps=num_steps if schedule in ("cosine", "linear") else 0,
+                          clip_norm=clip_norm, weight_decay=weight_decay)
+    vocab = vocabulary(sources=vocab_sources, vocab_size=vocab_size, extra_ids=extra_ids,
+                       seed=seed)
+    model = t5_model(model_size, vocab.vocab_size)
+    notes: dict = {}
+    if objective == "task":
+        data, notes["train_dropped"] = task_dataset(
+            task, "train", vocab, input_length=input_length, target_length=target_length,
+            limit=train_limit)
+        eval_data, notes["eval_dropped"] = task_dataset(
+            task, "validation", vocab, input_length=input_length,
+            target_length=target_length, limit=eval_examples)
+    else:
+        rows = None if train_limit is None else train_limit + eval_examples
+        both = span_corruption_dataset(vocab, sources=pretraining_sources, length=input_length,
+                                       seed=seed, max_rows=rows)
+        # The last eval_examples rows are held out.
+        cut = len(both) - eval_examples
+        if cut < 1:
+            raise ValueError(f"{len(both)} packed rows cannot spare {eval_examples} for "
+                             "evaluation; lower eval_examples.")
+        take = lambda a, s: None if a is None else a[s]  # noqa: E731
+        data, eval_data = (ArrayDataset(*(take(getattr(both, f.name), s)
+                                          for f in dataclasses.fields(both)))
+                           for s in (slice(0, cut), slice(cut, None)))
+    params = init_params(model, vocab, init_checkpoint=init_checkpoint, seed=seed)
+    if notes.get("train_dropped"):
+        print(f"note: {notes['train_dropped']} training examples do not fit input_length "
+              f"{input_length} / target_length {target_length} and are left out.")
+    result = loop.train(model=model, params=params, optimizer=opt, data=data,
+                        num_steps=num_steps, batch_size=batch_size, workdir=workdir, seed=seed,
+                        eval_data=eval_data, eval_every=eval_every,
+                        checkpoint_every=checkpoint_every, keep=keep, progress=progress,
+                        fingerprint_extra={"vocabulary": vocab.fingerprint,
+                                           "objective": objective, "task": task,
+                                           "init_checkpoint": init_checkpoint or ""})
+    final = result.history[-1]
+    summary = {
+        "model_size": model_size, "config": dataclasses.asdict(model.config),
+        "parameters": parameter_count(params), "objective": objective, "task": task,
+        "vocabulary": vocab.fingerprint, "vocabulary_path": str(vocab.path),
+        "train_examples": len(data), "eval_examples": len(eval_data),
+        "tokens_per_epoch": float(data.weights.sum()),
+        "training_tokens": float(data.weights.sum()) * num_steps * batch_size / len(data),
+        "steps": num_steps, "batch_size": batch_size, "optimizer": dataclasses.asdict(opt),
+        "seconds_this_invocation": result.seconds, "resumed_from": result.resumed_from,
+        "final": final, "environment": timing.environment(),
+        **notes}
+    summary["epochs"] = num_steps * batch_size / len(data)
+    summary["eval_perplexity"] = final.get("eval/perplexity", math.nan)
+    pathlib.Path(workdir, "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,116 @@
+"""The gin training job end to end on a tiny T5: fine-tuning from scratch and
+from a t5x checkpoint, pre-training by span corruption, and its errors."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax.data import span_corruption
+from specdec_jax.training import forward, recipes
+from tests.t5x_format import write_t5x_checkpoint
+from train import main as train_main
+
+TINY = ["--gin_file", "configs/runs/finetune_t5.gin",
+        "--gin.MODEL_SIZE='t5-tiny'",
+        "--gin.run_training.vocab_sources=['libc-de']",
+        "--gin.run_training.vocab_size=400", "--gin.run_training.extra_ids=10",
+        "--gin.run_training.num_steps=3", "--gin.run_training.batch_size=4",
+        "--gin.run_training.train_limit=16", "--gin.run_training.eval_examples=8",
+        "--gin.run_training.input_length=96", "--gin.run_training.target_length=96",
+        "--gin.run_training.warmup_steps=0", "--gin.run_training.progress=False"]
+
+
+def vocab():
+    return recipes.vocabulary(sources=["libc-de"], vocab_size=400, extra_ids=10)
+
+
+def test_finetune_job_writes_a_resumable_run(tmp_path):
+    assert train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["objective"] == "task" and summary["steps"] == 3
+    assert summary["parameters"] == recipes.parameter_count(
+        recipes.t5_model("t5-tiny", 410).init_params(jax.random.PRNGKey(0)))
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3] and "eval/loss" in lines[-1]
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    # Run again with more steps: it resumes from step 3, it does not restart.
+    assert train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'",
+                            "--gin.run_training.num_steps=4"]) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"] == 3
+
+
+def test_finetune_starts_from_a_t5x_checkpoint(tmp_path):
+    model = recipes.t5_model("t5-tiny", vocab().vocab_size)
+    params = model.init_params(jax.random.PRNGKey(7))
+    write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000", params)
+    run = tmp_path / "run"
+    assert train_main.main([*TINY, f"--gin.WORKDIR='{run}'",
+                            f"--gin.INIT_CHECKPOINT='{tmp_path / 't5x'}'"]) == 0
+    # The first logged loss is the checkpoint's loss on the first batch.
+    data, _ = recipes.task_dataset("translation_en_de", "train", vocab(), input_length=96,
+                                   target_length=96, limit=16)
+    expected, _ = forward.lm_loss(model, params, data.batch(0, 4, seed=0), None)
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert first["loss"] != pytest.approx(float(forward.lm_loss(
+        model, model.init_params(jax.random.PRNGKey(0)), data.batch(0, 4, seed=0), None)[0]),
+        rel=1e-3)  # and not the loss of the random init
+
+
+def test_checkpoint_with_another_vocabulary_is_refused(tmp_path):
+    other = recipes.t5_model("t5-tiny", 420)
+    write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_5", other.init_params(
+        jax.random.PRNGKey(0)))
+    with pytest.raises(ValueError, match=r"vocab_size: checkpoint 420, this run 410\. The "
+                                         r"vocabulary differs"):
+        train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path / 'run'}'",
+                         f"--gin.INIT_CHECKPOINT='{tmp_path / 't5x'}'"])
+
+
+def test_span_corruption_pretraining_job(tmp_path):
+    assert train_main.main([
+        "--gin_file", "configs/runs/pretrain_t5.gin", f"--gin.WORKDIR='{tmp_path}'",
+        "--gin.MODEL_SIZE='t5-tiny'", "--gin.run_training.vocab_sources=['libc-de']",
+        "--gin.run_training.pretraining_sources=['libc-de']",
+        "--gin.run_training.vocab_size=400", "--gin.run_training.extra_ids=10",
+        "--gin.run_training.num_steps=2", "--gin.run_training.batch_size=4",
+        "--gin.run_training.input_length=32", "--gin.run_training.train_limit=16",
+        "--gin.run_training.eval_examples=4", "--gin.run_training.progress=False"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["objective"] == "span_corruption"
+    assert (summary["train_examples"], summary["eval_examples"]) == (16, 4)
+    # targets are ~15% of each 32-token row plus sentinels and EOS
+    assert 4 <= summary["tokens_per_epoch"] / 16 <= 14
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("--gin.run_training.objective='mlm'", "unknown objective 'mlm'"),
+    ("--gin.MODEL_SIZE='t5-xxl'", "unknown T5 size 't5-xxl'"),
+    ("--gin.run_training.optimizer='adam'", "unknown optimizer 'adam'"),
+    ("--gin.run_training.batch_size=0", "batch size 0 is not divisible"),
+])
+def test_bad_training_configs_fail_early(tmp_path, binding, message):
+    with pytest.raises(ValueError, match=message):
+        train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'", binding])
+
+
+def test_training_job_names_its_required_macro():
+    with pytest.raises(ValueError, match="WORKDIR unset"):
+        train_main.main(["--gin_file", "configs/runs/finetune_t5.gin"])
+    with pytest.raises(SystemExit):
+        train_main.main(["--gin_file", "configs/runs/finetune_t5.gin", "--gin.WORKDIR"])
+
+
+def test_spans_in_the_pretraining_data_invert():
+    data = recipes.span_corruption_dataset(vocab(), sources=["libc-de"], length=32, seed=0,
+                                           max_rows=5)
+    v = vocab()
+    for i in range(5):
+        inputs = data.inputs[i, :data.input_lengths[i]].tolist()
+        targets = data.targets[i][data.weights[i] > 0].tolist()[:-1]  # without EOS
+        row = span_corruption.uncorrupt(inputs, targets, vocab_size=v.vocab_size,
+                                        num_sentinels=v.extra_ids)
+        assert len(row) == 32
+    assert np.all(data.weights.sum(1) >= 2)
