@@ -77,17 +77,18 @@ def teacher_forced(model, params, batch: Batch) -> tuple[Array, Array, Array, Ar
 def cross_entropy(logits_BxLxV: Array, labels_BxL: Array, weights_BxL: Array
                   ) -> tuple[Array, dict[str, Array]]:
     """Weighted mean next-token cross-entropy, and sums for exact aggregation
-    across steps (loss_sum, weight_sum, correct)."""
+    across steps (loss_sum, nll_sum = loss_sum, weight_sum, correct)."""
     log_probs = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
     nll_BxL = -jnp.take_along_axis(log_probs, labels_BxL[..., None], axis=-1)[..., 0]
     weight_sum = weights_BxL.sum()
     loss_sum = (nll_BxL * weights_BxL).sum()
     correct = ((logits_BxLxV.argmax(-1) == labels_BxL) * weights_BxL).sum()
     return loss_sum / jnp.maximum(weight_sum, 1.0), {
-        "loss_sum": loss_sum, "weight_sum": weight_sum, "correct": correct}
+        "loss_sum": loss_sum, "nll_sum": loss_sum, "weight_sum": weight_sum, "correct": correct}
 
 
-def lm_loss(model, params, batch: Batch, rng: Array) -> tuple[Array, dict[str, Array]]:  # noqa: ARG001
+def lm_loss(model, params, batch: Batch, rng: Array = None,  # noqa: ARG001
+            extras: Any = None) -> tuple[Array, dict[str, Array]]:  # noqa: ARG001
     """The language-modelling loss (pre-training and fine-tuning)."""
     logits, labels, weights, _ = teacher_forced(model, params, batch)
     return cross_entropy(logits, labels, weights)

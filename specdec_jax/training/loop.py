@@ -70,16 +70,22 @@ def check_batch_size(batch_size: int, mesh: Mesh) -> None:
                          f"({shards} devices); use a multiple of {shards} or a smaller mesh.")
 
 
-def evaluate(eval_step, params, batches: Sequence[Batch], mesh: Mesh) -> dict[str, float]:
-    """Loss, accuracy and perplexity over ``batches`` (sums added exactly)."""
+def evaluate(eval_step, params, batches: Sequence[Batch], mesh: Mesh,
+             extras: Any = None) -> dict[str, float]:
+    """Mean loss, accuracy, and (from ``nll_sum``) perplexity over ``batches``,
+    plus the mean of every other ``*_sum`` (sums added exactly)."""
     totals: dict[str, float] = {}
     for batch in batches:
-        for key, value in eval_step(params, place_batch(batch, mesh)).items():
+        for key, value in eval_step(params, place_batch(batch, mesh), extras).items():
             totals[key] = totals.get(key, 0.0) + float(value)
-    weight = max(totals.get("weight_sum", 0.0), 1.0)
-    loss = totals["loss_sum"] / weight
-    return {"eval/loss": loss, "eval/accuracy": totals.get("correct", 0.0) / weight,
-            "eval/perplexity": float(np.exp(min(loss, 50.0)))}
+    weight = max(totals.pop("weight_sum", 0.0), 1.0)
+    out = {"eval/loss": totals.pop("loss_sum") / weight,
+           "eval/accuracy": totals.pop("correct", 0.0) / weight}
+    if "nll_sum" in totals:
+        out["eval/perplexity"] = float(np.exp(min(totals["nll_sum"] / weight, 50.0)))
+    out.update({f"eval/{k.removesuffix('_sum')}": v / weight for k, v in totals.items()
+                if k.endswith("_sum")})
+    return out
 
 
 def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_steps: int,
@@ -88,6 +94,7 @@ def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_
           eval_every: int = 0, eval_batch_size: int | None = None,
           checkpoint_every: int = 100, keep: int = 3, log_every: int = 1,
           mesh: Mesh | None = None, rules=None, fingerprint_extra: dict | None = None,
+          loss_extras: Any = None,
           callbacks: Sequence[Callback] = (), progress: bool = True) -> TrainResult:
     """Trains ``params`` for ``num_steps`` updates (resuming from ``workdir``).
 
@@ -96,7 +103,9 @@ def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_
     rules of ``specdec_jax.sharding``), batches are split along ``data``.
     Writes ``workdir/checkpoints``, ``workdir/metrics.jsonl`` and
     ``workdir/tensorboard``. ``callbacks`` run after every step with the step
-    and its logged metrics (empty between logging steps).
+    and its logged metrics (empty between logging steps). ``loss_extras`` are
+    frozen inputs of ``loss_fn`` (e.g. a teacher's parameters, placed by the
+    caller), passed to every step.
     """
     if num_steps < 1 or log_every < 1 or eval_every < 0:
         raise ValueError(f"num_steps ({num_steps}) and log_every ({log_every}) must be >= 1, "
@@ -133,14 +142,15 @@ def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_
     try:
         for index in bar:
             host_batch = data.batch(index, batch_size, seed)
-            state, step_metrics = train_step(state, place_batch(host_batch, mesh))
+            state, step_metrics = train_step(state, place_batch(host_batch, mesh), loss_extras)
             step = index + 1
             tokens_seen += float(host_batch.weights.sum())
             logged: dict[str, float] = {}
             if step % log_every == 0 or step == num_steps:
                 logged = {k: float(v) for k, v in step_metrics.items()}
             if eval_batches and (step == num_steps or (eval_every and step % eval_every == 0)):
-                logged.update(evaluate(eval_step, state.params, eval_batches, mesh))
+                logged.update(evaluate(eval_step, state.params, eval_batches, mesh,
+                                       loss_extras))
             if logged:
                 metrics_writer.write(step, logged)
                 elapsed = time.perf_counter() - began

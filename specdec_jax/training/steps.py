@@ -1,9 +1,13 @@
 """The train state and the pure train / eval steps (jitted once by the loop).
 
-A loss function has the signature ``loss_fn(model, params, batch, rng) ->
-(loss, sums)`` where ``sums`` are per-step sums (``loss_sum``, ``weight_sum``,
-...) that add up exactly across steps and devices; ``forward.lm_loss`` is the
-language-modelling one, distillation and the acceptance head bring their own.
+A loss function has the signature ``loss_fn(model, params, batch, rng,
+extras) -> (loss, sums)`` where ``sums`` are per-step sums (``loss_sum``,
+``weight_sum``, ...) that add up exactly across steps and devices, and
+``extras`` is a pytree of frozen inputs passed to every step as an argument
+(a distillation teacher's parameters: an argument, not a closure, so large
+arrays are never baked into the compiled program as constants).
+``forward.lm_loss`` is the language-modelling loss; distillation and the
+acceptance head bring their own.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from jax import Array
 
 from specdec_jax.training.forward import Batch, lm_loss
 
-LossFn = Callable[[Any, Any, Batch, Array], tuple[Array, dict[str, Array]]]
+LossFn = Callable[[Any, Any, Batch, Array, Any], tuple[Array, dict[str, Array]]]
 
 
 @flax.struct.dataclass
@@ -36,13 +40,14 @@ def init_state(params, optimizer: optax.GradientTransformation, rng: Array) -> T
 
 
 def make_train_step(model, optimizer: optax.GradientTransformation,
-                    loss_fn: LossFn = lm_loss) -> Callable[[TrainState, Batch],
-                                                           tuple[TrainState, dict]]:
-    """``train_step(state, batch) -> (state, metrics)``: one optimizer update."""
+                    loss_fn: LossFn = lm_loss) -> Callable[..., tuple[TrainState, dict]]:
+    """``train_step(state, batch, extras=None) -> (state, metrics)``: one update."""
 
-    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    def train_step(state: TrainState, batch: Batch, extras: Any = None
+                   ) -> tuple[TrainState, dict]:
         rng = jax.random.fold_in(state.rng, state.step)
-        grad_fn = jax.value_and_grad(lambda p: loss_fn(model, p, batch, rng), has_aux=True)
+        grad_fn = jax.value_and_grad(lambda p: loss_fn(model, p, batch, rng, extras),
+                                     has_aux=True)
         (loss, sums), grads = grad_fn(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -52,11 +57,11 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
     return train_step
 
 
-def make_eval_step(model, loss_fn: LossFn = lm_loss) -> Callable[[Any, Batch], dict]:
-    """``eval_step(params, batch) -> sums`` (add them up over the eval set)."""
+def make_eval_step(model, loss_fn: LossFn = lm_loss) -> Callable[..., dict]:
+    """``eval_step(params, batch, extras=None) -> sums`` (add them up over the eval set)."""
 
-    def eval_step(params, batch: Batch) -> dict:
-        _, sums = loss_fn(model, params, batch, jax.random.PRNGKey(0))
+    def eval_step(params, batch: Batch, extras: Any = None) -> dict:
+        _, sums = loss_fn(model, params, batch, jax.random.PRNGKey(0), extras)
         return sums
 
     return eval_step
