@@ -26,6 +26,7 @@ JOBS = {
     "run_generate": "specdec_jax.evaluation.study:run_generate",
     "run_benchmark": "specdec_jax.evaluation.study:run_benchmark",
     "run_training": "specdec_jax.training.recipes:run_training",
+    "run_distillation": "specdec_jax.training.recipes:run_distillation",
 }
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 

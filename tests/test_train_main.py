@@ -114,3 +114,40 @@ def test_spans_in_the_pretraining_data_invert():
                                         num_sentinels=v.extra_ids)
         assert len(row) == 32
     assert np.all(data.weights.sum(1) >= 2)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """Two finished tiny runs sharing a vocabulary (different seeds)."""
+    root = tmp_path_factory.mktemp("pair")
+    for name, seed in (("teacher", 0), ("student", 1)):
+        assert train_main.main([*TINY, f"--gin.WORKDIR='{root / name}'",
+                                f"--gin.run_training.seed={seed}",
+                                "--gin.run_training.num_steps=2"]) == 0
+    return root
+
+
+def test_distillation_job_reports_block_efficiency_before_and_after(tiny_pair, tmp_path):
+    assert train_main.main([
+        "--gin_file", "configs/runs/distill_t5.gin", f"--gin.WORKDIR='{tmp_path}'",
+        f"--gin.TEACHER_WORKDIR='{tiny_pair / 'teacher'}'",
+        f"--gin.STUDENT_WORKDIR='{tiny_pair / 'student'}'",
+        "--gin.run_distillation.num_steps=3", "--gin.run_distillation.batch_size=4",
+        "--gin.run_distillation.train_limit=8", "--gin.run_distillation.eval_examples=4",
+        "--gin.run_distillation.input_length=96", "--gin.run_distillation.target_length=96",
+        "--gin.run_distillation.eval_max_new_tokens=6",
+        "--gin.run_distillation.progress=False"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for when in ("before", "after"):
+        low, high = summary[when]["block_efficiency_ci"]
+        assert 1.0 <= low <= summary[when]["block_efficiency"] <= high <= 6.0
+    assert "eval/tvd" in summary["final"]
+    # the distilled student loads like any finished run
+    model, params, vocab, _ = recipes.load_run(tmp_path)
+    assert recipes.parameter_count(params) == recipes.parameter_count(
+        recipes.load_run(tiny_pair / "student")[1])
+
+
+def test_load_run_names_a_missing_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no finished training run"):
+        recipes.load_run(tmp_path)

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import pathlib
 from collections.abc import Sequence
 
@@ -152,7 +153,7 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                  objective: str = "task", task: str = "translation_en_de",
                  pretraining_sources: Sequence[str] = ("gcide", "libc-de", "python"),
                  vocab_sources: Sequence[str] = DEFAULT_VOCAB_SOURCES,
-                 vocab_size: int = 8000, extra_ids: int = 100,
+                 vocab_size: int = 8000, extra_ids: int = 100, vocab_seed: int = 0,
                  init_checkpoint: str | None = None, num_steps: int = 1000,
                  batch_size: int = 32, input_length: int = 128, target_length: int = 128,
                  train_limit: int | None = None, eval_examples: int = 256,
@@ -175,7 +176,7 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                           total_steps=num_steps if schedule in ("cosine", "linear") else 0,
                           clip_norm=clip_norm, weight_decay=weight_decay)
     vocab = vocabulary(sources=vocab_sources, vocab_size=vocab_size, extra_ids=extra_ids,
-                       seed=seed)
+                       seed=vocab_seed)
     model = t5_model(model_size, vocab.vocab_size)
     notes: dict = {}
     if objective == "task":
@@ -210,10 +211,12 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                                            "objective": objective, "task": task,
                                            "init_checkpoint": init_checkpoint or ""})
     final = result.history[-1]
+    params_dir = _export_params(workdir, num_steps, result.state.params)
     summary = {
         "model_size": model_size, "config": dataclasses.asdict(model.config),
         "parameters": parameter_count(params), "objective": objective, "task": task,
         "vocabulary": vocab.fingerprint, "vocabulary_path": str(vocab.path),
+        "extra_ids": vocab.extra_ids, "params": str(params_dir),
         "train_examples": len(data), "eval_examples": len(eval_data),
         "tokens_per_epoch": float(data.weights.sum()),
         "training_tokens": float(data.weights.sum()) * num_steps * batch_size / len(data),
@@ -224,4 +227,106 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
     summary["epochs"] = num_steps * batch_size / len(data)
     summary["eval_perplexity"] = final.get("eval/perplexity", math.nan)
     pathlib.Path(workdir, "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _export_params(workdir, step: int, params) -> pathlib.Path:
+    """The final parameters as a plain orbax tree (``workdir/params_<step>``),
+    what ``load_run`` and later jobs read without the optimizer state."""
+    from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
+
+    path = pathlib.Path(workdir).absolute() / f"params_{step}"
+    if not path.exists():
+        orbax_io.save_params(path, params)
+    return path
+
+
+def load_run(workdir: str | os.PathLike) -> tuple[T5EncoderDecoderLM, dict,
+                                                   SentencePieceVocabulary, dict]:
+    """(model, params, vocabulary, summary) of a finished ``run_training`` run."""
+    from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
+
+    summary_path = pathlib.Path(workdir) / "summary.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"{workdir} holds no finished training run (no summary.json); "
+                                "run train.main with this WORKDIR first.")
+    summary = json.loads(summary_path.read_text())
+    model = T5EncoderDecoderLM(T5Config(**summary["config"]))
+    vocab = SentencePieceVocabulary(summary["vocabulary_path"], extra_ids=summary["extra_ids"])
+    if vocab.fingerprint != summary["vocabulary"]:
+        raise ValueError(f"the vocabulary at {vocab.path} is not the one {workdir} was trained "
+                         f"with ({summary['vocabulary']}); rebuild it with the run's settings.")
+    like = model.init_params(jax.random.PRNGKey(0))
+    return model, orbax_io.restore_params(summary["params"], like), vocab, summary
+
+
+def run_distillation(*, workdir: str, teacher_workdir: str, student_workdir: str,
+                     task: str = "translation_en_de", divergence: str = "tvd",
+                     data: str = "teacher", temperature: float = 1.0, num_steps: int = 500,
+                     batch_size: int = 32, input_length: int = 128, target_length: int = 128,
+                     train_limit: int | None = 4096, eval_examples: int = 200, gamma: int = 5,
+                     eval_temperature: float = 1.0, eval_max_new_tokens: int = 64,
+                     learning_rate: float = 1e-3, optimizer: str = "adamw",
+                     schedule: str = "constant", warmup_steps: int = 0, seed: int = 0,
+                     progress: bool = True) -> dict:
+    """Distils the student run into the teacher run's distributions and reports
+    speculative decoding's block efficiency and acceptance (``gamma``,
+    ``eval_temperature``) on held-out validation inputs before and after, with
+    95% CIs. ``data``: ``"teacher"`` (the teacher's own samples for the training
+    inputs, at ``temperature``) or ``"corpus"`` (the task's references)."""
+    from specdec_jax.training import distill  # noqa: PLC0415
+
+    if data not in ("teacher", "corpus"):
+        raise ValueError(f"unknown distillation data {data!r}; choose teacher or corpus.")
+    teacher, teacher_params, vocab, _ = load_run(teacher_workdir)
+    student, student_params, student_vocab, _ = load_run(student_workdir)
+    if student_vocab.fingerprint != vocab.fingerprint:
+        raise ValueError(f"teacher ({vocab.fingerprint}) and student "
+                         f"({student_vocab.fingerprint}) were trained with different "
+                         "vocabularies; distil between runs that share one.")
+    corpus, _ = task_dataset(task, "train", vocab, input_length=input_length,
+                             target_length=target_length, limit=train_limit)
+    held_out, _ = task_dataset(task, "validation", vocab, input_length=input_length,
+                               target_length=target_length, limit=eval_examples)
+    inputs = [row[:n].tolist() for row, n in zip(corpus.inputs, corpus.input_lengths)]
+    if data == "teacher":
+        outputs = distill.teacher_continuations(
+            teacher=teacher, teacher_params=teacher_params, prompts=inputs,
+            max_new_tokens=target_length - 1, temperature=temperature, seed=seed,
+            eos_ids=vocab.eos_token_ids)
+        targets = [out if out and out[-1] == vocab.eos_id else out + [vocab.eos_id]
+                   for out in (o[len(i):] for o, i in zip(outputs, inputs))]
+        corpus = seq2seq_dataset(inputs, targets, input_length=input_length,
+                                 target_length=target_length)
+    prompts = [row[:n].tolist() for row, n in zip(held_out.inputs, held_out.input_lengths)]
+    measure = lambda params: distill.block_efficiency(  # noqa: E731
+        target=teacher, target_params=teacher_params, drafter=student, drafter_params=params,
+        prompts=prompts, gamma=gamma, temperature=eval_temperature,
+        max_new_tokens=eval_max_new_tokens, eos_ids=vocab.eos_token_ids, seed=seed)
+    before = measure(student_params)
+    opt = OptimizerConfig(name=optimizer, learning_rate=learning_rate, schedule=schedule,
+                          warmup_steps=warmup_steps,
+                          total_steps=num_steps if schedule in ("cosine", "linear") else 0)
+    result = loop.train(model=student, params=student_params, optimizer=opt, data=corpus,
+                        num_steps=num_steps, batch_size=batch_size, workdir=workdir, seed=seed,
+                        loss_fn=distill.make_distillation_loss(teacher, kind=divergence,
+                                                               temperature=temperature),
+                        loss_extras=teacher_params, eval_data=held_out,
+                        eval_every=max(num_steps // 5, 1), progress=progress,
+                        fingerprint_extra={"teacher": str(teacher_workdir),
+                                           "student": str(student_workdir), "data": data,
+                                           "divergence": divergence})
+    after = measure(result.state.params)
+    params_dir = _export_params(workdir, num_steps, result.state.params)
+    summary = {"teacher": str(teacher_workdir), "student": str(student_workdir), "task": task,
+               "divergence": divergence, "data": data, "steps": num_steps,
+               "config": dataclasses.asdict(student.config), "vocabulary": vocab.fingerprint,
+               "vocabulary_path": str(vocab.path), "extra_ids": vocab.extra_ids,
+               "params": str(params_dir), "before": before, "after": after,
+               "final": result.history[-1], "seconds_this_invocation": result.seconds,
+               "environment": timing.environment()}
+    pathlib.Path(workdir, "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"block efficiency (G={gamma}, T={eval_temperature}) on {len(prompts)} held-out "
+          f"inputs: {before['block_efficiency']:.3f} -> {after['block_efficiency']:.3f}; "
+          f"acceptance {before['acceptance_rate']:.3f} -> {after['acceptance_rate']:.3f}")
     return summary
