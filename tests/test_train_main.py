@@ -116,38 +116,44 @@ def test_spans_in_the_pretraining_data_invert():
     assert np.all(data.weights.sum(1) >= 2)
 
 
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory):
-    """Two finished tiny runs sharing a vocabulary (different seeds)."""
-    root = tmp_path_factory.mktemp("pair")
-    for name, seed in (("teacher", 0), ("student", 1)):
-        assert train_main.main([*TINY, f"--gin.WORKDIR='{root / name}'",
-                                f"--gin.run_training.seed={seed}",
-                                "--gin.run_training.num_steps=2"]) == 0
-    return root
+def test_load_run_names_a_missing_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no finished training run"):
+        recipes.load_run(tmp_path)
 
 
-def test_distillation_job_reports_block_efficiency_before_and_after(tiny_pair, tmp_path):
-    assert train_main.main([
-        "--gin_file", "configs/runs/distill_t5.gin", f"--gin.WORKDIR='{tmp_path}'",
-        f"--gin.TEACHER_WORKDIR='{tiny_pair / 'teacher'}'",
-        f"--gin.STUDENT_WORKDIR='{tiny_pair / 'student'}'",
-        "--gin.run_distillation.num_steps=3", "--gin.run_distillation.batch_size=4",
-        "--gin.run_distillation.train_limit=8", "--gin.run_distillation.eval_examples=4",
-        "--gin.run_distillation.input_length=96", "--gin.run_distillation.target_length=96",
-        "--gin.run_distillation.eval_max_new_tokens=6",
-        "--gin.run_distillation.progress=False"]) == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
+def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeypatch):
+    """A study names pair members; absent ones are trained (here the 't5-test'
+    recipe, seconds) into the cache, then the sweep runs on them. The distilled
+    member comes from the distillation job (configs/runs/distill_t5.gin's job),
+    which reports block efficiency before and after."""
+    from eval import main as eval_main  # noqa: PLC0415
+    from specdec_jax.training import pair  # noqa: PLC0415
+
+    monkeypatch.setattr(pair, "member_dir",
+                        lambda p, r, t: tmp_path / "cache" / p / t / r)
+    with pytest.raises(ValueError, match="is not a member of a T5 pair"):
+        pair.parse_member("t5-cpu-huge:translation_en_de")
+    args = ["--gin_file", "configs/runs/sweep.gin",
+            "--gin.TASK='translation_en_de'", f"--gin.OUT_DIR='{tmp_path}'",
+            "--gin.STEM='t5'", "--gin.TARGET='t5-test-large:translation_en_de'",
+            "--gin.DRAFTER='t5-test-small-distilled:translation_en_de'",
+            "--gin.run_study.methods={'specdecode': []}", "--gin.TEMPERATURES=[1.0]",
+            "--gin.run_study.num_examples=2", "--gin.run_study.max_new_tokens=4",
+            "--gin.run_study.batch_size=2", "--gin.run_study.wallclock_examples=0",
+            "--gin.run_study.calibration_context=8", "--gin.run_study.calibration_widths=[1, 2]",
+            "--gin.run_study.progress=False"]
+    assert eval_main.main(args) == 0
+    for role in pair.ROLES:
+        assert (tmp_path / "cache" / "t5-test" / "translation_en_de" / role /
+                "summary.json").exists()
+    data = json.loads((tmp_path / "t5.json").read_text())
+    assert {r["method"] for r in data["records"]} == {"target", "drafter", "specdecode"}
+    distilled = tmp_path / "cache" / "t5-test" / "translation_en_de" / "small-distilled"
+    summary = json.loads((distilled / "summary.json").read_text())
     for when in ("before", "after"):
         low, high = summary[when]["block_efficiency_ci"]
         assert 1.0 <= low <= summary[when]["block_efficiency"] <= high <= 6.0
     assert "eval/tvd" in summary["final"]
-    # the distilled student loads like any finished run
-    model, params, vocab, _ = recipes.load_run(tmp_path)
-    assert recipes.parameter_count(params) == recipes.parameter_count(
-        recipes.load_run(tiny_pair / "student")[1])
-
-
-def test_load_run_names_a_missing_run(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no finished training run"):
-        recipes.load_run(tmp_path)
+    _, params, _, _ = recipes.load_run(distilled)  # loads like any finished run
+    small = json.loads((distilled.parent / "small" / "summary.json").read_text())
+    assert recipes.parameter_count(params) == small["parameters"]

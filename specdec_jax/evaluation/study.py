@@ -52,6 +52,10 @@ def load_pair(*, target: str, drafter: str, dtype: str = "float32",
             encode=lambda text: list(text.encode("utf-8")),
             decode=lambda ids: bytes(ids).decode("utf-8", errors="replace"),
             names=(target, drafter))
+    from specdec_jax.training import pair as t5_pair  # noqa: PLC0415
+
+    if t5_pair.is_member(target) or t5_pair.is_member(drafter):
+        return _t5_pair(target, drafter)
     from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415
     from specdec_jax.data.humaneval import end_of_block_stop  # noqa: PLC0415
 
@@ -65,6 +69,24 @@ def load_pair(*, target: str, drafter: str, dtype: str = "float32",
         decode=tok.decode, eos_ids=tuple(tok.eos_token_ids),
         stop_rule=end_of_block_stop(tok) if stop_at_block_end else None,
         names=(target, drafter))
+
+
+def _t5_pair(target: str, drafter: str) -> sweep.ModelPair:
+    """The project's trained T5 members (trained on first use, see training.pair)."""
+    from specdec_jax.training import pair as t5_pair  # noqa: PLC0415
+
+    (_, _, target_task), (_, _, drafter_task) = map(t5_pair.parse_member, (target, drafter))
+    if target_task != drafter_task:
+        raise ValueError(f"{target} and {drafter} were trained for different tasks; pick two "
+                         "members of one pair and task.")
+    t, tp, vocab = t5_pair.load_member(target)
+    d, dp, drafter_vocab = t5_pair.load_member(drafter)
+    if vocab.fingerprint != drafter_vocab.fingerprint:
+        raise ValueError(f"{target} and {drafter} do not share a vocabulary.")
+    return sweep.ModelPair(
+        target=t, target_params=tp, drafter=d, drafter_params=dp,
+        encode=lambda text: vocab.encode(text) + [vocab.eos_id],  # T5 inputs end with EOS
+        decode=vocab.decode, eos_ids=vocab.eos_token_ids, names=(target, drafter))
 
 
 def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequence[float]],
