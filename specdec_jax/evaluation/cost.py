@@ -54,8 +54,10 @@ def measure_call_cost(model, params, *, context: int, widths=CALIBRATION_WIDTHS,
                       repeats: int = 3) -> tuple[CallCost, dict[int, float]]:
     """Per-call seconds of ``extend`` at batch 1 with ``context`` tokens cached;
     returns the fitted cost and the measured medians per width."""
-    cache, _ = start_token_and_prefill(model, params, make_prompt([[1] * context]),
-                                       context + max(widths) * STEPS_PER_TIMING + 1)
+    length = context + max(widths) * STEPS_PER_TIMING + 1
+    # jitted: an eager prefill compiles every op separately (seconds, even for toys)
+    cache, _ = jax.jit(lambda p, prompt: start_token_and_prefill(model, p, prompt, length))(
+        params, make_prompt([[1] * context]))
     medians = {}
     for width in widths:
 

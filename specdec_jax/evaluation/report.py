@@ -73,6 +73,7 @@ METHOD_LABELS = {
     "lossy": "SpecDecode [Lossy]",
     "lossy-tuned": "SpecDecode [Lossy, tuned β]",
     "seq-cascade": "SeqCascade [Chow]",
+    "seq-cascade-norm": "SeqCascade [Chow, length-normalised]",
     "token-cascade": "TokenCascade [Chow]",
     "oracle": "Oracle cascade",
     "bild-original": "BiLD",
