@@ -155,8 +155,9 @@ def test_benchmark_rejects_derived_methods(tmp_path):
                         "--gin_bindings", "run_benchmark.methods = {'seq-cascade': [0.5]}"])
 
 
-def test_unknown_job_names_the_choices(tmp_path):
-    with pytest.raises(ValueError, match=r"cascades_toy.gin.*No configurable matching reference '@run_nothing'"):
+def test_unknown_job_names_the_file(tmp_path):
+    with pytest.raises(ValueError, match=r"cascades_toy.gin.*No configurable matching "
+                                         r"reference '@run_nothing'"):
         eval_main.main(["--gin_file", TOY, "--gin_bindings", "TASK = 'humaneval'",
                         "--gin_bindings", f"OUT_DIR = '{tmp_path}'",
                         "--gin_bindings", "run.job = @run_nothing"])
