@@ -51,6 +51,14 @@ DEFAULT_VOCAB_SOURCES = ("gcide", "libc-de", "translation-train", "summarisation
 VOCAB_CHARS_PER_SOURCE = 4_000_000
 
 
+def run_optimizer(num_steps: int, **settings) -> OptimizerConfig:
+    """The optimizer of a run of ``num_steps``. Only decaying schedules record
+    the run's length; with the others a finished run can be extended by
+    resuming it with more steps (the checkpoint fingerprint stays the same)."""
+    decays = settings.get("schedule") in ("cosine", "linear")
+    return OptimizerConfig(total_steps=num_steps if decays else 0, **settings)
+
+
 def t5_model(size: str, vocab_size: int) -> T5EncoderDecoderLM:
     if size not in T5_SIZES:
         raise ValueError(f"unknown T5 size {size!r}; choose one of {', '.join(T5_SIZES)}.")
@@ -169,12 +177,9 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
     if objective not in objectives:
         raise ValueError(f"unknown objective {objective!r}; choose one of "
                          f"{', '.join(objectives)}.")
-    opt = OptimizerConfig(name=optimizer, learning_rate=learning_rate, schedule=schedule,
-                          warmup_steps=warmup_steps,
-                          # only decaying schedules depend on the run's length; the others
-                          # can be extended by resuming with more steps
-                          total_steps=num_steps if schedule in ("cosine", "linear") else 0,
-                          clip_norm=clip_norm, weight_decay=weight_decay)
+    opt = run_optimizer(num_steps, name=optimizer, learning_rate=learning_rate,
+                        schedule=schedule, warmup_steps=warmup_steps, clip_norm=clip_norm,
+                        weight_decay=weight_decay)
     vocab = vocabulary(sources=vocab_sources, vocab_size=vocab_size, extra_ids=extra_ids,
                        seed=vocab_seed)
     model = t5_model(model_size, vocab.vocab_size)
@@ -304,9 +309,8 @@ def run_distillation(*, workdir: str, teacher_workdir: str, student_workdir: str
         prompts=prompts, gamma=gamma, temperature=eval_temperature,
         max_new_tokens=eval_max_new_tokens, eos_ids=vocab.eos_token_ids, seed=seed)
     before = measure(student_params)
-    opt = OptimizerConfig(name=optimizer, learning_rate=learning_rate, schedule=schedule,
-                          warmup_steps=warmup_steps,
-                          total_steps=num_steps if schedule in ("cosine", "linear") else 0)
+    opt = run_optimizer(num_steps, name=optimizer, learning_rate=learning_rate,
+                        schedule=schedule, warmup_steps=warmup_steps)
     result = loop.train(model=student, params=student_params, optimizer=opt, data=corpus,
                         num_steps=num_steps, batch_size=batch_size, workdir=workdir, seed=seed,
                         loss_fn=distill.make_distillation_loss(teacher, kind=divergence,
