@@ -207,11 +207,11 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
                           progress=progress)
     lines = ["| method | alpha | G | T | seconds / example | speedup vs target |",
              "|---|---|---|---|---|---|"]
+    show = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
     for record in data["records"]:
         seconds = [times[record["key"]] for times in data["wallclock"].values()]
         record["seconds_per_example"] = sum(seconds) / len(seconds)
         record["speedup"] = 1.0 / record["relative_latency"]["wallclock"]
-        show = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
         lines.append(f"| {record['method']} | {show(record['alpha'])} | "
                      f"{show(record['gamma'])} | {record['temperature']:g} | "
                      f"{record['seconds_per_example']:.3f} | {record['speedup']:.2f}x |")

@@ -152,12 +152,17 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
     return unique
 
 
+def _structure(point: Point, max_new_tokens: int) -> tuple:
+    """What a point's compiled program depends on (alpha and T are traced)."""
+    return point.method, point.gamma, max_new_tokens
+
+
 def _generate_fn(pair: ModelPair, point: Point, max_new_tokens: int,
                  cache: dict | None = None):
     """The jitted generate function of a point's structure. Alpha and the
     temperature are traced, so points that differ only in them share one
     function (and its compilations) through ``cache``."""
-    structure = (point.method, point.gamma, max_new_tokens)
+    structure = _structure(point, max_new_tokens)
     if cache is not None and structure in cache:
         return cache[structure]
     fn = _build_generate_fn(pair, point, max_new_tokens)
@@ -418,8 +423,9 @@ def wallclock_phase(pair: ModelPair, points: Sequence[Point], examples: Sequence
         times = store.setdefault(slot, {})
         for point in timed:
             fn, sp = _generate_fn(pair, point, max_new_tokens, cache), _sampling(point)
-            if point.key not in warm:  # compile (if new) and warm up, outside the timing
-                warm.add(point.key)
+            if _structure(point, max_new_tokens) not in warm:
+                # compile (if new) and warm up once per program, outside the timing
+                warm.add(_structure(point, max_new_tokens))
                 jax.block_until_ready(fn(prompt, key, sp))
             start = time.perf_counter()
             jax.block_until_ready(fn(prompt, key, sp))

@@ -110,9 +110,8 @@ class MetricsWriter:
         self.path = pathlib.Path(workdir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # A run killed after its last checkpoint logged steps it will redo: drop them.
-        kept = [line for line in self._lines() if json.loads(line)["step"] <= resume_from_step]
-        # (``_lines`` already dropped a line torn by a kill in the middle of a write.)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [r for r in self.read() if r["step"] <= resume_from_step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         try:
             from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: PLC0415
             from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: PLC0415
@@ -124,17 +123,6 @@ class MetricsWriter:
             self._events = EventFileWriter(str(pathlib.Path(workdir) / "tensorboard"))
             self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
 
-    def _lines(self) -> list[str]:
-        if not self.path.exists():
-            return []
-        lines = []
-        for line in self.path.read_text().splitlines():
-            try:
-                json.loads(line)
-            except json.JSONDecodeError:
-                continue  # torn by a kill mid-write; that step is redone after the resume
-            lines.append(line)
-        return lines
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
@@ -148,7 +136,17 @@ class MetricsWriter:
                                                          summary=summary))
 
     def read(self) -> list[dict]:
-        return [json.loads(line) for line in self._lines()]
+        """The logged records (a line torn by a kill mid-write is skipped: that
+        step is redone after the resume)."""
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
 
     def close(self) -> None:
         if self._events is not None:

@@ -53,12 +53,18 @@ class ArrayDataset:
             out[epochs == epoch] = order[offsets[epochs == epoch]]
         return out
 
+    def subset(self, rows) -> ArrayDataset:
+        """The examples at ``rows`` (an index array or a slice), in that order."""
+        pick = lambda a: None if a is None else a[rows]  # noqa: E731
+        return ArrayDataset(targets=self.targets[rows], weights=self.weights[rows],
+                            inputs=pick(self.inputs), input_lengths=pick(self.input_lengths))
+
+    def as_batch(self) -> Batch:
+        return Batch(targets=self.targets, weights=self.weights, inputs=self.inputs,
+                     input_lengths=self.input_lengths)
+
     def batch(self, index: int, batch_size: int, seed: int) -> Batch:
-        rows = self.indices(index, batch_size, seed)
-        return Batch(targets=self.targets[rows], weights=self.weights[rows],
-                     inputs=None if self.inputs is None else self.inputs[rows],
-                     input_lengths=None if self.input_lengths is None
-                     else self.input_lengths[rows])
+        return self.subset(self.indices(index, batch_size, seed)).as_batch()
 
     def batches(self, batch_size: int) -> list[Batch]:
         """The whole dataset in order (for evaluation); the last batch is padded
@@ -66,14 +72,11 @@ class ArrayDataset:
         out = []
         for start in range(0, len(self), batch_size):
             rows = np.arange(start, min(start + batch_size, len(self)))
-            pad = batch_size - len(rows)
-            take = np.concatenate([rows, np.zeros(pad, np.int64)])
-            weights = self.weights[take].copy()
+            padded = self.subset(np.concatenate([rows, np.zeros(batch_size - len(rows),
+                                                                np.int64)])).as_batch()
+            weights = padded.weights.copy()
             weights[len(rows):] = 0.0
-            out.append(Batch(targets=self.targets[take], weights=weights,
-                             inputs=None if self.inputs is None else self.inputs[take],
-                             input_lengths=None if self.input_lengths is None
-                             else self.input_lengths[take]))
+            out.append(padded.replace(weights=weights))
         return out
 
 

@@ -82,6 +82,22 @@ def make_distillation_loss(teacher, *, kind: str = "tvd", temperature: float = 1
     return loss_fn
 
 
+def _fixed_shape_batches(prompts: Sequence[Sequence[int]], batch_size: int):
+    """Yields (start, Prompt, real rows): every batch padded to the longest prompt
+    and to ``batch_size`` rows (copies of its first prompt, whose outputs the
+    caller drops), so one compiled program serves them all."""
+    from specdec_jax.models.interface import make_prompt  # noqa: PLC0415
+
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token, and at least one prompt "
+                         "is needed.")
+    width = max(len(p) for p in prompts)
+    for start in range(0, len(prompts), batch_size):
+        chunk = [list(p) for p in prompts[start:start + batch_size]]
+        padded = chunk + [chunk[0]] * (batch_size - len(chunk))
+        yield start, make_prompt(padded, pad_to=width), chunk
+
+
 def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 1.0, seed: int = 0,
                           eos_ids: Sequence[int] = (), batch_size: int = 32
@@ -91,13 +107,12 @@ def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence
     from specdec_jax import api  # noqa: PLC0415
 
     sequences = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = [list(p) for p in prompts[start:start + batch_size]]
-        out = api.generate(target=teacher, target_params=teacher_params, prompts=chunk,
+    for start, prompt, chunk in _fixed_shape_batches(prompts, batch_size):
+        out = api.generate(target=teacher, target_params=teacher_params, prompts=prompt,
                            method="autoregressive", temperature=temperature,
                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed + start)
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        sequences += [prompt + tokens[i, :lengths[i]].tolist() for i, prompt in enumerate(chunk)]
+        sequences += [row + tokens[i, :lengths[i]].tolist() for i, row in enumerate(chunk)]
     return sequences
 
 
@@ -112,17 +127,17 @@ def block_efficiency(*, target, target_params, drafter, drafter_params,
     from specdec_jax.data.metrics import bootstrap_ci  # noqa: PLC0415
 
     emitted, calls, accepted, proposed = [], [], [], []
-    for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start:start + batch_size])
+    for start, prompt, chunk in _fixed_shape_batches(prompts, batch_size):
         out = api.generate(target=target, target_params=target_params, drafter=drafter,
-                           drafter_params=drafter_params, prompts=chunk, method="specdecode",
+                           drafter_params=drafter_params, prompts=prompt, method="specdecode",
                            gamma=gamma, temperature=temperature,
                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed + start)
-        histogram = np.asarray(out.stats.accepted_histogram)  # [B, G + 1]
-        emitted += np.asarray(out.stats.emitted).tolist()
-        calls += np.asarray(out.stats.target_calls).tolist()
+        real = len(chunk)
+        histogram = np.asarray(out.stats.accepted_histogram)[:real]  # [B, G + 1]
+        emitted += np.asarray(out.stats.emitted)[:real].tolist()
+        calls += np.asarray(out.stats.target_calls)[:real].tolist()
         accepted += (histogram * np.arange(gamma + 1)).sum(1).tolist()
-        proposed += (histogram.sum(1) * gamma).tolist()
+        proposed += (histogram.sum(1) * gamma).tolist()  # G proposals per round
     rows = list(zip(emitted, calls, accepted, proposed))
     ratio = lambda i, j: lambda items: sum(r[i] for r in items) / max(  # noqa: E731
         sum(r[j] for r in items), 1)

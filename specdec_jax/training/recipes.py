@@ -200,10 +200,7 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
         if cut < 1:
             raise ValueError(f"{len(both)} packed rows cannot spare {eval_examples} for "
                              "evaluation; lower eval_examples.")
-        take = lambda a, s: None if a is None else a[s]  # noqa: E731
-        data, eval_data = (ArrayDataset(*(take(getattr(both, f.name), s)
-                                          for f in dataclasses.fields(both)))
-                           for s in (slice(0, cut), slice(cut, None)))
+        data, eval_data = both.subset(slice(0, cut)), both.subset(slice(cut, None))
     params = init_params(model, vocab, init_checkpoint=init_checkpoint, seed=seed)
     if notes.get("train_dropped"):
         print(f"note: {notes['train_dropped']} training examples do not fit input_length "
