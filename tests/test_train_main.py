@@ -157,3 +157,17 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
     _, params, _, _ = recipes.load_run(distilled)  # loads like any finished run
     small = json.loads((distilled.parent / "small" / "summary.json").read_text())
     assert recipes.parameter_count(params) == small["parameters"]
+
+    # The pair's report scores every (already trained) member on held-out inputs.
+    out = tmp_path / "report" / "pair.md"
+    assert pair.main(["t5-test", "translation_en_de", "--report", str(out),
+                      "--examples", "3"]) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert list(rows) == list(pair.ROLES)
+    for row in rows.values():
+        quality = row["quality"]
+        assert quality["metric"] == "bleu" and quality["num_examples"] == 3
+        assert 0.0 <= quality["low"] <= quality["score"] <= quality["high"] <= 100.0
+    text = out.read_text()
+    assert "t5-test-small-distilled:translation_en_de" in text
+    assert f"{summary['before']['block_efficiency']:.3f}" in text
