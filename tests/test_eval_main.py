@@ -5,7 +5,9 @@ the pipeline (tasks, generation of every kind of method, scoring, bootstrap,
 cost model, wall clock, resume, reports), not quality.
 """
 
+import glob
 import json
+import pathlib
 
 import pytest
 
@@ -161,3 +163,15 @@ def test_unknown_job_names_the_file(tmp_path):
         eval_main.main(["--gin_file", TOY, "--gin_bindings", "TASK = 'humaneval'",
                         "--gin_bindings", f"OUT_DIR = '{tmp_path}'",
                         "--gin_bindings", "run.job = @run_nothing"])
+
+
+@pytest.mark.parametrize("path", sorted(
+    p for p in glob.glob(str(pathlib.Path(__file__).parents[1] / "configs/runs/*.gin"))
+    if "Required macros: none" in pathlib.Path(p).read_text()), ids=pathlib.Path.name.fget)
+def test_complete_run_configs_parse_and_set_every_required_macro(path):
+    """A config that says it needs no macros parses and leaves none unset
+    (nothing runs: the studies take hours)."""
+    from specdec_jax import launch  # noqa: PLC0415
+
+    launch.parse_config([path], [], [])
+    launch.check_required([path], launch.selected_job("run_study"))
