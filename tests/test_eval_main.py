@@ -167,7 +167,7 @@ def test_unknown_job_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(
     p for p in glob.glob(str(pathlib.Path(__file__).parents[1] / "configs/runs/*.gin"))
-    if "Required macros: none" in pathlib.Path(p).read_text()), ids=pathlib.Path.name.fget)
+    if "Required macros: none" in pathlib.Path(p).read_text()), ids=lambda p: pathlib.Path(p).name)
 def test_complete_run_configs_parse_and_set_every_required_macro(path):
     """A config that says it needs no macros parses and leaves none unset
     (nothing runs: the studies take hours)."""
