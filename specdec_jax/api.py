@@ -194,11 +194,14 @@ def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
 
 
 def sampling_params(*, temperature: float = 0.0, top_p: float = 1.0, alpha: float = 0.0,
-                    beta: float = 1.0, lenience: float = 1.0) -> SamplingParams:
+                    beta: float = 1.0, lenience: float = 1.0,
+                    stop_threshold: float = 0.7) -> SamplingParams:
     """Validated traced hyperparameters (host-side checks, before any compile).
 
     ``lenience`` (>= 1) relaxes the reviews *between drafters* of a CS Drafting
     cascade; the target's review never uses it, so the output law is unchanged.
+    ``stop_threshold`` (SpecDec++'s ``h`` in (0, 1), default 0.7 as seed 004
+    recommends) is read by adaptive drafters only.
     """
     sampling.validate_sampling(temperature, top_p)
     for name, value in (("alpha", alpha), ("beta", beta), ("lenience", lenience)):
@@ -207,9 +210,14 @@ def sampling_params(*, temperature: float = 0.0, top_p: float = 1.0, alpha: floa
     if lenience < 1:
         raise ValueError(f"lenience must be >= 1 (1 = lossless reviews between drafters), got "
                          f"{lenience}.")
+    if not 0 < stop_threshold < 1:
+        raise ValueError(f"stop_threshold (SpecDec++'s h) must be in (0, 1), got "
+                         f"{stop_threshold}; drafting stops once the predicted chance of a "
+                         "rejection in the block exceeds it (0.7 is the seed's choice).")
     return SamplingParams(temperature=jnp.float32(temperature), top_p=jnp.float32(top_p),
                           alpha=jnp.float32(alpha), beta=jnp.float32(beta),
-                          lenience=jnp.float32(lenience))
+                          lenience=jnp.float32(lenience),
+                          stop_threshold=jnp.float32(stop_threshold))
 
 
 def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Sequence[int]] |

@@ -50,6 +50,7 @@ from specdec_jax.decoding import (
     GenerationOutput,
     _zero_stats,
     emit_round,
+    extend_bucketed,
     initial_history,
     required_cache_length,
     run_rounds,
@@ -98,25 +99,6 @@ class _State:
     drafter_cache: Any
     key: Array
     stats: Any
-
-
-def _extend_bucketed(model: LanguageModel, params, tokens_BxW: Array, needed: Array, cache,
-                     widths: tuple[int, ...]):
-    """Extends by ``tokens[:, :w]`` for the smallest compiled ``w >= needed``;
-    returns (logits padded to [B, W, V], cache, w)."""
-    full = tokens_BxW.shape[1]
-    sizes = sorted({min(w, full) for w in widths} | {full})
-
-    def run(width):
-        def fn(cache):
-            out = model.extend(params, tokens_BxW[:, :width], cache)
-            logits = jnp.pad(out.logits, ((0, 0), (0, full - width), (0, 0)))
-            return logits, out.cache
-        return fn
-
-    branch = jnp.sum(needed > jnp.asarray(sizes)).astype(jnp.int32)
-    logits, cache = jax.lax.switch(branch, [run(w) for w in sizes], cache)
-    return logits, cache, jnp.asarray(sizes, jnp.int32)[branch]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +196,7 @@ class DraftUntilDecoder:
         fed_BxM1 = jnp.concatenate([pending_B[:, None], d.tokens], axis=1)
         old_target_len = state.target_cache.lengths
         needed = jnp.max(jnp.where(active_B, k_B + 1, 1))
-        logits, target_cache, width = _extend_bucketed(
+        logits, target_cache, width = extend_bucketed(
             self.target, target_params, fed_BxM1, needed, state.target_cache, self.target_widths)
         dist = sampling.distributions(logits, sp.temperature, sp.top_p, self.sampling_config)
         pick = lambda x, i_B: jnp.take_along_axis(x, i_B[:, None, None], axis=1)[:, 0]
@@ -254,6 +236,7 @@ class DraftUntilDecoder:
             accepted_histogram=s.accepted_histogram + active[:, None] * jax.nn.one_hot(
                 accepted_B, m + 1, dtype=jnp.int32),
             rejections=s.rejections + active * rolled_back_B,
+            drafted=s.drafted + active * k_B,
             deferred_mass=s.deferred_mass + jnp.where(active_B & y_emitted_B, defer_B, 0.0),
             emitted=num_generated,
             nan_logits=s.nan_logits + active * (d.nan + has_nan(logits)))

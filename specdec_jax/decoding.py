@@ -67,7 +67,9 @@ class GenerationStats:
     drafter_tokens_by_model: Array  # int32 [B, M]: tokens those calls fed
     drafter_single_calls_by_model: Array  # int32 [B, M]: those calls that fed one token
     accepted_histogram: Array  # int32 [B, G + 1]: rounds that accepted j drafts
-    rejections: Array  # int32 [B]: rounds that rejected a draft (j < G)
+    rejections: Array  # int32 [B]: rounds that rejected a draft (j < the drafts offered)
+    drafted: Array  # int32 [B]: drafts offered for verification (G per round, or fewer
+    #                 when an adaptive drafter stops early); discarded = drafted - accepted
     deferred_mass: Array  # float32 [B]: sum over emitted positions of the deferral indicator
     emitted: Array  # int32 [B]: tokens emitted (== lengths)
     nan_logits: Array  # int32 [B]: model calls whose logits held NaN (must stay 0)
@@ -159,6 +161,27 @@ def _emit(state_tokens_BxN, num_generated_B, candidates_BxK, num_valid_B, eos_id
     return tokens, num_generated_B + count_B, hit_eos_B
 
 
+def extend_bucketed(model: LanguageModel, params, tokens_BxW: Array, needed: Array, cache,
+                    widths: tuple[int, ...]):
+    """Extends by ``tokens[:, :w]`` for the smallest compiled ``w >= needed``
+    (``lax.switch``: one program), so a round whose rows need few positions
+    does not pay for all ``W``. Returns (logits zero-padded to [B, W, V],
+    cache holding ``w`` more tokens, w); the caller rolls the cache back."""
+    full = tokens_BxW.shape[1]
+    sizes = sorted({min(w, full) for w in widths} | {full})
+
+    def run(width):
+        def fn(cache):
+            out = model.extend(params, tokens_BxW[:, :width], cache)
+            logits = jnp.pad(out.logits, ((0, 0), (0, full - width), (0, 0)))
+            return logits, out.cache
+        return fn
+
+    branch = jnp.sum(needed > jnp.asarray(sizes)).astype(jnp.int32)
+    logits, cache = jax.lax.switch(branch, [run(w) for w in sizes], cache)
+    return logits, cache, jnp.asarray(sizes, jnp.int32)[branch]
+
+
 def emit_round(decoder, state, drafts_BxG, accepted_B, next_B, pending_B):
     """A round's output for every row not yet done: the accepted drafts, then the
     new token (stopping at EOS, the decoder's stop rule, or max_new_tokens).
@@ -184,7 +207,8 @@ def _zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
                            drafter_calls_by_model=by_model, drafter_tokens_by_model=by_model,
                            drafter_single_calls_by_model=by_model,
                            accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
-                           rejections=zeros, deferred_mass=jnp.zeros((batch,), jnp.float32),
+                           rejections=zeros, drafted=zeros,
+                           deferred_mass=jnp.zeros((batch,), jnp.float32),
                            emitted=zeros, nan_logits=zeros,
                            sequence_logprob=jnp.zeros((batch,), jnp.float32))
 
@@ -285,21 +309,35 @@ class SpeculativeDecoder:
             drafter_params, state.drafter_state, context, g, self.needs_next_q, draft_key, sp,
             self.sampling_config)
         drafts_BxG = proposal.tokens
+        count_B = proposal.count  # None: every row offers all G drafts
 
         fed_BxG1 = jnp.concatenate([pending_B[:, None], drafts_BxG], axis=1)
-        out = self.target.extend(target_params, fed_BxG1, state.target_cache)
-        dist = sampling.distributions(out.logits, sp.temperature, sp.top_p,
+        if count_B is None:
+            out = self.target.extend(target_params, fed_BxG1, state.target_cache)
+            logits, target_cache, fed_width = out.logits, out.cache, g + 1
+        else:  # adaptive drafting: score only as wide as the longest row needs
+            logits, target_cache, fed_width = extend_bucketed(
+                self.target, target_params, fed_BxG1,
+                jnp.max(jnp.where(state.done, 0, count_B)) + 1, state.target_cache,
+                self.drafter.target_widths(g))
+        dist = sampling.distributions(logits, sp.temperature, sp.top_p,
                                       self.sampling_config)
         pi_BxG1xV, defer_BxG1 = self.target_fn(proposal.q, dist.probs, proposal.q_stat,
                                                dist.stats, sp.alpha, sp.beta)
-        bonus_BxV = dist.probs[:, g] if self.target_fn.bonus_from_target else pi_BxG1xV[:, g]
+        bonus_BxG1xV = dist.probs if self.target_fn.bonus_from_target else pi_BxG1xV
+        offered_B = jnp.full_like(state.length, g) if count_B is None else count_B
+        bonus_BxV = jnp.take_along_axis(bonus_BxG1xV, offered_B[:, None, None], axis=1)[:, 0]
         if g == 0:  # the oracle cascade: no drafts to verify, y ~ pi_1
             verdict = VerifyOutput(num_accepted=jnp.zeros_like(state.length),
                                    next_token=sample_from_weights(verify_key, bonus_BxV),
                                    state=state.verifier_state)
-        else:
+        elif count_B is None:
             verdict = self.verifier(verify_key, drafts_BxG, proposal.q[:, :g],
                                     pi_BxG1xV[:, :g], bonus_BxV, state.verifier_state)
+        else:
+            verdict = self.verifier(verify_key, drafts_BxG, proposal.q[:, :g],
+                                    pi_BxG1xV[:, :g], bonus_BxV, state.verifier_state,
+                                    count_B=count_B)
         accepted_B = verdict.num_accepted
 
         active_B = ~state.done
@@ -311,7 +349,7 @@ class SpeculativeDecoder:
         active = active_B.astype(jnp.int32)
         stats = stats.replace(
             target_calls=stats.target_calls + active,
-            target_fed=stats.target_fed + active * (g + 1),
+            target_fed=stats.target_fed + active * fed_width,
             target_single_calls=stats.target_single_calls + active * int(g == 0),
             drafter_calls=stats.drafter_calls + active * jnp.sum(proposal.calls, axis=-1),
             drafter_calls_by_model=stats.drafter_calls_by_model + active[:, None] *
@@ -322,11 +360,12 @@ class SpeculativeDecoder:
             active[:, None] * proposal.single,
             accepted_histogram=stats.accepted_histogram + active[:, None] * jax.nn.one_hot(
                 accepted_B, g + 1, dtype=jnp.int32),
-            rejections=stats.rejections + active * (accepted_B < g),
+            rejections=stats.rejections + active * (accepted_B < offered_B),
+            drafted=stats.drafted + active * offered_B,
             deferred_mass=stats.deferred_mass + jnp.sum(
                 jnp.where(emitted_pos_BxG1, defer_BxG1, 0.0), axis=-1),
             emitted=num_generated,
-            nan_logits=stats.nan_logits + active * (proposal.nan + has_nan(out.logits)))
+            nan_logits=stats.nan_logits + active * (proposal.nan + has_nan(logits)))
         verifier_state = jax.tree_util.tree_map(
             lambda new, old: jnp.where(
                 active_B.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
@@ -337,7 +376,7 @@ class SpeculativeDecoder:
         return state.replace(
             tokens=tokens, num_generated=num_generated, history=history,
             length=state.length + keep_B, done=done,
-            target_cache=out.cache.replace(lengths=old_target_len + keep_B),
+            target_cache=target_cache.replace(lengths=old_target_len + keep_B),
             drafter_state=self.drafter.rewind(
                 drafter_state, state.length + jnp.where(active_B, accepted_B, 0)),
             verifier_state=verifier_state, key=key, stats=stats)

@@ -42,6 +42,9 @@ class SamplingParams:
     alpha: Array  # float32 []: lenience of the target function
     beta: Array  # float32 []: Lossy's beta (ignored by other methods)
     lenience: Array  # float32 [] >= 1: CS Drafting lenience between drafters (never the target)
+    # float32 [] in (0, 1): SpecDec++ stops drafting once the predicted chance that
+    # some draft of the block is rejected exceeds it (adaptive drafters only)
+    stop_threshold: Array
 
 
 @flax.struct.dataclass

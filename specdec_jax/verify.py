@@ -26,8 +26,16 @@ both without a separate code path.
 Every verifier is a frozen dataclass (hashable, a static argument) with
 
     init_state(batch_size) -> state              (carried across rounds)
-    __call__(key, drafts_BxG, q_BxGxV, pi_BxGxV, bonus_BxV, state)
+    __call__(key, drafts_BxG, q_BxGxV, pi_BxGxV, bonus_BxV, state, count_B=None)
         -> VerifyOutput(num_accepted_B, next_token_B, state)
+
+Ragged blocks (adaptive draft lengths, SpecDec++): with ``count_B`` row ``b``
+offers only ``d_1 .. d_{count[b]}`` (slots past it are scratch) and
+``bonus[b]`` is the law at position ``count[b] + 1``. Verification is then
+exactly the verification of that row's shorter block: acceptance stops at
+``count`` at the latest, and a row that accepts all it offered draws the
+bonus, not a residual. Because where a row stops drafting depends only on the
+drafter's side, the output law stays the target's (ALGORITHMS.md §6).
 """
 
 from __future__ import annotations
@@ -90,18 +98,28 @@ def emitted_tokens(drafts_BxG: Array, num_accepted_B: Array, next_token_B: Array
                      next_token_B[:, None], tokens)
 
 
+def block_lengths(drafts_BxG: Array, count_B: Array | None) -> Array:
+    """int32 [B]: drafts each row offers (all ``G`` unless ``count`` says fewer)."""
+    g = drafts_BxG.shape[1]
+    full_B = jnp.full(drafts_BxG.shape[:1], g, jnp.int32)
+    return full_B if count_B is None else jnp.clip(count_B.astype(jnp.int32), 0, g)
+
+
 def correction_or_bonus(key: Array, num_accepted_B: Array, q_BxGxV: Array, pi_BxGxV: Array,
-                        bonus_BxV: Array, weights_fn=residual) -> Array:
+                        bonus_BxV: Array, weights_fn=residual,
+                        count_B: Array | None = None) -> Array:
     """Samples the token emitted after ``num_accepted`` drafts.
 
     Row b draws from ``weights_fn(pi[b, j], q[b, j])`` at ``j = num_accepted[b]``
-    when ``j < G``, else from ``bonus[b]``.
+    when ``j`` is below the drafts it offered (``count[b]``, default ``G``),
+    else from ``bonus[b]``.
     """
     g = q_BxGxV.shape[1]
-    index_B = jnp.minimum(num_accepted_B, g - 1)
+    offered_B = block_lengths(q_BxGxV[..., 0], count_B)
+    index_B = jnp.clip(num_accepted_B, 0, max(g - 1, 0))
     pick = lambda x_BxGxV: jnp.take_along_axis(x_BxGxV, index_B[:, None, None], axis=1)[:, 0]
     weights_BxV = weights_fn(pick(pi_BxGxV), pick(q_BxGxV))
-    weights_BxV = jnp.where((num_accepted_B >= g)[:, None], bonus_BxV, weights_BxV)
+    weights_BxV = jnp.where((num_accepted_B >= offered_B)[:, None], bonus_BxV, weights_BxV)
     return sample_from_weights(key, weights_BxV)
 
 
@@ -121,13 +139,15 @@ class TokenVerifier(StatelessVerifier):
     name: str = "token"
 
     def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
-                 bonus_BxV: Array, state: Any = None) -> VerifyOutput:
+                 bonus_BxV: Array, state: Any = None,
+                 count_B: Array | None = None) -> VerifyOutput:
         accept_key, sample_key = jax.random.split(key)
         q_tok_BxG = gather_token_probs(q_BxGxV, drafts_BxG)
         pi_tok_BxG = gather_token_probs(pi_BxGxV, drafts_BxG)
         # Accept iff u < pi/q, i.e. u * q < pi (no division: q(x) > 0 for a drawn x).
         u_BxG = jax.random.uniform(accept_key, drafts_BxG.shape)
-        num_accepted_B = leading_accepts(u_BxG * q_tok_BxG < pi_tok_BxG)
+        num_accepted_B = jnp.minimum(leading_accepts(u_BxG * q_tok_BxG < pi_tok_BxG),
+                                     block_lengths(drafts_BxG, count_B))
         next_token_B = correction_or_bonus(sample_key, num_accepted_B, q_BxGxV, pi_BxGxV,
-                                           bonus_BxV)
+                                           bonus_BxV, count_B=count_B)
         return VerifyOutput(num_accepted=num_accepted_B, next_token=next_token_B, state=state)

@@ -66,6 +66,7 @@ from specdec_jax.verify import (
     RESIDUAL_EPS,
     StatelessVerifier,
     VerifyOutput,
+    block_lengths,
     correction_or_bonus,
     gather_token_probs,
 )
@@ -133,24 +134,29 @@ def last_passing(eta_BxG: Array, h_BxG1: Array) -> Array:
 
 
 def _next_token(key: Array, tau_B: Array, log_scale_BxG1: Array, q_BxGxV: Array,
-                pi_BxGxV: Array, bonus_BxV: Array) -> Array:
-    """y ~ bonus if tau = G, else norm((r_tau pi_{tau+1} - q_{tau+1})_+)."""
+                pi_BxGxV: Array, bonus_BxV: Array, count_B: Array | None = None) -> Array:
+    """y ~ bonus if tau = G (the row's count), else norm((r_tau pi_{tau+1} - q_{tau+1})_+)."""
     log_r_B = jnp.take_along_axis(log_scale_BxG1, tau_B[:, None], axis=1)[:, 0]
     return correction_or_bonus(
         key, tau_B, q_BxGxV, pi_BxGxV, bonus_BxV,
-        weights_fn=lambda pi_BxV, q_BxV: scaled_residual(log_r_B, pi_BxV, q_BxV))
+        weights_fn=lambda pi_BxV, q_BxV: scaled_residual(log_r_B, pi_BxV, q_BxV),
+        count_B=count_B)
 
 
 # ---------------------------------------------------------------------------
 # Stateless forward form
 # ---------------------------------------------------------------------------
 
-def block_weights(drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array) -> tuple[Array, Array]:
+def block_weights(drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
+                  count_B: Array | None = None) -> tuple[Array, Array]:
     """Forward form. Returns (w, h), both float32 [B, G + 1], index i = prefix length.
 
     ``w[:, i]`` is the clipped joint ratio ``w_i`` (``w[:, 0] = 1``);
     ``h[:, i]`` the probability of keeping the prefix of length ``i``
-    (``h[:, 0] = 1``: the empty prefix is always a fallback).
+    (``h[:, 0] = 1``: the empty prefix is always a fallback). A row that
+    offers only ``n = count[b]`` drafts is a block of length ``n``: ``h_n =
+    w_n`` and ``h_i = 0`` past it (the recursion up to ``n`` only reads
+    positions ``<= n``, so it is that block's own).
 
     Example: ratios p/q = [2, 0.25, 4] -> L = [0, log 2, log 0.5, log 2],
     cummax L = [0, log 2, log 2, log 2] -> w = [1, 1, 0.25, 1].
@@ -166,6 +172,11 @@ def block_weights(drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array) -> tuple[A
     h_inner = jnp.where(denom > 0, s_BxGm1 / jnp.where(denom > 0, denom, 1.0), 1.0)
     ones_B1 = jnp.ones_like(w_BxG1[:, :1])
     h_BxG1 = jnp.concatenate([ones_B1, jnp.minimum(h_inner, 1.0), w_BxG1[:, g:]], axis=1)
+    if count_B is not None:
+        prefix_G1 = jnp.arange(g + 1)[None, :]
+        n_B1 = block_lengths(drafts_BxG, count_B)[:, None]
+        h_BxG1 = jnp.where(prefix_G1 < n_B1, h_BxG1,
+                           jnp.where(prefix_G1 == n_B1, w_BxG1, 0.0))
     return w_BxG1, h_BxG1
 
 
@@ -176,12 +187,13 @@ class BlockVerifier(StatelessVerifier):
     name: str = "block"
 
     def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
-                 bonus_BxV: Array, state: None = None) -> VerifyOutput:
+                 bonus_BxV: Array, state: None = None,
+                 count_B: Array | None = None) -> VerifyOutput:
         accept_key, sample_key = jax.random.split(key)
-        w_BxG1, h_BxG1 = block_weights(drafts_BxG, q_BxGxV, pi_BxGxV)
+        w_BxG1, h_BxG1 = block_weights(drafts_BxG, q_BxGxV, pi_BxGxV, count_B)
         tau_B = last_passing(jax.random.uniform(accept_key, drafts_BxG.shape), h_BxG1)
         next_B = _next_token(sample_key, tau_B, jnp.log(w_BxG1), q_BxGxV, pi_BxGxV,
-                             bonus_BxV)
+                             bonus_BxV, count_B)
         return VerifyOutput(num_accepted=tau_B, next_token=next_B, state=state)
 
 
@@ -363,7 +375,12 @@ class SeedBlockVerifier:
                               log_ratio=jnp.zeros((batch_size, self.max_gamma), jnp.float32))
 
     def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
-                 bonus_BxV: Array, state: SeedBlockState) -> VerifyOutput:
+                 bonus_BxV: Array, state: SeedBlockState,
+                 count_B: Array | None = None) -> VerifyOutput:
+        if count_B is not None:
+            raise ValueError("block-seed carries residual zones sized by a fixed draft length "
+                             "from round to round, so it cannot verify adaptive (ragged) "
+                             "draft blocks; use the 'token' or 'block' verifier.")
         if drafts_BxG.shape[1] > self.max_gamma:
             raise ValueError(f"G = {drafts_BxG.shape[1]} drafts exceed max_gamma = "
                              f"{self.max_gamma} of {type(self).__name__}.")

@@ -1,7 +1,8 @@
 """Drafting strategies behind one interface (``base.py``): a neural model,
-Max-Gram, and Cascade Speculative Drafting's vertical and horizontal cascades
-with the K-matrix composition."""
+Max-Gram, Cascade Speculative Drafting's vertical and horizontal cascades
+with the K-matrix composition, and SpecDec++'s adaptive draft length."""
 
+from specdec_jax.drafting.adaptive import AdaptiveDrafter
 from specdec_jax.drafting.base import Context, Drafter, Proposal, is_drafter
 from specdec_jax.drafting.cascade import (
     HorizontalCascade,
@@ -16,7 +17,7 @@ from specdec_jax.drafting.model import ModelDrafter
 from specdec_jax.drafting.spec import make_drafter, parse_spec
 
 __all__ = [
-    "Context", "Drafter", "HorizontalCascade", "MaxGramDrafter", "ModelDrafter", "Proposal",
-    "VerticalCascade", "cs_drafter", "drafter_gamma", "is_drafter", "lenient_law",
-    "make_drafter", "parse_k_matrix", "parse_spec",
+    "AdaptiveDrafter", "Context", "Drafter", "HorizontalCascade", "MaxGramDrafter",
+    "ModelDrafter", "Proposal", "VerticalCascade", "cs_drafter", "drafter_gamma",
+    "is_drafter", "lenient_law", "make_drafter", "parse_k_matrix", "parse_spec",
 ]

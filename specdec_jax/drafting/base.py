@@ -70,6 +70,9 @@ class Proposal:
     single: Array  # int32 [B, M]: of those calls, the ones that fed one token (K = 1
     #                runs a cheaper matrix-vector path on CPU: a cost model prices it apart)
     nan: Array  # int32 [B]: calls whose logits held NaN (must stay 0)
+    # int32 [B] or None: drafts each row offers for verification (adaptive drafters
+    # stop rows early, SpecDec++); None = all G. Slots past it are scratch.
+    count: Any = None
 
 
 class Drafter(Protocol):

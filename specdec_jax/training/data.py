@@ -18,6 +18,20 @@ import numpy as np
 from specdec_jax.training.forward import Batch
 
 
+def epoch_indices(n: int, index: int, batch_size: int, seed: int) -> np.ndarray:
+    """Indices (into ``n`` examples) of batch ``index``: stream positions
+    ``index * B .. (index + 1) * B - 1``, each epoch in a fresh permutation
+    drawn from ``(seed, epoch)``. Any dataset with this protocol trains on the
+    core (token datasets here, feature datasets for the SpecDec++ head)."""
+    positions = np.arange(index * batch_size, (index + 1) * batch_size)
+    epochs, offsets = np.divmod(positions, n)
+    out = np.empty(batch_size, np.int64)
+    for epoch in np.unique(epochs):
+        order = np.random.default_rng([seed, int(epoch)]).permutation(n)
+        out[epochs == epoch] = order[offsets[epochs == epoch]]
+    return out
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ArrayDataset:
     """Tokenised examples as right-padded arrays (row ``i`` is example ``i``)."""
@@ -44,14 +58,7 @@ class ArrayDataset:
 
     def indices(self, index: int, batch_size: int, seed: int) -> np.ndarray:
         """Example indices of batch ``index`` (see the module docstring)."""
-        n = len(self)
-        positions = np.arange(index * batch_size, (index + 1) * batch_size)
-        epochs, offsets = np.divmod(positions, n)
-        out = np.empty(batch_size, np.int64)
-        for epoch in np.unique(epochs):
-            order = np.random.default_rng([seed, int(epoch)]).permutation(n)
-            out[epochs == epoch] = order[offsets[epochs == epoch]]
-        return out
+        return epoch_indices(len(self), index, batch_size, seed)
 
     def subset(self, rows) -> ArrayDataset:
         """The examples at ``rows`` (an index array or a slice), in that order."""

@@ -187,18 +187,19 @@ def report_markdown(rows: dict) -> str:
                      f"{q['score']:.2f} [{q['low']:.2f}, {q['high']:.2f}] |")
     distilled = rows.get("small-distilled", {}).get("summary")
     if distilled:
-        before, after = distilled["before"], distilled["after"]
+        change = lambda key: (f"{_ci(distilled['before'], key)} -> "  # noqa: E731
+                              f"{_ci(distilled['after'], key)}")
         lines += ["", "Distillation (speculative decoding, large target, held-out validation "
-                  "inputs): block efficiency "
-                  f"{_ci(before['block_efficiency'], before.get('block_efficiency_ci'))} -> "
-                  f"{_ci(after['block_efficiency'], after.get('block_efficiency_ci'))}; "
-                  f"acceptance rate {_ci(before['acceptance_rate'], before.get('acceptance_rate_ci'))}"
-                  f" -> {_ci(after['acceptance_rate'], after.get('acceptance_rate_ci'))}."]
+                  f"inputs): block efficiency {change('block_efficiency')}; acceptance rate "
+                  f"{change('acceptance_rate')}."]
     return "\n".join(lines) + "\n"
 
 
-def _ci(value: float, interval) -> str:
-    return f"{value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+def _ci(measured: dict, key: str) -> str:
+    """``measured[key]`` with its 95% CI (``measured[key + "_ci"]``) when there is one."""
+    interval = measured.get(f"{key}_ci")
+    return f"{measured[key]:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+                                     if interval else "")
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,164 @@
+"""Training data of the acceptance head, as seed 004 §4.2 builds it.
+
+For each prompt, a response ``X_1 .. X_N`` (the target's own sample, or
+corpus text: the cheaper option); then, all in one jitted function per batch:
+
+    q_i = q(. | prompt, X_<i),  p_i = p(. | prompt, X_<i)     (teacher-forced)
+    Y_i ~ q_i,   label P_i = min(1, p_i(Y_i) / q_i(Y_i))       (acceptance prob.)
+    Z_i = X_i with probability r = 0.15, else Y_i
+    e_i = the drafter's final hidden state after (prompt, Z_<=i)  (one forward)
+
+and the examples are ``(e_i, P_i)`` for the positions where ``Z_i = Y_i``.
+Mixing in ``X`` keeps the contexts close to what the drafter sees while
+decoding (mostly its own tokens, sometimes the target's).
+
+Shards: ``shard-00000.npz`` (features float16 [n, D], labels float32 [n])
+plus ``manifest.json`` (the pair's names and weight fingerprints, the prompt
+set's record, the settings, per-shard counts). A run resumes by skipping the
+shards it already wrote; ``load_shards`` refuses data of another pair.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from specdec_jax import sampling
+from specdec_jax.specdecpp.head import drafter_fingerprint
+from specdec_jax.training.forward import Batch, teacher_forced
+
+MANIFEST = "manifest.json"
+MIX_RATE = 0.15  # seed 004: each position keeps the target's token X_i with probability r
+
+
+def make_example_fn(target, drafter, *, temperature: float, mix_rate: float = MIX_RATE):
+    """(target_params, drafter_params, Batch, key) -> (features [B, L, D],
+    labels [B, L], keep [B, L]): position ``t`` describes the token at
+    ``t + 1`` (decoder-only convention of ``training.forward``)."""
+    config = sampling.SamplingConfig()
+    sp_t = jnp.float32(temperature)
+
+    def probs(logits):
+        return sampling.distributions(logits, sp_t, jnp.float32(1.0), config).probs
+
+    def fn(target_params, drafter_params, batch: Batch, key):
+        sample_key, mix_key = jax.random.split(key)
+        q_logits, x_next, weights, _ = teacher_forced(drafter, drafter_params, batch)
+        p_logits = teacher_forced(target, target_params, batch)[0]
+        q, p = probs(q_logits), probs(p_logits)
+        y_next = jax.random.categorical(
+            sample_key, jnp.log(jnp.maximum(q, 1e-38))).astype(jnp.int32)
+        pick = lambda d, t: jnp.take_along_axis(d, t[..., None], axis=-1)[..., 0]  # noqa: E731
+        labels = jnp.minimum(1.0, pick(p, y_next) / jnp.maximum(pick(q, y_next), 1e-38))
+        from_y = (jax.random.uniform(mix_key, x_next.shape) >= mix_rate) & (weights > 0)
+        z_next = jnp.where(from_y, y_next, x_next)
+        # Z in the sequence: position t + 1 holds z_next[t] wherever a response token sits.
+        z_tokens = batch.targets.at[:, 1:].set(
+            jnp.where(weights[:, :-1] > 0, z_next[:, :-1], batch.targets[:, 1:]))
+        hidden = teacher_forced(drafter, drafter_params, batch.replace(targets=z_tokens))[3]
+        # e for the token at t + 1 is the hidden state after feeding it: position t + 1.
+        features = jnp.concatenate([hidden[:, 1:], hidden[:, :1]], axis=1)
+        return features, labels, from_y
+
+    return fn
+
+
+def _batches(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int,
+             width: int):
+    """Fixed-shape decoder-only Batches: prompt + response, weights on the response."""
+    for start in range(0, len(sequences), batch_size):
+        chunk = list(sequences[start:start + batch_size])
+        rows = len(chunk)
+        chunk += [chunk[0]] * (batch_size - rows)
+        tokens = np.zeros((batch_size, width), np.int32)
+        weights = np.zeros((batch_size, width), np.float32)
+        for b, (prompt, response) in enumerate(chunk):
+            seq = list(prompt) + list(response)
+            if len(seq) > width:
+                raise ValueError(f"prompt + response of {len(seq)} tokens exceed the width "
+                                 f"{width}; raise max_length.")
+            tokens[b, :len(seq)] = seq
+            weights[b, len(prompt):len(seq)] = 1.0 if b < rows else 0.0
+        yield start, Batch(targets=jnp.asarray(tokens), weights=jnp.asarray(weights))
+
+
+def pair_record(*, target_name: str, target_params: Any, drafter_name: str,
+                drafter_params: Any) -> dict:
+    return {"target": target_name, "target_fingerprint": drafter_fingerprint(target_params),
+            "drafter": drafter_name, "drafter_fingerprint": drafter_fingerprint(drafter_params)}
+
+
+def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
+                 drafter_params, pair: dict, sequences: Sequence[tuple[Sequence[int],
+                                                                    Sequence[int]]],
+                 prompts_record: dict, source: str, temperature: float = 1.0,
+                 mix_rate: float = MIX_RATE, batch_size: int = 8, shard_batches: int = 8,
+                 seed: int = 0, progress: bool = True) -> dict:
+    """Writes the shards of ``(prompt, response)`` token sequences (module
+    docstring); resumes a run of the same pair and settings. Returns the manifest."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"source": source, "temperature": temperature, "mix_rate": mix_rate,
+                "batch_size": batch_size, "shard_batches": shard_batches, "seed": seed,
+                "sequences": len(sequences), "prompts": prompts_record}
+    manifest_path = out / MANIFEST
+    manifest = {"pair": pair, "settings": settings, "shards": {}}
+    if manifest_path.exists():
+        stored = json.loads(manifest_path.read_text())
+        check_pair(stored, pair, out)
+        if stored["settings"] != settings:
+            raise ValueError(f"{out} holds data built with other settings "
+                             f"({stored['settings']}); use a new directory.")
+        manifest = stored
+    width = max(len(p) + len(r) for p, r in sequences)
+    fn = jax.jit(make_example_fn(target, drafter, temperature=temperature, mix_rate=mix_rate))
+    batches = list(_batches(sequences, batch_size, width))
+    per_shard = batch_size * shard_batches
+    for shard_start in tqdm(range(0, len(sequences), per_shard), desc="acceptance data",
+                            unit="shard", disable=not progress):
+        name = f"shard-{shard_start // per_shard:05d}.npz"
+        if name in manifest["shards"]:
+            continue  # written by an earlier (interrupted) run
+        began = time.perf_counter()
+        features, labels = [], []
+        for start, batch in batches:
+            if not shard_start <= start < shard_start + per_shard:
+                continue
+            f, y, keep = jax.device_get(fn(target_params, drafter_params, batch,
+                                           jax.random.fold_in(jax.random.PRNGKey(seed), start)))
+            features.append(f[keep].astype(np.float16))
+            labels.append(y[keep].astype(np.float32))
+        np.savez(out / name, features=np.concatenate(features), labels=np.concatenate(labels))
+        manifest["shards"][name] = {"examples": int(sum(len(y) for y in labels)),
+                                    "seconds": time.perf_counter() - began}
+        manifest_path.write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def check_pair(manifest: dict, pair: dict, where) -> None:
+    if manifest["pair"] != pair:
+        raise ValueError(f"the acceptance data in {where} was built for the pair "
+                         f"{manifest['pair']['drafter']} -> {manifest['pair']['target']} "
+                         "(or other weights), not for "
+                         f"{pair['drafter']} -> {pair['target']}; build data for this pair "
+                         "in a new directory.")
+
+
+def load_shards(out_dir: str | pathlib.Path, pair: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(features [n, D] float32, labels [n], manifest) of a finished build, for ``pair``."""
+    out = pathlib.Path(out_dir)
+    if not (out / MANIFEST).exists():
+        raise FileNotFoundError(f"{out} holds no acceptance data ({MANIFEST} missing).")
+    manifest = json.loads((out / MANIFEST).read_text())
+    check_pair(manifest, pair, out)
+    arrays = [np.load(out / name) for name in sorted(manifest["shards"])]
+    return (np.concatenate([a["features"] for a in arrays]).astype(np.float32),
+            np.concatenate([a["labels"] for a in arrays]), manifest)

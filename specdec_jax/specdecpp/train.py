@@ -1,0 +1,181 @@
+"""Training the acceptance head on the training core (seed 004 §4.2).
+
+Loss, per example with soft label ``P`` (the acceptance probability) and
+prediction ``P_hat = sigmoid(f(e))``::
+
+    -w_acc * P log P_hat - w_rej * (1 - P) log(1 - P_hat)
+
+``w_rej > 1`` makes predicted acceptances costlier to get wrong (a missed
+rejection wastes a target call, an early stop only a draft), which is why the
+seed recommends ``w_rej = 6``. The fit is reported as the unweighted binary
+KL ``KL(Bern(P) || Bern(P_hat))`` on training and held-out examples, next to
+the best constant predictor (``P_hat = mean P`` of the training set), which a
+useful head must beat (seed 004 Table 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from specdec_jax.training.data import epoch_indices
+
+REPLICATED = ((r".*", PartitionSpec()),)  # the head is small: every device holds it
+
+
+@flax.struct.dataclass
+class FeatureBatch:
+    features: jax.Array  # float32 [B, D]: the drafter's hidden state at a candidate token
+    labels: jax.Array  # float32 [B]: P = min(1, p(Y) / q(Y))
+    weights: jax.Array  # float32 [B]: 1 for real examples, 0 for padding
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FeatureDataset:
+    """(feature, soft label) examples with the training core's data protocol
+    (``batch(index, batch_size, seed)``: a pure function of its arguments)."""
+
+    features: np.ndarray  # [N, D]
+    labels: np.ndarray  # [N]
+
+    def __post_init__(self):
+        if len(self.features) == 0 or len(self.features) != len(self.labels):
+            raise ValueError(f"{len(self.features)} features and {len(self.labels)} labels: "
+                             "need the same, non-zero number.")
+        if not np.all((self.labels >= 0) & (self.labels <= 1)):
+            raise ValueError("acceptance labels must lie in [0, 1].")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, rows) -> FeatureDataset:
+        return FeatureDataset(self.features[rows], self.labels[rows])
+
+    def _batch(self, rows: np.ndarray, real: int) -> FeatureBatch:
+        weights = (np.arange(len(rows)) < real).astype(np.float32)
+        return FeatureBatch(features=self.features[rows].astype(np.float32),
+                            labels=self.labels[rows].astype(np.float32), weights=weights)
+
+    def batch(self, index: int, batch_size: int, seed: int) -> FeatureBatch:
+        rows = epoch_indices(len(self), index, batch_size, seed)
+        return self._batch(rows, batch_size)
+
+    def batches(self, batch_size: int) -> list[FeatureBatch]:
+        out = []
+        for start in range(0, len(self), batch_size):
+            rows = np.arange(start, min(start + batch_size, len(self)))
+            real = len(rows)
+            rows = np.concatenate([rows, np.zeros(batch_size - real, np.int64)])
+            out.append(self._batch(rows, real))
+        return out
+
+
+def binary_kl(label: jax.Array, logit: jax.Array) -> jax.Array:
+    """KL(Bern(label) || Bern(sigmoid(logit))), with 0 log 0 = 0."""
+    log_p, log_1p = jax.nn.log_sigmoid(logit), jax.nn.log_sigmoid(-logit)
+    entropy_terms = jnp.where(label > 0, label * jnp.log(jnp.maximum(label, 1e-30)), 0.0) + \
+        jnp.where(label < 1, (1 - label) * jnp.log(jnp.maximum(1 - label, 1e-30)), 0.0)
+    return entropy_terms - label * log_p - (1 - label) * log_1p
+
+
+def make_head_loss(*, w_acc: float = 1.0, w_rej: float = 6.0):
+    """A training-core ``LossFn`` for the head (``model`` is the AcceptanceHead)."""
+    if w_acc <= 0 or w_rej <= 0:
+        raise ValueError(f"w_acc and w_rej must be > 0, got {w_acc} and {w_rej}.")
+
+    def loss_fn(model, params, batch: FeatureBatch, rng, extras=None):  # noqa: ARG001
+        logit = model.logits(params, batch.features)
+        bce = -(w_acc * batch.labels * jax.nn.log_sigmoid(logit)
+                + w_rej * (1 - batch.labels) * jax.nn.log_sigmoid(-logit))
+        weight_sum = batch.weights.sum()
+        loss_sum = (bce * batch.weights).sum()
+        predicted_accept = logit > 0
+        return loss_sum / jnp.maximum(weight_sum, 1.0), {
+            "loss_sum": loss_sum, "weight_sum": weight_sum,
+            "binary_kl_sum": (binary_kl(batch.labels, logit) * batch.weights).sum(),
+            "correct": ((predicted_accept == (batch.labels > 0.5)) * batch.weights).sum()}
+
+    return loss_fn
+
+
+def constant_binary_kl(train_labels: np.ndarray, labels: np.ndarray) -> float:
+    """Mean binary KL of the best constant predictor (the training mean) on ``labels``."""
+    mean = float(np.clip(np.mean(train_labels), 1e-6, 1 - 1e-6))
+    logit = jnp.full(labels.shape, np.log(mean / (1 - mean)), jnp.float32)
+    return float(jnp.mean(binary_kl(jnp.asarray(labels, jnp.float32), logit)))
+
+
+def train_head(*, workdir: str, data_dir: str, pair: dict, depth: int = 3,
+               w_acc: float = 1.0, w_rej: float = 6.0, learning_rate: float = 5e-5,
+               epochs: float = 3.0, batch_size: int = 32, held_out_shards: int = 1,
+               seed: int = 0, progress: bool = True) -> dict:
+    """Trains a head on ``data_dir``'s shards (the last ``held_out_shards``
+    held out: their prompts are unseen) with Adam and a cosine schedule, the
+    drafter frozen (only its stored features are read). Saves the head to
+    ``workdir/head`` and returns the fit: binary KL on train and held-out
+    examples, and the constant predictor's."""
+    from specdec_jax.specdecpp.head import AcceptanceHead, HeadConfig, save_head  # noqa: PLC0415
+    from specdec_jax.training import loop  # noqa: PLC0415
+    from specdec_jax.training.optimizers import OptimizerConfig  # noqa: PLC0415
+
+    train_set, held_out, manifest = split_shards(data_dir, pair, held_out_shards)
+    head = AcceptanceHead(HeadConfig(hidden_size=train_set.features.shape[1], depth=depth))
+    params = head.init_params(jax.random.PRNGKey(seed),
+                              prior_acceptance=float(train_set.labels.mean()))
+    num_steps = max(1, int(round(epochs * len(train_set) / batch_size)))
+    optimizer = OptimizerConfig(name="adamw", learning_rate=learning_rate, schedule="cosine",
+                                total_steps=num_steps, weight_decay=0.0)
+    loss_fn = make_head_loss(w_acc=w_acc, w_rej=w_rej)
+    result = loop.train(model=head, params=params, optimizer=optimizer, data=train_set,
+                        num_steps=num_steps, batch_size=batch_size, workdir=workdir, seed=seed,
+                        loss_fn=loss_fn, eval_data=held_out,
+                        eval_every=max(num_steps // 10, 1), rules=REPLICATED,
+                        checkpoint_every=max(num_steps // 10, 1), progress=progress,
+                        fingerprint_extra={"data": str(data_dir), "w_acc": w_acc,
+                                           "w_rej": w_rej, "pair": pair})
+    fit = {name: mean_binary_kl(head, result.state.params, dataset)
+           for name, dataset in (("train", train_set), ("held_out", held_out))}
+    summary = {
+        "depth": depth, "w_acc": w_acc, "w_rej": w_rej, "learning_rate": learning_rate,
+        "epochs": epochs, "steps": num_steps, "batch_size": batch_size,
+        "train_examples": len(train_set), "held_out_examples": len(held_out),
+        "binary_kl": fit,
+        "constant_binary_kl": {
+            "train": constant_binary_kl(train_set.labels, train_set.labels),
+            "held_out": constant_binary_kl(train_set.labels, held_out.labels)},
+        "mean_label": {"train": float(train_set.labels.mean()),
+                       "held_out": float(held_out.labels.mean())},
+        "data": manifest["settings"], "seconds": result.seconds}
+    save_head(f"{workdir}/head", head, result.state.params, drafter_name=pair["drafter"],
+              fingerprint=pair["drafter_fingerprint"], extra={"training": summary})
+    return summary
+
+
+def split_shards(data_dir: str, pair: dict, held_out_shards: int
+                 ) -> tuple[FeatureDataset, FeatureDataset, dict]:
+    """(train, held-out, manifest): whole shards are held out, so held-out
+    examples come from prompts the head never saw."""
+    from specdec_jax.specdecpp import data as data_lib  # noqa: PLC0415
+
+    features, labels, manifest = data_lib.load_shards(data_dir, pair)
+    names = sorted(manifest["shards"])
+    if not 1 <= held_out_shards < len(names):
+        raise ValueError(f"{data_dir} has {len(names)} shards; held_out_shards must be in "
+                         f"1..{len(names) - 1}.")
+    sizes = [manifest["shards"][n]["examples"] for n in names]
+    cut = sum(sizes[:len(names) - held_out_shards])
+    dataset = FeatureDataset(features, labels)
+    return dataset.subset(slice(0, cut)), dataset.subset(slice(cut, None)), manifest
+
+
+def mean_binary_kl(head, params, dataset: FeatureDataset, batch_size: int = 4096) -> float:
+    total = 0.0
+    for batch in dataset.batches(batch_size):
+        kl = binary_kl(jnp.asarray(batch.labels), head.logits(params, jnp.asarray(batch.features)))
+        total += float((kl * batch.weights).sum())
+    return total / len(dataset)

@@ -1,0 +1,286 @@
+"""SpecDec++ (ALGORITHMS.md §6): the acceptance head, adaptive draft lengths in
+the jitted loop, and exactness. Where a row stops drafting depends only on the
+drafter's side, so token and block verification of the ragged blocks keep the
+target's law (chi-square on enumerable toy models, T = 1), and greedy
+SpecDec++ equals greedy target decoding token for token.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import targets
+from specdec_jax.api import sampling_params
+from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.drafting.adaptive import AdaptiveDrafter, target_widths
+from specdec_jax.models.interface import make_prompt
+from specdec_jax.specdecpp import (
+    AcceptanceHead,
+    HeadConfig,
+    drafter_fingerprint,
+    load_head,
+    save_head,
+)
+from specdec_jax.verify import (
+    TokenVerifier,
+    block_lengths,
+    correction_or_bonus,
+    gather_token_probs,
+    leading_accepts,
+)
+from specdec_jax.verify_block import BlockVerifier, SeedBlockVerifier
+from tests.exactness import (
+    DRAFTER,
+    DRAFTER_PARAMS,
+    LENGTH,
+    P_MIN,
+    PROMPT,
+    ROWS,
+    TARGET,
+    TARGET_PARAMS,
+    V,
+    chi_square_pvalue,
+    exact_sequence_probs,
+)
+
+K_MAX = 4
+# The toy drafter's hidden state is the one-hot of its context (V ** 1 rows).
+HEAD = AcceptanceHead(HeadConfig(hidden_size=V, depth=1))
+
+
+def head_params(bias: float | None = None, seed: int = 21) -> dict:
+    """A random head whose predictions differ by context (so rows stop at
+    different lengths), or a constant one (``bias``: its logit)."""
+    params = HEAD.init_params(jax.random.PRNGKey(seed))
+    kernel = 2.0 * jax.random.normal(jax.random.PRNGKey(seed + 1), (V, 1))
+    if bias is not None:
+        kernel = jnp.zeros((V, 1))
+    return {**params, "output": {"kernel": kernel,
+                                 "bias": jnp.full((1,), 0.5 if bias is None else bias)}}
+
+
+ADAPTIVE = AdaptiveDrafter(DRAFTER, HEAD)
+
+
+def generate(verifier, *, threshold=0.5, temperature=1.0, rows=ROWS, max_new_tokens=LENGTH,
+             head=None, gamma=K_MAX, prompts=None, seed=0, drafter=ADAPTIVE):
+    decoder = SpeculativeDecoder(target=TARGET, drafter=drafter,
+                                 target_fn=targets.get_target("specdecode"), gamma=gamma,
+                                 max_new_tokens=max_new_tokens, verifier=verifier)
+    params = drafter.select_params({drafter.name: DRAFTER_PARAMS,
+                                    drafter.head_name: head_params() if head is None else head})
+    prompt = make_prompt(prompts or [list(PROMPT)] * rows)
+    return jax.jit(decoder.generate)(
+        TARGET_PARAMS, params, prompt, jax.random.PRNGKey(seed),
+        sampling_params(temperature=temperature, stop_threshold=threshold))
+
+
+def target_probs():
+    return exact_sequence_probs(lambda c: TARGET.next_probs(TARGET_PARAMS, c))
+
+
+@pytest.mark.parametrize("verifier", [TokenVerifier(), BlockVerifier()], ids=["token", "block"])
+def test_adaptive_drafting_keeps_the_target_law(verifier):
+    out = generate(verifier)
+    assert np.all(np.asarray(out.lengths) == LENGTH)
+    assert chi_square_pvalue(np.asarray(out.tokens), target_probs()) > P_MIN
+    stats = out.stats
+    per_round = np.asarray(stats.drafted).sum() / np.asarray(stats.target_calls).sum()
+    assert 1.0 < per_round < K_MAX, f"rows stop at different lengths ({per_round:.2f})"
+    assert np.asarray(stats.rejections).sum() > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BonusFromResidual(TokenVerifier):
+    """Known-wrong: caps acceptance at the row's count but, when a short block
+    is accepted whole, draws the next token from the residual at its end
+    instead of the target's law there (ignores the count for the bonus)."""
+
+    def __call__(self, key, drafts_BxG, q_BxGxV, pi_BxGxV, bonus_BxV, state=None,
+                 count_B=None):
+        accept_key, sample_key = jax.random.split(key)
+        u_BxG = jax.random.uniform(accept_key, drafts_BxG.shape)
+        accepted_B = jnp.minimum(
+            leading_accepts(u_BxG * gather_token_probs(q_BxGxV, drafts_BxG)
+                            < gather_token_probs(pi_BxGxV, drafts_BxG)),
+            block_lengths(drafts_BxG, count_B))
+        next_B = correction_or_bonus(sample_key, accepted_B, q_BxGxV, pi_BxGxV, bonus_BxV)
+        return self.output(accepted_B, next_B, state)
+
+    @staticmethod
+    def output(accepted_B, next_B, state):
+        from specdec_jax.verify import VerifyOutput  # noqa: PLC0415
+
+        return VerifyOutput(num_accepted=accepted_B, next_token=next_B, state=state)
+
+
+def test_ignoring_the_count_for_the_bonus_is_caught():
+    """The chi-square test separates the known-wrong verifier (measured
+    p = 1.5e-297; the correct token verifier on the same draws: p = 0.067)."""
+    out = generate(BonusFromResidual())
+    assert chi_square_pvalue(np.asarray(out.tokens), target_probs()) < 1e-12
+
+
+@pytest.mark.parametrize("verifier", [TokenVerifier(), BlockVerifier()], ids=["token", "block"])
+def test_greedy_specdecpp_equals_greedy_target(verifier):
+    prompts = [[1, 2], [3], [0, 3, 1], [2, 2]]
+    out = generate(verifier, temperature=0.0, rows=None, prompts=prompts, max_new_tokens=12)
+    ar = SpeculativeDecoder(target=TARGET, drafter=DRAFTER,
+                            target_fn=targets.get_target("specdecode"), gamma=1,
+                            max_new_tokens=12)
+    reference = jax.jit(ar.generate)(TARGET_PARAMS, DRAFTER_PARAMS, make_prompt(prompts),
+                                     jax.random.PRNGKey(0), sampling_params())
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
+
+
+@pytest.mark.parametrize("bias, drafts, fed", [(-8.0, 1, 2), (8.0, 8, 9)])
+def test_target_pays_only_for_the_longest_row(bias, drafts, fed):
+    """A head that predicts rejection stops every row after one draft: the
+    target scores 2 positions a round, not K_max + 1 = 9; one that predicts
+    acceptance drafts K_max."""
+    out = generate(TokenVerifier(), head=head_params(bias=bias), gamma=8, rows=16,
+                   max_new_tokens=20)
+    calls = np.asarray(out.stats.target_calls).sum()
+    assert np.asarray(out.stats.drafted).sum() == drafts * calls
+    assert np.asarray(out.stats.target_fed).sum() == fed * calls
+    assert target_widths(8) == (2, 4, 8, 9)
+
+
+def test_head_is_a_residual_mlp_with_its_own_layers():
+    head = AcceptanceHead(HeadConfig(hidden_size=8, depth=3))
+    params = head.init_params(jax.random.PRNGKey(0), prior_acceptance=0.8)
+    assert sorted(params) == ["output", "residual_0", "residual_1", "residual_2"]
+    kernels = [np.asarray(params[f"residual_{k}"]["kernel"]) for k in range(3)]
+    assert not np.allclose(kernels[0], kernels[1])  # no weight sharing
+    hidden = jax.random.normal(jax.random.PRNGKey(1), (5, 8))
+    np.testing.assert_allclose(head.accept_probs(params, hidden), 0.8, rtol=1e-5)
+    x = hidden
+    for k in range(3):
+        layer = params[f"residual_{k}"]
+        x = x + jax.nn.silu(x @ layer["kernel"] + layer["bias"])
+    params["output"]["kernel"] = jnp.ones((8, 1))
+    np.testing.assert_allclose(head.logits(params, hidden),
+                               x.sum(-1) + params["output"]["bias"][0], rtol=1e-5)
+
+
+def test_head_saves_with_its_drafter_and_refuses_another(tmp_path):
+    params = head_params()
+    save_head(tmp_path / "head", HEAD, params, drafter_name="toy",
+              fingerprint=drafter_fingerprint(DRAFTER_PARAMS))
+    head, loaded, meta = load_head(tmp_path / "head", drafter_name="toy",
+                                   drafter_params=DRAFTER_PARAMS)
+    assert head == HEAD and meta["drafter"] == "toy"
+    jax.tree_util.tree_map(np.testing.assert_array_equal, loaded, params)
+    other = DRAFTER.init_params(jax.random.PRNGKey(99))
+    with pytest.raises(ValueError, match="trained for drafter 'toy'.*Train a head"):
+        load_head(tmp_path / "head", drafter_name="toy", drafter_params=other)
+    with pytest.raises(ValueError, match="not for 'qwen"):
+        load_head(tmp_path / "head", drafter_name="qwen2.5-coder-0.5b",
+                  drafter_params=DRAFTER_PARAMS)
+
+
+def test_bad_settings_fail_with_the_fix():
+    with pytest.raises(ValueError, match=r"stop_threshold .* must be in \(0, 1\)"):
+        sampling_params(stop_threshold=1.0)
+    with pytest.raises(ValueError, match="depth D must be in 0..4"):
+        HeadConfig(hidden_size=4, depth=5)
+    with pytest.raises(ValueError, match="K_max .* must be >= 1"):
+        generate(TokenVerifier(), gamma=0, rows=2)
+    with pytest.raises(ValueError, match="block-seed .* cannot verify adaptive"):
+        generate(SeedBlockVerifier(), rows=2)
+    with pytest.raises(KeyError, match="acceptance head"):
+        ADAPTIVE.select_params({"drafter": DRAFTER_PARAMS})
+
+
+def test_stdlib_prompts_are_a_recorded_seeded_sample_disjoint_from_humaneval():
+    from specdec_jax.data import humaneval  # noqa: PLC0415
+    from specdec_jax.specdecpp.prompts import stdlib_prompts  # noqa: PLC0415
+
+    entry_points = [p["entry_point"] for p in humaneval.load_problems()]
+    prompts, record = stdlib_prompts(500, seed=0, exclude_names=entry_points)
+    again, record_again = stdlib_prompts(500, seed=0, exclude_names=entry_points)
+    assert prompts == again and record == record_again and record["size"] == 500
+    assert record["candidates"] >= 500 and "standard library" in record["source"]
+    names = {i.split(":")[1] for i, _, _ in prompts}
+    assert not names & set(entry_points)
+    for _, text, body in prompts[:50]:
+        compile(text + "    pass\n", "<prompt>", "exec")  # a well-formed def + docstring
+        assert text.startswith("def ") and '"""' in text
+        if body:  # the real implementation completes the prompt into valid code
+            compile(text + body, "<function>", "exec")
+    assert stdlib_prompts(500, seed=1)[1]["sha256"] != record["sha256"]
+    with pytest.raises(ValueError, match="offers"):
+        stdlib_prompts(10**6)
+
+
+def test_acceptance_data_labels_mix_and_shards(tmp_path):
+    """Labels are min(1, p(Y)/q(Y)) at the response's contexts, about 85% of
+    the positions come from Y, the build resumes, and another pair's data is
+    refused."""
+    from specdec_jax.specdecpp import data  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    sequences = [([1, 2], rng.integers(0, V, 12).tolist()) for _ in range(20)]
+    pair = data.pair_record(target_name="table2", target_params=TARGET_PARAMS,
+                            drafter_name="table1", drafter_params=DRAFTER_PARAMS)
+    kwargs = dict(target=TARGET, target_params=TARGET_PARAMS, drafter=DRAFTER,
+                  drafter_params=DRAFTER_PARAMS, pair=pair, sequences=sequences,
+                  prompts_record={"source": "random"}, source="corpus", batch_size=4,
+                  shard_batches=2, progress=False)
+    manifest = data.build_shards(tmp_path, **kwargs)
+    assert len(manifest["shards"]) == 3  # 20 sequences, 8 per shard
+    features, labels, _ = data.load_shards(tmp_path, pair)
+    assert 0.75 < len(labels) / (20 * 12) < 0.95  # r = 0.15 of positions keep X
+    assert data.build_shards(tmp_path, **kwargs) == manifest  # nothing left to do
+
+    # Recompute every label: the drafter's feature is the one-hot of the token
+    # just fed (Y_i); the label's context is the prompt and X_<i.
+    fn = data.make_example_fn(TARGET, DRAFTER, temperature=1.0)
+    batch = next(data._batches(sequences[:4], 4, 14))[1]
+    f, y, keep = jax.device_get(fn(TARGET_PARAMS, DRAFTER_PARAMS, batch, jax.random.PRNGKey(0)))
+    checked = 0
+    for b, t in zip(*np.nonzero(keep)):
+        context = tuple(int(x) for x in np.asarray(batch.targets)[b, :t + 1])
+        token = int(np.argmax(f[b, t]))
+        want = min(1.0, TARGET.next_probs(TARGET_PARAMS, context)[token] /
+                   DRAFTER.next_probs(DRAFTER_PARAMS, context)[token])
+        np.testing.assert_allclose(y[b, t], want, rtol=1e-4)
+        checked += 1
+    assert checked > 30
+
+    other = data.pair_record(target_name="table2", target_params=DRAFTER_PARAMS,
+                             drafter_name="table1", drafter_params=DRAFTER_PARAMS)
+    with pytest.raises(ValueError, match="built for the pair table1 -> table2"):
+        data.load_shards(tmp_path, other)
+
+
+def test_head_trains_on_the_core_and_beats_the_constant_predictor(tmp_path):
+    """Toy pair data (the drafter's feature is the one-hot of the candidate
+    token, which partly predicts its acceptance): the trained head's held-out
+    binary KL is below the best constant's; the head is saved for its drafter
+    and drives the adaptive drafter."""
+    from specdec_jax.specdecpp import data, train  # noqa: PLC0415
+
+    rng = np.random.default_rng(1)
+    sequences = [([1, 2], rng.integers(0, V, 16).tolist()) for _ in range(64)]
+    pair = data.pair_record(target_name="table2", target_params=TARGET_PARAMS,
+                            drafter_name="table1", drafter_params=DRAFTER_PARAMS)
+    data.build_shards(tmp_path / "data", target=TARGET, target_params=TARGET_PARAMS,
+                      drafter=DRAFTER, drafter_params=DRAFTER_PARAMS, pair=pair,
+                      sequences=sequences, prompts_record={"source": "random"},
+                      source="corpus", batch_size=8, shard_batches=2, progress=False)
+    summary = train.train_head(workdir=str(tmp_path / "run"), data_dir=str(tmp_path / "data"),
+                               pair=pair, depth=1, w_rej=1.0, learning_rate=0.05, epochs=4,
+                               batch_size=32, progress=False)
+    assert summary["binary_kl"]["held_out"] < 0.9 * summary["constant_binary_kl"]["held_out"]
+    assert summary["binary_kl"]["train"] < summary["constant_binary_kl"]["train"]
+    head, params, _ = load_head(tmp_path / "run" / "head", drafter_name="table1",
+                                drafter_params=DRAFTER_PARAMS)
+    drafter = AdaptiveDrafter(DRAFTER, head)
+    out = generate(TokenVerifier(), head=params, drafter=drafter, rows=8, max_new_tokens=8)
+    assert np.all(np.asarray(out.lengths) == 8)
+    with pytest.raises(ValueError, match="held_out_shards must be in"):
+        train.split_shards(str(tmp_path / "data"), pair, held_out_shards=4)
