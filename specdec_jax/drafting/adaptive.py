@@ -37,7 +37,7 @@ from specdec_jax.drafting.base import (
     extend_from_history,
     start_token_and_prefill,
 )
-from specdec_jax.drafting.model import has_nan
+from specdec_jax.drafting.model import ModelDrafterState, SingleModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
 from specdec_jax.specdecpp.head import AcceptanceHead
 from specdec_jax.verify import sample_from_weights
@@ -47,11 +47,6 @@ Array = jax.Array
 DEFAULT_MAX_DRAFTS = 20  # K_max of seed 004
 # Target call widths (tokens fed: pending + drafts) compiled besides K_max + 1.
 SMALL_TARGET_WIDTHS = (2, 4, 8, 12)
-
-
-@flax.struct.dataclass
-class AdaptiveDrafterState:
-    cache: object  # the drafter model's cache; cache.lengths = history tokens it holds
 
 
 @flax.struct.dataclass
@@ -75,7 +70,7 @@ def target_widths(max_drafts: int, small=SMALL_TARGET_WIDTHS) -> tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveDrafter:
+class AdaptiveDrafter(SingleModelDrafter):
     """A neural drafter with SpecDec++'s stopping rule (module docstring).
 
     Params: ``(model_params, head_params)`` from ``select_params({name: ...,
@@ -89,14 +84,6 @@ class AdaptiveDrafter:
     eos_ids: tuple[int, ...] = ()
     widths: tuple[int, ...] | None = None
     catch_up_widths: tuple[int, ...] = (1, 2)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.vocab_size
-
-    @property
-    def model_names(self) -> tuple[str, ...]:
-        return (self.name,)
 
     @property
     def head_name(self) -> str:
@@ -117,14 +104,14 @@ class AdaptiveDrafter:
         return named[self.name], named[self.head_name]
 
     def init(self, params, prompt: Prompt, max_length: int,
-             encoder_decoder: bool) -> AdaptiveDrafterState:
+             encoder_decoder: bool) -> ModelDrafterState:
         del encoder_decoder
         cache, _ = start_token_and_prefill(self.model, params[0], prompt, max_length)
-        return AdaptiveDrafterState(cache=cache)
+        return ModelDrafterState(cache=cache)
 
-    def propose(self, params, state: AdaptiveDrafterState, context: Context, num: int,
+    def propose(self, params, state: ModelDrafterState, context: Context, num: int,
                 with_next: bool, key: Array, sp: sampling.SamplingParams,
-                config: sampling.SamplingConfig) -> tuple[Proposal, AdaptiveDrafterState]:
+                config: sampling.SamplingConfig) -> tuple[Proposal, ModelDrafterState]:
         del with_next  # every offered draft is fed (the head needs e_i): q_{count+1} is known
         if num < 1:
             raise ValueError(f"K_max (the decoder's gamma) must be >= 1, got {num}.")
@@ -176,9 +163,4 @@ class AdaptiveDrafter:
         proposal = Proposal(tokens=loop.tokens, q=loop.q, q_stat=loop.q_stat, hidden=loop.hidden,
                             calls=(calls_B + steps)[:, None], fed=(fed_B + steps)[:, None],
                             single=(single_B + steps)[:, None], nan=loop.nan, count=loop.count)
-        return proposal, AdaptiveDrafterState(cache=loop.cache)
-
-    def rewind(self, state: AdaptiveDrafterState, valid_B: Array) -> AdaptiveDrafterState:
-        cache = state.cache
-        return AdaptiveDrafterState(
-            cache=cache.replace(lengths=jnp.minimum(cache.lengths, valid_B)))
+        return proposal, ModelDrafterState(cache=loop.cache)

@@ -32,8 +32,26 @@ class ModelDrafterState:
     cache: object  # the model's cache; cache.lengths = history tokens it holds
 
 
+class SingleModelDrafter:
+    """What drafters that run one neural model (``self.model``, named
+    ``self.name``) share: the vocabulary, the model's name, and rewinding its
+    cache (a ``ModelDrafterState``) to the history tokens that were kept."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def rewind(self, state: ModelDrafterState, valid_B: Array) -> ModelDrafterState:
+        cache = state.cache
+        return state.replace(cache=cache.replace(lengths=jnp.minimum(cache.lengths, valid_B)))
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelDrafter:
+class ModelDrafter(SingleModelDrafter):
     """Samples ``G`` tokens from ``model``, one forward call per token.
 
     A round's first call feeds a window ending at the pending token (width 1,
@@ -52,14 +70,6 @@ class ModelDrafter:
     # Width 1 (the pending token alone) serves rounds where no row lags; width
     # 2 also feeds a draft the previous round accepted without feeding it.
     catch_up_widths: tuple[int, ...] = (1, 2)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.vocab_size
-
-    @property
-    def model_names(self) -> tuple[str, ...]:
-        return (self.name,)
 
     def select_params(self, named: dict):
         return named[self.name]
@@ -102,8 +112,3 @@ class ModelDrafter:
                             single=(single_B + steps)[:, None],
                             nan=nan_B + jnp.sum(nan_TxB, axis=0))
         return proposal, ModelDrafterState(cache=cache)
-
-    def rewind(self, state: ModelDrafterState, valid_B: Array) -> ModelDrafterState:
-        cache = state.cache
-        return ModelDrafterState(cache=cache.replace(lengths=jnp.minimum(cache.lengths,
-                                                                         valid_B)))
