@@ -89,6 +89,12 @@ def _t5_pair(target: str, drafter: str) -> sweep.ModelPair:
         decode=vocab.decode, eos_ids=vocab.eos_token_ids, names=(target, drafter))
 
 
+def _is_t5_member(name: str) -> bool:
+    from specdec_jax.training import pair as t5_pair  # noqa: PLC0415
+
+    return t5_pair.is_member(name)
+
+
 def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequence[float]],
               out_dir: str, stem: str, split: str = "test", num_examples: int = 30,
               gammas: Sequence[int] = (5,), temperatures: Sequence[float] = (0.0,),
@@ -113,6 +119,13 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                 "target": target, "drafter": drafter, "max_new_tokens": max_new_tokens,
                 "seed": seed, "dtype": dtype, "batch_size": batch_size,
                 "example_ids": [ex.id for ex in examples]}
+    if pair.names[0] not in TOY_MODELS and _is_t5_member(target):
+        # Trained members change when retrained: a stored sweep of other weights
+        # must not be resumed (registry checkpoints are pinned by sha256).
+        from specdec_jax.checkpoints.tree_paths import params_fingerprint  # noqa: PLC0415
+
+        settings["weights"] = {"target": params_fingerprint(pair.target_params),
+                               "drafter": params_fingerprint(pair.drafter_params)}
     out = pathlib.Path(out_dir)
     json_path = out / f"{stem}.json"
     stored = sweep.load_or_start(json_path, settings)  # fails early on a settings mismatch

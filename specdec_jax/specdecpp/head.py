@@ -20,7 +20,6 @@ saved with that drafter's name and a fingerprint of its parameters, and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -31,12 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.checkpoints.tree_paths import params_fingerprint as drafter_fingerprint
+
 META_FILE = "head.json"
 PARAMS_DIR = "params"
 MAX_DEPTH = 4
-# Values of each leaf the fingerprint reads (from both ends): it tells drafters
-# apart cheaply (a 0.5B model is hashed in milliseconds), it is not a tamper check.
-FINGERPRINT_VALUES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,20 +84,6 @@ class AcceptanceHead:
 
     def accept_probs(self, params: dict, hidden_xD: jax.Array) -> jax.Array:
         return jax.nn.sigmoid(self.logits(params, hidden_xD))
-
-
-def drafter_fingerprint(params: Any) -> str:
-    """sha256 over every leaf's path, shape, dtype and its first and last
-    ``FINGERPRINT_VALUES`` values: equal for the same weights, different for
-    another checkpoint or architecture."""
-    digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        array = np.asarray(leaf)
-        flat = array.reshape(-1)
-        digest.update(f"{jax.tree_util.keystr(path)}|{array.shape}|{array.dtype}|".encode())
-        digest.update(np.ascontiguousarray(flat[:FINGERPRINT_VALUES]).tobytes())
-        digest.update(np.ascontiguousarray(flat[-FINGERPRINT_VALUES:]).tobytes())
-    return digest.hexdigest()
 
 
 def save_head(path: str | os.PathLike, head: AcceptanceHead, params: dict, *,

@@ -321,6 +321,7 @@ def run_distillation(*, workdir: str, teacher_workdir: str, student_workdir: str
     params_dir = _export_params(workdir, num_steps, result.state.params)
     summary = {"teacher": str(teacher_workdir), "student": str(student_workdir), "task": task,
                "divergence": divergence, "data": data, "steps": num_steps,
+               "batch_size": batch_size,
                "config": dataclasses.asdict(student.config), "vocabulary": vocab.fingerprint,
                "vocabulary_path": str(vocab.path), "extra_ids": vocab.extra_ids,
                "params": str(params_dir), "before": before, "after": after,
