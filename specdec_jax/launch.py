@@ -27,6 +27,8 @@ JOBS = {
     "run_benchmark": "specdec_jax.evaluation.study:run_benchmark",
     "run_training": "specdec_jax.training.recipes:run_training",
     "run_distillation": "specdec_jax.training.recipes:run_distillation",
+    "run_specdecpp_data": "specdec_jax.specdecpp.jobs:run_specdecpp_data",
+    "run_specdecpp_train": "specdec_jax.specdecpp.jobs:run_specdecpp_train",
 }
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -284,3 +284,38 @@ def test_head_trains_on_the_core_and_beats_the_constant_predictor(tmp_path):
     assert np.all(np.asarray(out.lengths) == 8)
     with pytest.raises(ValueError, match="held_out_shards must be in"):
         train.split_shards(str(tmp_path / "data"), pair, held_out_shards=4)
+
+
+def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
+    """The gin jobs end to end on the byte-level toy pair (scores mean nothing)."""
+    import json  # noqa: PLC0415
+
+    from train import main as train_main  # noqa: PLC0415
+
+    toys = ["--gin.TARGET='toy-bytes-large'", "--gin.DRAFTER='toy-bytes-small'"]
+    for source in ("target", "corpus"):
+        out = tmp_path / source
+        assert train_main.main([
+            "--gin_file", "configs/runs/specdecpp_data.gin", *toys, f"--gin.OUT_DIR='{out}'",
+            "--gin.run_specdecpp_data.num_prompts=12",
+            "--gin.run_specdecpp_data.max_new_tokens=6",
+            f"--gin.run_specdecpp_data.source='{source}'",
+            "--gin.run_specdecpp_data.batch_size=2", "--gin.run_specdecpp_data.shard_batches=2",
+            "--gin.run_specdecpp_data.progress=False"]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["settings"]["source"] == source
+        assert manifest["settings"]["prompts"]["size"] == 12
+        assert len(manifest["shards"]) == 3 and manifest["pair"]["drafter"] == "toy-bytes-small"
+    head_dir = tmp_path / "head"
+    assert train_main.main([
+        "--gin_file", "configs/runs/specdecpp_train.gin", f"--gin.DATA_DIR='{tmp_path / 'target'}'",
+        f"--gin.WORKDIR='{head_dir}'", "--gin.DEPTH=0", "--gin.W_REJ=1.0",
+        "--gin.run_specdecpp_train.epochs=1.0", "--gin.run_specdecpp_train.batch_size=8",
+        "--gin.run_specdecpp_train.progress=False"]) == 0
+    summary = json.loads((head_dir / "summary.json").read_text())
+    assert summary["depth"] == 0 and summary["train_examples"] > summary["held_out_examples"] > 0
+    assert (head_dir / "head" / "head.json").exists()
+    with pytest.raises(ValueError, match="unknown data source"):
+        train_main.main(["--gin_file", "configs/runs/specdecpp_data.gin", *toys,
+                         f"--gin.OUT_DIR='{tmp_path / 'x'}'",
+                         "--gin.run_specdecpp_data.source='web'"])
