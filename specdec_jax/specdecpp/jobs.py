@@ -45,7 +45,7 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
         full = distill.teacher_continuations(
             teacher=pair.target, teacher_params=pair.target_params, prompts=prompts,
             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-            eos_ids=pair.eos_ids, batch_size=batch_size)
+            eos_ids=pair.eos_ids, batch_size=batch_size, progress=progress)
         responses = [seq[len(p):] for seq, p in zip(full, prompts)]
     else:
         responses = [pair.encode(prompt + body)[len(p):][:max_new_tokens]

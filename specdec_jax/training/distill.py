@@ -100,14 +100,18 @@ def _fixed_shape_batches(prompts: Sequence[Sequence[int]], batch_size: int):
 
 def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 1.0, seed: int = 0,
-                          eos_ids: Sequence[int] = (), batch_size: int = 32
-                          ) -> list[list[int]]:
+                          eos_ids: Sequence[int] = (), batch_size: int = 32,
+                          progress: bool = True) -> list[list[int]]:
     """The teacher's own samples after each prompt (decoder-only: prompt +
     continuation), the contexts a drafter meets during speculative decoding."""
+    from tqdm import tqdm  # noqa: PLC0415
+
     from specdec_jax import api  # noqa: PLC0415
 
     sequences = []
-    for start, prompt, chunk in _fixed_shape_batches(prompts, batch_size):
+    batches = tqdm(_fixed_shape_batches(prompts, batch_size), desc="teacher samples",
+                   total=-(-len(prompts) // batch_size), unit="batch", disable=not progress)
+    for start, prompt, chunk in batches:
         out = api.generate(target=teacher, target_params=teacher_params, prompts=prompt,
                            method="autoregressive", temperature=temperature,
                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed + start)

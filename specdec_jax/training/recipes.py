@@ -295,7 +295,7 @@ def run_distillation(*, workdir: str, teacher_workdir: str, student_workdir: str
         outputs = distill.teacher_continuations(
             teacher=teacher, teacher_params=teacher_params, prompts=inputs,
             max_new_tokens=target_length - 1, temperature=temperature, seed=seed,
-            eos_ids=vocab.eos_token_ids)
+            eos_ids=vocab.eos_token_ids, progress=progress)
         targets = [out if out and out[-1] == vocab.eos_id else out + [vocab.eos_id]
                    for out in (o[len(i):] for o, i in zip(outputs, inputs))]
         corpus = seq2seq_dataset(inputs, targets, input_length=input_length,
