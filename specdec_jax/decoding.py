@@ -48,6 +48,7 @@ from specdec_jax.targets import TargetFunction
 from specdec_jax.verify import (
     TokenVerifier,
     VerifyOutput,
+    block_lengths,
     emitted_tokens,
     sample_from_weights,
 )
@@ -325,13 +326,13 @@ class SpeculativeDecoder:
         pi_BxG1xV, defer_BxG1 = self.target_fn(proposal.q, dist.probs, proposal.q_stat,
                                                dist.stats, sp.alpha, sp.beta)
         bonus_BxG1xV = dist.probs if self.target_fn.bonus_from_target else pi_BxG1xV
-        offered_B = jnp.full_like(state.length, g) if count_B is None else count_B
+        offered_B = block_lengths(drafts_BxG, count_B)
         bonus_BxV = jnp.take_along_axis(bonus_BxG1xV, offered_B[:, None, None], axis=1)[:, 0]
         if g == 0:  # the oracle cascade: no drafts to verify, y ~ pi_1
             verdict = VerifyOutput(num_accepted=jnp.zeros_like(state.length),
                                    next_token=sample_from_weights(verify_key, bonus_BxV),
                                    state=state.verifier_state)
-        elif count_B is None:
+        elif count_B is None:  # verifiers written before ragged blocks take no count_B
             verdict = self.verifier(verify_key, drafts_BxG, proposal.q[:, :g],
                                     pi_BxG1xV[:, :g], bonus_BxV, state.verifier_state)
         else:

@@ -119,7 +119,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                 "target": target, "drafter": drafter, "max_new_tokens": max_new_tokens,
                 "seed": seed, "dtype": dtype, "batch_size": batch_size,
                 "example_ids": [ex.id for ex in examples]}
-    if pair.names[0] not in TOY_MODELS and _is_t5_member(target):
+    if _is_t5_member(target):
         # Trained members change when retrained: a stored sweep of other weights
         # must not be resumed (registry checkpoints are pinned by sha256).
         from specdec_jax.checkpoints.tree_paths import params_fingerprint  # noqa: PLC0415

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from specdec_jax.training.data import epoch_indices
+from specdec_jax.training.data import epoch_indices, padded_chunks
 
 REPLICATED = ((r".*", PartitionSpec()),)  # the head is small: every device holds it
 
@@ -66,13 +66,7 @@ class FeatureDataset:
         return self._batch(rows, batch_size)
 
     def batches(self, batch_size: int) -> list[FeatureBatch]:
-        out = []
-        for start in range(0, len(self), batch_size):
-            rows = np.arange(start, min(start + batch_size, len(self)))
-            real = len(rows)
-            rows = np.concatenate([rows, np.zeros(batch_size - real, np.int64)])
-            out.append(self._batch(rows, real))
-        return out
+        return [self._batch(rows, real) for rows, real in padded_chunks(len(self), batch_size)]
 
 
 def binary_kl(label: jax.Array, logit: jax.Array) -> jax.Array:

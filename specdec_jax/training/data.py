@@ -32,6 +32,15 @@ def epoch_indices(n: int, index: int, batch_size: int, seed: int) -> np.ndarray:
     return out
 
 
+def padded_chunks(n: int, batch_size: int):
+    """Yields (rows [batch_size], real): ``n`` examples in order, ``batch_size``
+    at a time, the last chunk padded with copies of example 0 that only its
+    first ``real`` rows are not (callers give those zero weight)."""
+    for start in range(0, n, batch_size):
+        rows = np.arange(start, min(start + batch_size, n))
+        yield np.concatenate([rows, np.zeros(batch_size - len(rows), np.int64)]), len(rows)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ArrayDataset:
     """Tokenised examples as right-padded arrays (row ``i`` is example ``i``)."""
@@ -77,12 +86,10 @@ class ArrayDataset:
         """The whole dataset in order (for evaluation); the last batch is padded
         with zero-weight copies of the first example so every batch has one shape."""
         out = []
-        for start in range(0, len(self), batch_size):
-            rows = np.arange(start, min(start + batch_size, len(self)))
-            padded = self.subset(np.concatenate([rows, np.zeros(batch_size - len(rows),
-                                                                np.int64)])).as_batch()
+        for rows, real in padded_chunks(len(self), batch_size):
+            padded = self.subset(rows).as_batch()
             weights = padded.weights.copy()
-            weights[len(rows):] = 0.0
+            weights[real:] = 0.0
             out.append(padded.replace(weights=weights))
         return out
 

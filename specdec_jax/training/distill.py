@@ -141,7 +141,7 @@ def block_efficiency(*, target, target_params, drafter, drafter_params,
         emitted += np.asarray(out.stats.emitted)[:real].tolist()
         calls += np.asarray(out.stats.target_calls)[:real].tolist()
         accepted += (histogram * np.arange(gamma + 1)).sum(1).tolist()
-        proposed += (histogram.sum(1) * gamma).tolist()  # G proposals per round
+        proposed += np.asarray(out.stats.drafted)[:real].tolist()
     rows = list(zip(emitted, calls, accepted, proposed))
     ratio = lambda i, j: lambda items: sum(r[i] for r in items) / max(  # noqa: E731
         sum(r[j] for r in items), 1)
