@@ -224,7 +224,7 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
              Prompt, drafter: LanguageModel | None = None, drafter_params: Any = None,
              method: str = "specdecode", alpha: float = 0.0, beta: float = 1.0,
              gamma: int | None = None, verifier: str = "token", temperature: float = 0.0,
-             lenience: float = 1.0,
+             lenience: float = 1.0, stop_threshold: float = 0.7,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
              eos_ids: Sequence[int] = (), seed: int = 0, max_cache_length: int | None = None,
              pad_id: int = 0) -> GenerationOutput:
@@ -240,6 +240,8 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
       gamma: draft block length G (default 5; a K-matrix drafter fixes its own).
       verifier: ``token`` | ``block`` | ``block-seed``.
       lenience: CS Drafting lenience between drafters (>= 1; never the target).
+      stop_threshold: SpecDec++'s ``h`` for an ``AdaptiveDrafter``: a row stops
+        drafting once the predicted chance that a draft is rejected exceeds it.
       temperature, top_k, top_p: sampling transform (temperature 0 = greedy).
       max_new_tokens: generation budget per row; eos_ids end a row early.
       max_cache_length: the longest sequence the models may hold (e.g. their
@@ -263,7 +265,7 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
             f"gamma + 1 needs a cache of {needed} positions, beyond max_cache_length "
             f"{max_cache_length}; lower max_new_tokens or shorten the prompts.")
     sp = sampling_params(temperature=temperature, top_p=top_p, alpha=alpha, beta=beta,
-                         lenience=lenience)
+                         lenience=lenience, stop_threshold=stop_threshold)
     fn = make_generate_fn(target=target, drafter=drafter, method=method, gamma=gamma,
                           verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
                           eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id)

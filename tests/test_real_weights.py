@@ -95,7 +95,7 @@ def test_greedy_specdecode_equals_greedy_target(target_name, drafter_name, verif
                   max_new_tokens=NEW_TOKENS, eos_ids=tok.eos_token_ids)
     reference = sj.generate(method="autoregressive", **common)
     spec = sj.generate(method="specdecode", drafter=drafter, drafter_params=drafter_params,
-                       gamma=5, verifier=verifier, **common)
+                       gamma=5, verifier=verifier, stop_threshold=0.5, **common)
     np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(reference.lengths))
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(reference.tokens))
     assert int(jnp.sum(spec.stats.target_calls)) < int(jnp.sum(reference.stats.target_calls))
@@ -127,3 +127,36 @@ def test_greedy_cs_drafting_equals_greedy_target(spec, k_matrix):
                       gamma=None if k_matrix else 6, **common)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
     assert int(jnp.sum(out.stats.target_calls)) < int(jnp.sum(reference.stats.target_calls))
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_greedy_specdecpp_equals_greedy_target(verifier):
+    """SpecDec++ on the Qwen pair: where each row stops drafting is the head's
+    choice (a random D = 1 head with a non-zero output layer, so rows stop at
+    different lengths), yet the output is the 1.5B target's greedy output
+    token for token, in fewer target calls."""
+    import jax
+
+    from specdec_jax.drafting.adaptive import AdaptiveDrafter
+    from specdec_jax.specdecpp.head import AcceptanceHead, HeadConfig
+    target, target_params, tok = load("qwen2.5-coder-1.5b")
+    drafter_model, drafter_params, _ = load("qwen2.5-coder-0.5b")
+    head = AcceptanceHead(HeadConfig(hidden_size=drafter_model.config.hidden_size, depth=1))
+    head_params = head.init_params(jax.random.PRNGKey(0), prior_acceptance=0.8)
+    kernel = head_params["output"]["kernel"]
+    head_params["output"]["kernel"] = 0.05 * jax.random.normal(jax.random.PRNGKey(1),
+                                                                kernel.shape)
+    drafter = AdaptiveDrafter(drafter_model, head, eos_ids=tuple(tok.eos_token_ids))
+    params = drafter.select_params({drafter.name: drafter_params,
+                                    drafter.head_name: head_params})
+    prompts = [encode(tok, kind) for kind in PROMPTS]
+    common = dict(target=target, target_params=target_params, prompts=prompts,
+                  max_new_tokens=NEW_TOKENS, eos_ids=tok.eos_token_ids)
+    reference = sj.generate(method="autoregressive", **common)
+    out = sj.generate(method="specdecode", drafter=drafter, drafter_params=params, gamma=8,
+                      verifier=verifier, stop_threshold=0.5, **common)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
+    calls = np.asarray(out.stats.target_calls)
+    assert int(calls.sum()) < int(np.asarray(reference.stats.target_calls).sum())
+    drafts_per_call = np.asarray(out.stats.drafted) / calls
+    assert 1.0 < drafts_per_call.mean() < 8.0, "the head stops rows before K_max"

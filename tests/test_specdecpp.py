@@ -6,6 +6,8 @@ SpecDec++ equals greedy target decoding token for token.
 """
 
 import dataclasses
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -315,6 +317,28 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     summary = json.loads((head_dir / "summary.json").read_text())
     assert summary["depth"] == 0 and summary["train_examples"] > summary["held_out_examples"] > 0
     assert (head_dir / "head" / "head.json").exists()
+
+    # The benchmark on the toy pair: greedy SpecDec++ and greedy SpecDec
+    # reproduce the greedy target; the rates and the latency fit are sane.
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "eval"))
+    import bench_specdecpp  # noqa: PLC0415
+
+    report_path = tmp_path / "bench.json"
+    bench_specdecpp.main([
+        "--target", "toy-bytes-large", "--drafter", "toy-bytes-small",
+        "--head", str(head_dir / "head"), "--num-prompts", "3", "--max-new-tokens", "12",
+        "--timed-prompts", "2", "--thresholds", "0.3", "0.8", "--ks", "3",
+        "--k-max", "6", "--batch-size", "2", "--out", str(report_path),
+        "--markdown", str(tmp_path / "bench.md")])
+    report = json.loads(report_path.read_text())
+    assert all(g["identical_to_target"] for g in report["greedy"].values())
+    for counts in report["counts"].values():
+        assert counts["tokens"] == 3 * 12
+        assert 1 / 7 <= counts["verification_rate"]["value"] <= 1.0
+        assert counts["discard_rate"]["value"] >= 0.0
+    assert report["latency_model"]["runs"] == 2 * 4
+    assert "| SpecDec++ (best h)" in (tmp_path / "bench.md").read_text()
+    assert (tmp_path / "bench.png").exists()
     with pytest.raises(ValueError, match="unknown data source"):
         train_main.main(["--gin_file", "configs/runs/specdecpp_data.gin", *toys,
                          f"--gin.OUT_DIR='{tmp_path / 'x'}'",

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from specdec_jax import sampling
 from specdec_jax.specdecpp.head import drafter_fingerprint
 from specdec_jax.training.forward import Batch, teacher_forced
 
@@ -42,22 +41,29 @@ MIX_RATE = 0.15  # seed 004: each position keeps the target's token X_i with pro
 def make_example_fn(target, drafter, *, temperature: float, mix_rate: float = MIX_RATE):
     """(target_params, drafter_params, Batch, key) -> (features [B, L, D],
     labels [B, L], keep [B, L]): position ``t`` describes the token at
-    ``t + 1`` (decoder-only convention of ``training.forward``)."""
-    config = sampling.SamplingConfig()
-    sp_t = jnp.float32(temperature)
+    ``t + 1`` (decoder-only convention of ``training.forward``).
 
-    def probs(logits):
-        return sampling.distributions(logits, sp_t, jnp.float32(1.0), config).probs
+    Works in log space on the sampled token only: with a 152k vocabulary a
+    batch's full probability tensors are gigabytes each, and the label needs
+    just ``log p(Y) - log q(Y)`` (a gather minus a log-sum-exp)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for acceptance labels, got {temperature}; "
+                         "the head is trained on sampled drafts.")
+    inv_t = jnp.float32(1.0 / temperature)
+
+    def log_prob_of(logits, tokens):
+        scaled = logits.astype(jnp.float32) * inv_t
+        picked = jnp.take_along_axis(scaled, tokens[..., None], axis=-1)[..., 0]
+        return picked - jax.nn.logsumexp(scaled, axis=-1)
 
     def fn(target_params, drafter_params, batch: Batch, key):
         sample_key, mix_key = jax.random.split(key)
         q_logits, x_next, weights, _ = teacher_forced(drafter, drafter_params, batch)
         p_logits = teacher_forced(target, target_params, batch)[0]
-        q, p = probs(q_logits), probs(p_logits)
         y_next = jax.random.categorical(
-            sample_key, jnp.log(jnp.maximum(q, 1e-38))).astype(jnp.int32)
-        pick = lambda d, t: jnp.take_along_axis(d, t[..., None], axis=-1)[..., 0]  # noqa: E731
-        labels = jnp.minimum(1.0, pick(p, y_next) / jnp.maximum(pick(q, y_next), 1e-38))
+            sample_key, q_logits.astype(jnp.float32) * inv_t).astype(jnp.int32)
+        log_ratio = log_prob_of(p_logits, y_next) - log_prob_of(q_logits, y_next)
+        labels = jnp.exp(jnp.minimum(log_ratio, 0.0))  # min(1, p(Y) / q(Y))
         from_y = (jax.random.uniform(mix_key, x_next.shape) >= mix_rate) & (weights > 0)
         z_next = jnp.where(from_y, y_next, x_next)
         # Z in the sequence: position t + 1 holds z_next[t] wherever a response token sits.

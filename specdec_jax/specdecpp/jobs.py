@@ -25,7 +25,8 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
     """Data for the head of ``drafter`` under ``target`` (models as in the
     evaluation jobs) on ``num_prompts`` standard-library prompts (disjoint
     from HumanEval). ``source="target"``: X is the target's own sample at
-    ``temperature`` (up to ``max_new_tokens``), as the seed does;
+    ``temperature`` (up to ``max_new_tokens``), as the seed does, drawn by
+    speculative sampling with the pair (same law, fewer target calls);
     ``source="corpus"``: X is the function's real body from the standard
     library, its first ``max_new_tokens`` tokens (the documented, cheaper
     option: no target generation). Writes shards and a manifest to ``out_dir``."""
@@ -45,7 +46,9 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
         full = distill.teacher_continuations(
             teacher=pair.target, teacher_params=pair.target_params, prompts=prompts,
             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-            eos_ids=pair.eos_ids, batch_size=batch_size, progress=progress)
+            eos_ids=pair.eos_ids, batch_size=batch_size, progress=progress,
+            # Speculative sampling has the target's law exactly and costs fewer target calls.
+            drafter=pair.drafter, drafter_params=pair.drafter_params)
         responses = [seq[len(p):] for seq, p in zip(full, prompts)]
     else:
         responses = [pair.encode(prompt + body)[len(p):][:max_new_tokens]

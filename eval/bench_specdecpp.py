@@ -1,0 +1,342 @@
+"""SpecDec++ vs fixed draft lengths on HumanEval (seed 004, Table 1 and Figure 4).
+
+Two phases, one process:
+
+1. **Counts** (batched, every prompt, T = 1): for SpecDec++ at each threshold
+   ``h`` and speculative decoding at each fixed ``K``, per prompt: tokens
+   ``N``, target calls ``N_target`` and discarded drafts ``N_discarded``
+   (drafted - accepted). The verification rate ``N_target / N`` and the
+   discard rate ``N_discarded / N`` do not depend on the machine (Figure 4).
+2. **Wall clock** (batch 1, the first ``--timed-prompts`` prompts): every
+   configuration and the autoregressive target, interleaved in a shuffled
+   order per prompt so drift in the machine's speed hits all alike; decode
+   time excludes the prefill (timed separately and subtracted). Tokens/s with
+   95% bootstrap CIs over prompts, and the seed's latency model
+
+       T / N = t_draft + t_draft N_discarded / N + (t_target - t_draft) N_target / N
+
+   fitted by least squares over the timed runs (R² reported), which then
+   predicts every configuration's tokens/s from the phase-1 counts. Greedy
+   runs of the best ``h`` and the best ``K`` are timed too and checked token
+   for token against the greedy target.
+
+    python eval/bench_specdecpp.py --head /tmp/specdecpp/head-d3-w6/head \\
+        --num-prompts 40 --max-new-tokens 128 --timed-prompts 5
+
+Writes a JSON report and a Markdown summary (``--markdown``) with the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from specdec_jax import api, timing
+from specdec_jax.data import humaneval
+from specdec_jax.data.metrics import bootstrap_ci
+from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
+from specdec_jax.drafting.base import start_token_and_prefill
+from specdec_jax.evaluation import study
+from specdec_jax.models.interface import make_prompt
+from specdec_jax.specdecpp.head import load_head
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--drafter", default="qwen2.5-coder-0.5b")
+    p.add_argument("--head", required=True, help="a head trained for the drafter (its dir)")
+    p.add_argument("--num-prompts", type=int, default=40)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    p.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8, 10])
+    p.add_argument("--k-max", type=int, default=DEFAULT_MAX_DRAFTS)
+    p.add_argument("--batch-size", type=int, default=8, help="phase 1 (counts) batch")
+    p.add_argument("--timed-prompts", type=int, default=5, help="phase 2 (wall clock)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results/bench_specdecpp.json")
+    p.add_argument("--markdown", default=None, help="also write a Markdown summary here")
+    args = p.parse_args(argv)
+    if not 0 < args.timed_prompts <= args.num_prompts:
+        p.error("--timed-prompts must be in [1, --num-prompts].")
+    if any(not 0 < h < 1 for h in args.thresholds):
+        p.error("every threshold h must be in (0, 1).")
+    if args.k_max < 1 or any(k < 1 for k in args.ks):
+        p.error("--k-max and every K must be >= 1.")
+    return args
+
+
+def configurations(args) -> list[dict]:
+    return ([{"name": f"SpecDec++ h={h:g}", "kind": "specdecpp", "h": h} for h in args.thresholds]
+            + [{"name": f"SpecDec K={k}", "kind": "fixed", "k": k} for k in args.ks])
+
+
+class Runner:
+    """Jitted generate functions per configuration, over one pair and head."""
+
+    def __init__(self, pair, head, head_params, args):
+        self.pair, self.args = pair, args
+        self.adaptive = AdaptiveDrafter(pair.drafter, head, eos_ids=pair.eos_ids)
+        self.adaptive_params = self.adaptive.select_params(
+            {self.adaptive.name: pair.drafter_params, self.adaptive.head_name: head_params})
+        common = dict(target=pair.target, max_new_tokens=args.max_new_tokens,
+                      eos_ids=tuple(pair.eos_ids))
+        self.fns = {"specdecpp": api.make_generate_fn(drafter=self.adaptive, gamma=args.k_max,
+                                                      **common),
+                    "autoregressive": api.make_generate_fn(method="autoregressive", **common)}
+        for k in args.ks:
+            self.fns[("fixed", k)] = api.make_generate_fn(drafter=pair.drafter, gamma=k, **common)
+
+    def __call__(self, config: dict, prompts, key, temperature: float):
+        kind = config["kind"]
+        fn = self.fns[kind if kind != "fixed" else ("fixed", config["k"])]
+        drafter_params = (self.adaptive_params if kind == "specdecpp" else self.pair.drafter_params)
+        sp = api.sampling_params(temperature=temperature, stop_threshold=config.get("h", 0.5))
+        return fn(self.pair.target_params, drafter_params, prompts, key, sp)
+
+
+def row_counts(out, rows: int) -> list[dict]:
+    """Per row: N, N_target, drafted, accepted, discarded."""
+    stats = out.stats
+    histogram = np.asarray(stats.accepted_histogram)[:rows]
+    accepted = (histogram * np.arange(histogram.shape[1])).sum(1)
+    drafted = np.asarray(stats.drafted)[:rows]
+    return [{"tokens": int(n), "target_calls": int(c), "drafted": int(d), "accepted": int(a),
+             "discarded": int(d - a)}
+            for n, c, d, a in zip(np.asarray(out.lengths)[:rows],
+                                  np.asarray(stats.target_calls)[:rows], drafted, accepted)]
+
+
+def rates(rows: list[dict]) -> dict:
+    """Verification and discard rates with 95% bootstrap CIs over prompts."""
+    ratio = lambda key: lambda items: (sum(r[key] for r in items)  # noqa: E731
+                                       / sum(r["tokens"] for r in items))
+    out = {}
+    for name, key in (("verification_rate", "target_calls"), ("discard_rate", "discarded")):
+        score, low, high = bootstrap_ci(rows, ratio(key))
+        out[name] = {"value": score, "ci95": [low, high]}
+    out["tokens"] = sum(r["tokens"] for r in rows)
+    return out
+
+
+def phase_counts(runner, configs, prompts, args) -> dict:
+    results = {}
+    batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
+    for config in tqdm(configs, desc="counts (T = 1)", unit="config"):
+        rows = []
+        for i, chunk in enumerate(batches):
+            padded = chunk + [chunk[-1]] * (args.batch_size - len(chunk))
+            out = runner(config, make_prompt(padded), jax.random.PRNGKey(args.seed + i), 1.0)
+            rows += row_counts(out, len(chunk))
+        results[config["name"]] = {"config": config, "rows": rows, **rates(rows)}
+    return results
+
+
+def make_prefill_timers(pair, max_length: int):
+    """Jitted prefill of each model alone: subtracted from end-to-end times."""
+    def prefill(model):
+        return jax.jit(lambda params, prompt: start_token_and_prefill(
+            model, params, prompt, max_length)[1])
+    return {"target": (prefill(pair.target), pair.target_params),
+            "drafter": (prefill(pair.drafter), pair.drafter_params)}
+
+
+def timed(fn, *args) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start, out
+
+
+def phase_wall_clock(runner, configs, prompts, args, temperature: float) -> dict:
+    """Batch 1, interleaved: per prompt every configuration once, shuffled."""
+    pair = runner.pair
+    width = max(len(p) for p in prompts)
+    # Compile everything once (the first call of each shape) before timing.
+    warm = make_prompt([prompts[0]], pad_to=width)
+    for config in configs:
+        runner(config, warm, jax.random.PRNGKey(0), temperature)
+    max_length = width + args.max_new_tokens + max(args.k_max, max(args.ks)) + 2
+    prefills = make_prefill_timers(pair, max_length)
+    for fn, params in prefills.values():
+        jax.block_until_ready(fn(params, warm))
+    order = random.Random(args.seed)
+    runs = {c["name"]: [] for c in configs}
+    for i, tokens in enumerate(tqdm(prompts, desc=f"wall clock (T = {temperature:g})",
+                                    unit="prompt")):
+        prompt = make_prompt([tokens], pad_to=width)
+        prefill_s = {}
+        for name, (fn, params) in prefills.items():
+            prefill_s[name] = timed(fn, params, prompt)[0]
+        shuffled = list(configs)
+        order.shuffle(shuffled)
+        for config in shuffled:
+            seconds, out = timed(runner, config, prompt, jax.random.PRNGKey(1000 + i),
+                                 temperature)
+            counts = row_counts(out, 1)[0]
+            models = ("target",) if config["kind"] == "autoregressive" else ("target", "drafter")
+            decode_s = seconds - sum(prefill_s[m] for m in models)
+            runs[config["name"]].append({**counts, "seconds": seconds, "decode_s": decode_s,
+                                         "output": np.asarray(out.tokens[0, :counts["tokens"]])
+                                         .tolist()})
+    summary = {}
+    for name, rows in runs.items():
+        score, low, high = bootstrap_ci(rows, lambda items: sum(r["tokens"] for r in items)
+                                        / sum(r["decode_s"] for r in items))
+        summary[name] = {"tokens_per_s": score, "ci95": [low, high], "runs": rows}
+    return summary
+
+
+def fit_latency_model(runs: list[dict]) -> dict:
+    """Least squares for (t_draft, t_target) in the seed's model (no intercept):
+    T/N = t_draft (1 + D/N - Nt/N) + t_target Nt/N."""
+    a = np.array([[1 + r["discarded"] / r["tokens"] - r["target_calls"] / r["tokens"],
+                   r["target_calls"] / r["tokens"]] for r in runs])
+    y = np.array([r["decode_s"] / r["tokens"] for r in runs])
+    (t_draft, t_target), *_ = np.linalg.lstsq(a, y, rcond=None)
+    residual = y - a @ np.array([t_draft, t_target])
+    r2 = 1.0 - float(residual @ residual) / float(((y - y.mean()) ** 2).sum())
+    return {"t_draft": float(t_draft), "t_target": float(t_target), "r2": r2, "runs": len(runs)}
+
+
+def predicted_tokens_per_s(fit: dict, counts: dict) -> float:
+    n = sum(r["tokens"] for r in counts["rows"])
+    seconds = sum(fit["t_draft"] * (r["tokens"] - r["target_calls"] + r["discarded"])
+                  + fit["t_target"] * r["target_calls"] for r in counts["rows"])
+    return n / seconds
+
+
+def markdown(report: dict) -> str:
+    env, fit = report["environment"], report["latency_model"]
+    ar = report["wall_clock"]["autoregressive"]["tokens_per_s"]
+    lines = [
+        "# SpecDec++ on HumanEval (seed 004, Table 1 and Figure 4 layout)",
+        "",
+        f"Pair: {report['drafter']} -> {report['target']}; head `{report['head']}` "
+        f"(D = {report['head_config']['depth']}). {report['num_prompts']} prompts x "
+        f"{report['max_new_tokens']} new tokens, T = 1; wall clock at batch 1 on the first "
+        f"{report['timed_prompts']} prompts, interleaved. Machine: {env['machine']}, "
+        f"{env['cpu_count']} CPUs, float32, Python {env['python']}, jax {env['jax']}, "
+        f"flax {env['flax']}.",
+        "",
+        f"Latency model fit over {fit['runs']} timed runs: t_draft = {fit['t_draft']:.4f} s, "
+        f"t_target = {fit['t_target']:.4f} s, R² = {fit['r2']:.3f}. Autoregressive target: "
+        f"{ar:.2f} tokens/s.",
+        "",
+        "## Table 1 layout: best throughput",
+        "",
+        "| Method | measured tokens/s (95% CI) | speedup | model-predicted tokens/s (all "
+        "prompts) | greedy tokens/s | greedy == target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, name in (("SpecDec (best K)", report["best"]["fixed"]),
+                        ("SpecDec++ (best h)", report["best"]["specdecpp"])):
+        wall, greedy = report["wall_clock"][name], report["greedy"].get(name, {})
+        lines.append(
+            f"| {label}: {name} | {wall['tokens_per_s']:.2f} [{wall['ci95'][0]:.2f}, "
+            f"{wall['ci95'][1]:.2f}] | {wall['tokens_per_s'] / ar:.2f}x | "
+            f"{report['counts'][name]['predicted_tokens_per_s']:.2f} | "
+            f"{greedy.get('tokens_per_s', float('nan')):.2f} | "
+            f"{greedy.get('identical_to_target', 'n/a')} |")
+    lines += ["", "## Figure 4 data: every configuration", "",
+              "| Configuration | verification rate N_target/N (95% CI) | discard rate "
+              "N_discarded/N (95% CI) | measured tokens/s (95% CI) | predicted tokens/s |",
+              "|---|---|---|---|---|"]
+    for name, c in report["counts"].items():
+        v, d, w = c["verification_rate"], c["discard_rate"], report["wall_clock"][name]
+        lines.append(f"| {name} | {v['value']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}] | "
+                     f"{d['value']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}] | "
+                     f"{w['tokens_per_s']:.2f} [{w['ci95'][0]:.2f}, {w['ci95'][1]:.2f}] | "
+                     f"{c['predicted_tokens_per_s']:.2f} |")
+    if report.get("plot"):
+        lines += ["", f"![verification vs discard rate]({report['plot']})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for kind, marker, label in (("fixed", "o-", "SpecDec (fixed K)"),
+                                ("specdecpp", "s-", "SpecDec++ (threshold h)")):
+        points = [(c["verification_rate"]["value"], c["discard_rate"]["value"],
+                   c["config"].get("k", c["config"].get("h")))
+                  for c in report["counts"].values() if c["config"]["kind"] == kind]
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker, label=label)
+        for x, y, tag in points:
+            ax.annotate(f"{tag:g}", (x, y), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_xlabel("verification rate N_target / N")
+    ax.set_ylabel("discard rate N_discarded / N")
+    ax.set_title("HumanEval, T = 1")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    pair = study.load_pair(target=args.target, drafter=args.drafter)
+    head, head_params, meta = load_head(args.head, drafter_name=args.drafter,
+                                        drafter_params=pair.drafter_params)
+    prompts = [pair.encode(p) for p in humaneval.load_prompts(args.num_prompts)]
+    runner = Runner(pair, head, head_params, args)
+    configs = configurations(args)
+    report = {"environment": timing.environment(), "precision": "float32",
+              "target": args.target, "drafter": args.drafter, "head": args.head,
+              "head_config": meta["config"], "num_prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "k_max": args.k_max,
+              "timed_prompts": args.timed_prompts, "batch_size": args.batch_size}
+
+    report["counts"] = phase_counts(runner, configs, prompts, args)
+    timing.write_report(report, args.out)
+    ar_config = {"name": "autoregressive", "kind": "autoregressive"}
+    timed_prompts = prompts[:args.timed_prompts]
+    report["wall_clock"] = phase_wall_clock(runner, configs + [ar_config], timed_prompts, args,
+                                            temperature=1.0)
+    all_runs = [r for rows in report["wall_clock"].values() for r in rows["runs"]]
+    report["latency_model"] = fit_latency_model(all_runs)
+    for counts in report["counts"].values():
+        counts["predicted_tokens_per_s"] = predicted_tokens_per_s(report["latency_model"],
+                                                                  counts)
+    best = lambda kind: max((c for c in configs if c["kind"] == kind),  # noqa: E731
+                            key=lambda c: report["wall_clock"][c["name"]]["tokens_per_s"])
+    report["best"] = {"fixed": best("fixed")["name"], "specdecpp": best("specdecpp")["name"]}
+    timing.write_report(report, args.out)
+
+    greedy_configs = [best("fixed"), best("specdecpp"), ar_config]
+    greedy = phase_wall_clock(runner, greedy_configs, timed_prompts, args, temperature=0.0)
+    reference = [r["output"] for r in greedy["autoregressive"]["runs"]]
+    for result in greedy.values():
+        result["identical_to_target"] = [r["output"] for r in result["runs"]] == reference
+    report["greedy"] = greedy
+    timing.write_report(report, args.out)
+    if args.markdown:
+        report["plot"] = args.markdown.rsplit(".", 1)[0] + ".png"
+        plot(report, report["plot"])
+        report["plot"] = report["plot"].rsplit("/", 1)[-1]
+        with open(args.markdown, "w") as f:
+            f.write(markdown(report))
+        timing.write_report(report, args.out)
+    ar = report["wall_clock"]["autoregressive"]["tokens_per_s"]
+    for name in (report["best"]["fixed"], report["best"]["specdecpp"]):
+        wall = report["wall_clock"][name]
+        print(f"{name}: {wall['tokens_per_s']:.2f} tokens/s ({wall['tokens_per_s'] / ar:.2f}x "
+              f"the autoregressive target), greedy identical to the target: "
+              f"{greedy[name]['identical_to_target']}")
+    fit = report["latency_model"]
+    print(f"latency model: t_draft {fit['t_draft']:.4f} s, t_target {fit['t_target']:.4f} s, "
+          f"R^2 {fit['r2']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
