@@ -77,20 +77,27 @@ def make_example_fn(target, drafter, *, temperature: float, mix_rate: float = MI
     return fn
 
 
+WIDTH_BUCKET = 64  # batch widths round up to a multiple: few compiles, little padding
+
+
 def _batches(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int,
-             width: int):
-    """Fixed-shape decoder-only Batches: prompt + response, weights on the response."""
+             width: int | None = None):
+    """Fixed-shape decoder-only Batches: prompt + response, weights on the
+    response. Each batch is as wide as its longest row rounded up to
+    ``WIDTH_BUCKET`` (or exactly ``width``)."""
     for start in range(0, len(sequences), batch_size):
         chunk = list(sequences[start:start + batch_size])
         rows = len(chunk)
         chunk += [chunk[0]] * (batch_size - rows)
-        tokens = np.zeros((batch_size, width), np.int32)
-        weights = np.zeros((batch_size, width), np.float32)
+        longest = max(len(p) + len(r) for p, r in chunk)
+        batch_width = width or -(-longest // WIDTH_BUCKET) * WIDTH_BUCKET
+        tokens = np.zeros((batch_size, batch_width), np.int32)
+        weights = np.zeros((batch_size, batch_width), np.float32)
         for b, (prompt, response) in enumerate(chunk):
             seq = list(prompt) + list(response)
-            if len(seq) > width:
-                raise ValueError(f"prompt + response of {len(seq)} tokens exceed the width "
-                                 f"{width}; raise max_length.")
+            if len(seq) > batch_width:
+                raise ValueError(f"prompt + response of {len(seq)} tokens exceed the batch "
+                                 f"width {batch_width}; pass a larger width (or None).")
             tokens[b, :len(seq)] = seq
             weights[b, len(prompt):len(seq)] = 1.0 if b < rows else 0.0
         yield start, Batch(targets=jnp.asarray(tokens), weights=jnp.asarray(weights))
@@ -124,10 +131,14 @@ def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
             raise ValueError(f"{out} holds data built with other settings "
                              f"({stored['settings']}); use a new directory.")
         manifest = stored
-    width = max(len(p) + len(r) for p, r in sequences)
     fn = jax.jit(make_example_fn(target, drafter, temperature=temperature, mix_rate=mix_rate))
-    batches = list(_batches(sequences, batch_size, width))
     per_shard = batch_size * shard_batches
+    # Within each shard, rows of similar length share a batch (less padding);
+    # shards keep their prompts, so held-out shards stay unseen prompts.
+    length = lambda pair: len(pair[0]) + len(pair[1])  # noqa: E731
+    ordered = [seq for s in range(0, len(sequences), per_shard)
+               for seq in sorted(sequences[s:s + per_shard], key=length)]
+    batches = list(_batches(ordered, batch_size))
     for shard_start in tqdm(range(0, len(sequences), per_shard), desc="acceptance data",
                             unit="shard", disable=not progress):
         name = f"shard-{shard_start // per_shard:05d}.npz"
