@@ -204,3 +204,56 @@ def test_orbax_round_trip(tmp_path):
     jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
     with pytest.raises(FileExistsError, match="never overwrites"):
         orbax_io.save_params(tmp_path / "ckpt", params)
+
+
+def test_converted_copy_is_reused_and_rebuilt_when_unusable(tmp_path, monkeypatch, capsys):
+    """The first load of a GGUF file writes a converted copy; the next reads it
+    without dequantising (bit-identical params); a truncated data file or an
+    older format is reported and rebuilt."""
+    import jax
+
+    from specdec_jax.checkpoints import converted, load
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    hf_model, config = small_hf_decoder("qwen2")
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2")
+    overrides = dict(dtype="float32", param_dtype="float32")
+
+    def load_once():
+        return load._load_gguf(path, str(path), "float32", overrides)
+
+    cfg, first, _ = load_once()
+    copy = converted.converted_dir(fetch.sha256_file(path), "float32")
+    assert (copy / converted.META_FILE).exists()
+
+    real_dequantize = gguf.dequantize
+    monkeypatch.setattr(gguf, "dequantize", lambda tensor: pytest.fail("dequantised again"))
+    cfg_again, again, _ = load_once()
+    assert cfg_again == cfg
+    jax.tree_util.tree_map(np.testing.assert_array_equal, again, first)
+    monkeypatch.setattr(gguf, "dequantize", real_dequantize)
+
+    data_files = sorted((p for p in (copy / converted.PARAMS_DIR).rglob("*") if p.is_file()),
+                        key=lambda p: p.stat().st_size)
+    with open(data_files[-1], "r+b") as f:  # the largest file: tensor bytes
+        f.truncate(data_files[-1].stat().st_size // 2)
+    _, rebuilt, _ = load_once()
+    assert "not usable" in capsys.readouterr().err
+    jax.tree_util.tree_map(np.testing.assert_array_equal, rebuilt, first)
+
+    meta = json.loads((copy / converted.META_FILE).read_text())
+    (copy / converted.META_FILE).write_text(json.dumps({**meta, "format": 0}))
+    load_once()
+    assert "written as" in capsys.readouterr().err
+    assert json.loads((copy / converted.META_FILE).read_text())["format"] == \
+        converted.FORMAT_VERSION
+
+
+def test_checksum_sees_a_single_changed_value():
+    from specdec_jax.checkpoints.converted import tensor_checksum
+    array = np.random.default_rng(0).standard_normal((64, 33)).astype(np.float32)
+    changed = array.copy()
+    changed[17, 5] = np.nextafter(changed[17, 5], np.float32(np.inf))
+    assert tensor_checksum(array) != tensor_checksum(changed)
+    assert tensor_checksum(array) == tensor_checksum(array.copy())
+    odd = np.arange(7, dtype=np.int8)  # not a whole number of 4-byte words
+    assert tensor_checksum(odd) != tensor_checksum(odd[::-1].copy())

@@ -21,7 +21,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32"
     ``dtype`` sets parameters and activations (float32 on CPU, bfloat16 on
     accelerators); probabilities are float32 regardless.
     """
-    from specdec_jax.checkpoints import gguf, tokenizer  # noqa: PLC0415
+    from specdec_jax.checkpoints import tokenizer  # noqa: PLC0415
 
     source = str(name_or_path)
     if source in registry.MODELS:
@@ -39,7 +39,27 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32"
         cfg = type(cfg)(**{**cfg.__dict__, **overrides})
         tok = tokenizer.tokenizer_from_hf_dir(path)
     else:
-        cfg, params, meta = gguf.load_gguf(path, **overrides)
+        cfg, params, meta = _load_gguf(path, source, dtype, overrides)
         tok = tokenizer.tokenizer_from_gguf_metadata(meta)
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
     return DecoderOnlyLM(cfg), params, tok
+
+
+def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict):
+    """A GGUF file through the converted-weights cache (``converted.py``):
+    dequantised once per file and dtype, keyed by the file's sha256 (the
+    registry's pinned hash for named models, computed for other files)."""
+    import numpy as np  # noqa: PLC0415
+
+    from specdec_jax.checkpoints import converted, fetch, gguf  # noqa: PLC0415
+
+    sha256 = (registry.get_spec(source).sha256 if source in registry.MODELS
+              else fetch.sha256_file(path))
+
+    def convert():
+        cfg, params, meta = gguf.load_gguf(path, **overrides)
+        params = jax.tree_util.tree_map(lambda x: np.asarray(jnp.asarray(x, dtype)), params)
+        return params, meta, not cfg.tie_embeddings
+
+    params, meta, has_output = converted.load_or_convert(path, sha256, dtype, convert)
+    return gguf.config_from_metadata(meta, has_output, **overrides), params, meta
