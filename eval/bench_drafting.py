@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_verifiers import mean_ci, wallclock
-from tqdm import tqdm
 
 from specdec_jax import api, drafting, timing
 from specdec_jax.checkpoints.load import load_model
@@ -49,6 +48,7 @@ from specdec_jax.drafting.cascade import HorizontalCascade, VerticalCascade, Ver
 from specdec_jax.drafting.model import ModelDrafter, ModelDrafterState
 from specdec_jax.evaluation.cost import measure_call_cost
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.progress import tqdm
 from specdec_jax.targets import get_target
 
 DRAFTER = "qwen2.5-coder-0.5b"

@@ -34,7 +34,6 @@ import time
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from specdec_jax import api, timing
 from specdec_jax.data import humaneval
@@ -43,6 +42,7 @@ from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.evaluation import study
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.progress import tqdm
 from specdec_jax.specdecpp.head import load_head
 
 

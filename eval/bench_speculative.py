@@ -18,12 +18,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
 from specdec_jax import api, timing
 from specdec_jax.checkpoints.load import load_model
 from specdec_jax.data import humaneval
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.progress import tqdm
 
 
 def parse_args(argv=None):

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import zipfile
 
-from tqdm import tqdm
+from specdec_jax.progress import tqdm
 
 CACHE_ENV = "SPECDEC_JAX_CACHE"
 WHEELHOUSE_ENV = "SPECDEC_JAX_WHEELHOUSE"

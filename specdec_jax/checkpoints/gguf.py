@@ -18,10 +18,10 @@ import os
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf, decoder_params_from_hf
 from specdec_jax.models.decoder import DecoderConfig
+from specdec_jax.progress import tqdm
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 _LAYER_NAMES = {

@@ -63,9 +63,8 @@ import tarfile
 import tempfile
 import warnings
 
-from tqdm import tqdm
-
 from specdec_jax.checkpoints import fetch
+from specdec_jax.progress import tqdm
 
 DATA_SUBDIR = "data"
 DEB_SUBDIR = "debs"

@@ -126,9 +126,8 @@ def main(argv=None) -> int:
                         help="registry model (or .gguf) whose tokenizer and vocabulary to use")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    from tqdm import tqdm  # noqa: PLC0415
-
     from specdec_jax.checkpoints import gguf, registry, tokenizer  # noqa: PLC0415
+    from specdec_jax.progress import tqdm  # noqa: PLC0415
 
     path = registry.local_path(args.model) if args.model in registry.MODELS else args.model
     reader = gguf._reader(path)

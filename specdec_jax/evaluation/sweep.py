@@ -32,7 +32,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from specdec_jax import api, targets, timing
 from specdec_jax.cascades import sequence_defers
@@ -41,6 +40,7 @@ from specdec_jax.data.tasks import Example, Task
 from specdec_jax.decoding import EndOfBlockStop
 from specdec_jax.evaluation.cost import CostModel
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.progress import tqdm
 
 AUTOREGRESSIVE = ("drafter", "target")
 # Derived from the drafter's and the target's runs; recomputed on every pass.

@@ -29,8 +29,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
+from specdec_jax.progress import tqdm
 from specdec_jax.specdecpp.head import drafter_fingerprint
 from specdec_jax.training.forward import Batch, teacher_forced
 

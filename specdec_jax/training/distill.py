@@ -109,9 +109,8 @@ def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence
     With a ``drafter``, the samples come from speculative decoding, whose
     output law is the teacher's exactly (the engine's proven guarantee), at a
     fraction of the teacher's calls."""
-    from tqdm import tqdm  # noqa: PLC0415
-
     from specdec_jax import api  # noqa: PLC0415
+    from specdec_jax.progress import tqdm  # noqa: PLC0415
 
     speculative = ({"method": "specdecode", "drafter": drafter, "drafter_params": drafter_params,
                     "gamma": gamma} if drafter is not None else {"method": "autoregressive"})

@@ -22,9 +22,9 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tqdm import tqdm
 
 from specdec_jax import sharding
+from specdec_jax.progress import tqdm
 from specdec_jax.training import steps as steps_lib
 from specdec_jax.training.checkpointing import MetricsWriter, RunCheckpoints
 from specdec_jax.training.data import ArrayDataset

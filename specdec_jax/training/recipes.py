@@ -22,13 +22,13 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from specdec_jax import timing
 from specdec_jax.checkpoints import fetch
 from specdec_jax.data import pretraining, span_corruption, tasks
 from specdec_jax.data.vocabulary import SentencePieceVocabulary, train_sentencepiece
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
+from specdec_jax.progress import tqdm
 from specdec_jax.training import loop
 from specdec_jax.training.data import ArrayDataset, seq2seq_dataset
 from specdec_jax.training.optimizers import OptimizerConfig

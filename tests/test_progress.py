@@ -1,0 +1,34 @@
+"""Progress bars in logs: whole lines, no carriage-return redraws."""
+
+import io
+
+from specdec_jax import progress
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_log_gets_whole_lines_and_the_final_count(monkeypatch):
+    monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.0)
+    log = io.StringIO()
+    for _ in progress.tqdm(range(5), desc="work", file=log, leave=False):
+        pass
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.strip().split("\n")
+    assert all(line.startswith("work:") for line in lines)
+    assert "5/5" in lines[-1]  # the finished bar is kept even with leave=False
+
+
+def test_a_terminal_gets_tqdm_and_the_switch_turns_bars_off(monkeypatch):
+    terminal = _Terminal()
+    for _ in progress.tqdm(range(3), desc="work", file=terminal):
+        pass
+    assert "\r" in terminal.getvalue()
+    monkeypatch.setenv(progress.ENV, "0")
+    log = io.StringIO()
+    for _ in progress.tqdm(range(3), desc="work", file=log):
+        pass
+    assert log.getvalue() == ""
