@@ -90,7 +90,8 @@ def _batches(items: list, size: int):
         yield items[start:start + size]
 
 
-def _summary(outputs, seconds: float, gamma: int) -> dict:
+def _summary(outputs, seconds: float, gamma: int, method: str) -> dict:
+    """The run's figures: only those that mean something for ``method``."""
     tokens = int(sum(int(np.asarray(o.lengths).sum()) for o in outputs))
     calls = int(sum(int(np.asarray(o.stats.target_calls).sum()) for o in outputs))
     summary = {"tokens": tokens, "target_calls": calls, "seconds": round(seconds, 3),
@@ -99,11 +100,12 @@ def _summary(outputs, seconds: float, gamma: int) -> dict:
     if gamma:
         hist = sum(np.asarray(o.stats.accepted_histogram).sum(0) for o in outputs)
         mean_accepted = float((hist * np.arange(gamma + 1)).sum() / max(hist.sum(), 1))
-        deferred = sum(float(np.asarray(o.stats.deferred_mass).sum()) for o in outputs)
         summary.update(mean_accepted=round(mean_accepted, 3),
                        acceptance_rate=round(mean_accepted / gamma, 3),
-                       deferral_rate=round(deferred / max(tokens, 1), 3),
                        accepted_histogram=hist.tolist())
+    if targets.defers(method):
+        deferred = sum(float(np.asarray(o.stats.deferred_mass).sum()) for o in outputs)
+        summary["deferral_rate"] = round(deferred / max(tokens, 1), 3)
     return summary
 
 
@@ -194,7 +196,8 @@ def run(args) -> int:
                 out = timed.output
                 texts_out += [tokenizer.decode(np.asarray(out.tokens[b, : out.lengths[b]]))
                               for b in range(args.batch_size)]
-        results[name] = _summary(outputs, seconds, 0 if name == "autoregressive" else gamma)
+        results[name] = _summary(outputs, seconds, 0 if name == "autoregressive" else gamma,
+                                 name)
     texts_out = texts_out[: len(prompts)]
     report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
               "lenience": args.lenience, "method": args.method,

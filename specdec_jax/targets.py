@@ -308,6 +308,16 @@ BASELINES: dict[str, tuple[float, float]] = {
 METHODS = ("autoregressive",) + tuple(TARGETS) + tuple(BASELINES)
 
 
+def defers(method: str) -> bool:
+    """Whether ``method`` hands positions to the target by a deferral rule, so
+    its deferred mass is a statistic worth reporting (speculative and lossy
+    decoding, and autoregressive decoding, defer nothing)."""
+    if method in BASELINES:
+        return True
+    cls = TARGETS.get(method)
+    return cls is not None and issubclass(cls, (DeferralRule, TokenRule))
+
+
 def validate_alpha(method: str, alpha: float, beta: float = 1.0) -> None:
     """Checks a method's hyperparameters (host side, before compiling)."""
     if method in BASELINES:

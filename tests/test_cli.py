@@ -21,3 +21,30 @@ def test_bad_draft_specs_exit_with_a_named_error(argv, message, capsys, monkeypa
     monkeypatch.setattr("specdec_jax.checkpoints.load.load_model", no_loading)
     assert cli.main(["generate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_printed_stats_hold_only_what_applies_to_the_method():
+    """A real (toy) run of each kind: deferral appears only for methods that
+    defer, acceptance only for speculative ones."""
+    import jax
+    import numpy as np
+
+    from specdec_jax import api, cli_generate
+    from specdec_jax.models.toy import TableLM
+
+    target = drafter = TableLM(vocab_size=8, order=1)
+    target_params = target.init_params(jax.random.PRNGKey(0))
+    drafter_params = drafter.init_params(jax.random.PRNGKey(1))
+    fields = {}
+    for method in ("autoregressive", "specdecode", "token-v3"):
+        out = api.generate(target=target, target_params=target_params, drafter=drafter,
+                           drafter_params=drafter_params, prompts=[[1, 2]], method=method,
+                           alpha=0.3 if method == "token-v3" else 0.0, gamma=3,
+                           max_new_tokens=6)
+        gamma = 0 if method == "autoregressive" else 3
+        fields[method] = set(cli_generate._summary([out], 1.0, gamma, method))
+        assert int(np.asarray(out.lengths).sum()) == 6
+    assert "deferral_rate" in fields["token-v3"]
+    assert "deferral_rate" not in fields["specdecode"] | fields["autoregressive"]
+    assert "acceptance_rate" in fields["specdecode"]
+    assert "acceptance_rate" not in fields["autoregressive"]
