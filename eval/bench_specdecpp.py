@@ -127,12 +127,14 @@ def rates(rows: list[dict]) -> dict:
 
 def phase_counts(runner, configs, prompts, args) -> dict:
     results = {}
+    width = max(len(p) for p in prompts)  # one shape: one compilation per configuration
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     for config in tqdm(configs, desc="counts (T = 1)", unit="config"):
         rows = []
         for i, chunk in enumerate(batches):
             padded = chunk + [chunk[-1]] * (args.batch_size - len(chunk))
-            out = runner(config, make_prompt(padded), jax.random.PRNGKey(args.seed + i), 1.0)
+            out = runner(config, make_prompt(padded, pad_to=width),
+                         jax.random.PRNGKey(args.seed + i), 1.0)
             rows += row_counts(out, len(chunk))
         results[config["name"]] = {"config": config, "rows": rows, **rates(rows)}
     return results
