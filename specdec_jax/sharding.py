@@ -65,23 +65,39 @@ def _spec_fits(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> Parti
     return PartitionSpec(*fitted)
 
 
-def shard_params(params, mesh: Mesh, rules=DECODER_RULES):
-    """Places every parameter according to the first matching rule."""
+def place(value, sharding: NamedSharding) -> jax.Array:
+    """A global array from a value every process holds in full: each process
+    fills only the shards on its own devices (``jax.device_put`` would need
+    every device to be addressable, i.e. one process)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
-    def place(path, leaf):
+
+def param_specs(params, mesh: Mesh, rules=DECODER_RULES):
+    """The ``NamedSharding`` of every parameter: the first matching rule,
+    replicated along axes the mesh does not divide."""
+
+    def spec_of(path, leaf):
         name = "/".join(str(getattr(k, "key", k)) for k in path)
         spec = next(s for pattern, s in rules if re.search(pattern, name))
-        return jax.device_put(leaf, NamedSharding(mesh, _spec_fits(spec, leaf.shape, mesh)))
+        return NamedSharding(mesh, _spec_fits(spec, np.shape(leaf), mesh))
 
-    return jax.tree_util.tree_map_with_path(place, params)
+    return jax.tree_util.tree_map_with_path(spec_of, params)
+
+
+def shard_params(params, mesh: Mesh, rules=DECODER_RULES):
+    """Places every parameter according to the first matching rule."""
+    return jax.tree_util.tree_map(place, params, param_specs(params, mesh, rules))
 
 
 def shard_prompt(prompt: Prompt, mesh: Mesh) -> Prompt:
-    """Shards the batch along ``data`` (the batch must divide by its size)."""
+    """Shards the batch along ``data`` (the batch must divide by its size).
+    Every process passes the whole batch; each keeps its rows' shards."""
     batch = prompt.tokens.shape[0]
     if batch % mesh.shape[DATA]:
         raise ValueError(f"batch size {batch} is not divisible by the data axis "
                          f"({mesh.shape[DATA]}); pad the batch.")
-    return Prompt(
-        tokens=jax.device_put(prompt.tokens, NamedSharding(mesh, PartitionSpec(DATA, None))),
-        lengths=jax.device_put(prompt.lengths, NamedSharding(mesh, PartitionSpec(DATA))))
+    return Prompt(tokens=place(prompt.tokens, NamedSharding(mesh, PartitionSpec(DATA, None))),
+                  lengths=place(prompt.lengths, NamedSharding(mesh, PartitionSpec(DATA))))

@@ -1,0 +1,73 @@
+"""Two local processes, one JAX runtime (4 simulated CPU devices each): sharded
+speculative decoding over the 8-device mesh gives the tokens of one device."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specdec_jax import distributed
+from tests import multiprocess_worker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(num_processes: int, out, *extra, devices: int = 4, timeout: int = 300):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.multiprocess_worker", str(i),
+                               str(num_processes), port, str(out), *extra], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(max(num_processes, 1))]
+    logs = [p.communicate(timeout=timeout) for p in procs]
+    return [p.returncode for p in procs], [err[-3000:] for _, err in logs]
+
+
+@pytest.mark.parametrize("data, model", [(2, 4)])
+def test_two_processes_decode_like_one_device(tmp_path, data, model):
+    codes, errors = launch(0, tmp_path / "one.npz", devices=1)
+    assert codes == [0], errors
+    codes, errors = launch(2, tmp_path / "two.npz", str(data), str(model))
+    assert codes == [0, 0], errors
+    one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
+    assert int(two["devices"]) == 8
+    for name, *_ in multiprocess_worker.CASES:
+        np.testing.assert_array_equal(two[name], one[name], err_msg=name)
+    assert sum(int(one[f"{name}/rejections"].sum()) for name, *_ in
+               multiprocess_worker.CASES) > 0, "the drafter must be rejected sometimes"
+
+
+def test_a_process_that_cannot_join_fails_with_the_settings_named():
+    """Either process alone: no hang past the timeout, and stderr names the
+    coordinator, the process id and count, and what to check."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    for process_id, expected in ((1, "could not reach the coordinator"),
+                                 (0, "process 0 of 2 joining the coordinator")):
+        code = ("from specdec_jax import distributed\n"
+                f"distributed.initialize('127.0.0.1:{free_port()}', 2, {process_id}, "
+                "timeout_s=3)\n")
+        result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0
+        assert expected in result.stderr and "same coordinator address" in result.stderr
+
+
+def test_incomplete_settings_and_slices():
+    with pytest.raises(ValueError, match="incomplete"):
+        distributed.initialize("127.0.0.1:1234", None, 0)
+    with pytest.raises(ValueError, match="outside 0..1"):
+        distributed.initialize("127.0.0.1:1234", 2, 2)
+    items = list(range(11))
+    shares = [distributed.process_slice(items, index=i, count=3) for i in range(3)]
+    assert [len(s) for s in shares] == [4, 4, 3]
+    assert sum(shares, []) == items
