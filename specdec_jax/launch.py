@@ -65,6 +65,16 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                         help="extra gin bindings, e.g. \"run_study.num_examples = 5\"")
     parser.add_argument("--gin_search_path", action="append", default=[],
                         help="directories where gin looks for included files")
+    multi = parser.add_argument_group(
+        "many processes (specdec_jax.distributed; default: one process)")
+    multi.add_argument("--coordinator_address", default=None,
+                       help="HOST:PORT of process 0 (or $SPECDEC_JAX_COORDINATOR)")
+    multi.add_argument("--num_processes", type=int, default=None,
+                       help="processes in the job (or $SPECDEC_JAX_NUM_PROCESSES)")
+    multi.add_argument("--process_id", type=int, default=None,
+                       help="this process, 0..num_processes-1 (or $SPECDEC_JAX_PROCESS_ID)")
+    multi.add_argument("--multihost_auto", action="store_true",
+                       help="join using JAX's cluster detection (TPU pods, Slurm, Open MPI)")
     args, rest = parser.parse_known_args(argv)
     for flag in rest:
         name, equals, value = flag[len(GIN_FLAG_PREFIX):].partition("=")
@@ -129,6 +139,12 @@ def check_required(files: list[str], job: str) -> None:
 def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
          description: str = "Runs a gin-configured job.") -> int:
     args = parse_args(argv, description)
+    from specdec_jax import distributed  # noqa: PLC0415
+
+    if args.multihost_auto:
+        distributed.initialize_auto()
+    else:
+        distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     parse_config(args.gin_file, args.gin_bindings, args.gin_search_path)
     job = selected_job(default_job)
     check_required(args.gin_file, job)

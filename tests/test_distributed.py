@@ -71,3 +71,10 @@ def test_incomplete_settings_and_slices():
     shares = [distributed.process_slice(items, index=i, count=3) for i in range(3)]
     assert [len(s) for s in shares] == [4, 4, 3]
     assert sum(shares, []) == items
+
+
+def test_the_launcher_takes_the_multi_process_flags():
+    from specdec_jax import launch
+    with pytest.raises(ValueError, match="incomplete.*--coordinator_address"):
+        launch.main(["--gin_file", "configs/runs/cascades_humaneval.gin", "--num_processes", "2",
+                     "--process_id", "1"])
