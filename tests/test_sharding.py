@@ -40,3 +40,49 @@ def test_sharded_generation_is_identical():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "IDENTICAL" in result.stdout
+
+
+NO_GATHER_SCRIPT = textwrap.dedent("""
+    import re
+    import jax, numpy as np
+    import specdec_jax as sj
+    from specdec_jax import sharding
+    # Dimensions chosen distinct, so a gathered weight is recognisable by shape.
+    cfg = sj.DecoderConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_layers=2,
+                           num_heads=4, num_kv_heads=4)
+    target = sj.DecoderOnlyLM(cfg)
+    drafter = sj.DecoderOnlyLM(sj.DecoderConfig(vocab_size=96, hidden_size=16,
+        intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=2))
+    tp = target.init_params(jax.random.PRNGKey(0))
+    dp = drafter.init_params(jax.random.PRNGKey(1))
+    mesh = sharding.make_mesh(data=2, model=4)
+    prompt = sharding.shard_prompt(sj.make_prompt([[1, 2, 3]] * 8), mesh)
+    fn = sj.make_generate_fn(target=target, drafter=drafter, gamma=3, max_new_tokens=16)
+    text = fn.lower(sharding.shard_params(tp, mesh), sharding.shard_params(dp, mesh), prompt,
+                    jax.random.PRNGKey(0), sj.sampling_params(temperature=1.0)
+                    ).compile().as_text()
+    gathered = [tuple(int(d) for d in dims.split(",") if d)
+                for dims in re.findall(r"= [a-z0-9]+\\[([0-9,]*)\\]\\S* all-gather\\(", text)]
+    assert gathered, "expected some all-gathers (the sampled distributions)"
+    weights = {tuple(x.shape) for x in jax.tree_util.tree_leaves(tp) if np.ndim(x) > 1}
+    # One data shard's cache of one layer (keys or values) at the loop's length.
+    from specdec_jax.decoding import required_cache_length
+    cache = target.init_cache(8 // 2, required_cache_length(3, 16, 3))
+    smallest_cache = min(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(cache)
+                         if np.ndim(x) > 2)
+    bad = [g for g in gathered if g in weights or int(np.prod(g)) >= smallest_cache]
+    assert not bad, f"all-gathers of weights or of the whole cache: {bad}"
+    print("NO FULL GATHERS", len(gathered))
+""")
+
+
+def test_model_sharded_loop_gathers_no_weight_and_no_cache():
+    """The compiled program of a target sharded over ``model`` (2 x 4 mesh)
+    never all-gathers a full weight matrix or a layer's whole KV cache: only
+    per-step activations and the sampled distributions move."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", NO_GATHER_SCRIPT], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "NO FULL GATHERS" in result.stdout
