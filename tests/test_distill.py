@@ -80,3 +80,38 @@ def test_distillation_loss_needs_the_teacher(tmp_path):
                        loss_fn=distill.make_distillation_loss(target), progress=False)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         distill.make_distillation_loss(target, temperature=0.0)
+
+
+def test_teacher_samples_length_sorted_and_resumed(tmp_path, monkeypatch):
+    """Length-sorted batches give every prompt its own continuation back in
+    place (greedy: the same tokens as one padded batch); a rerun reads the
+    finished batches from the cache, redoes a batch cut off mid-write, and
+    refuses a cache made under other settings."""
+    from specdec_jax import api  # noqa: PLC0415
+
+    target, target_params, _, _ = _models()
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 32, n).tolist() for n in (9, 2, 5, 1, 7, 3, 8)]
+    common = dict(teacher=target, teacher_params=target_params, prompts=prompts,
+                  max_new_tokens=6, temperature=0.0, batch_size=3, progress=False)
+    plain = distill.teacher_continuations(**common)
+    cache = tmp_path / "teacher.jsonl"
+    sorted_ = distill.teacher_continuations(**common, width_bucket=4, cache_path=cache)
+    assert sorted_ == plain
+    assert all(s[:len(p)] == p and len(s) == len(p) + 6 for s, p in zip(sorted_, prompts))
+
+    lines = cache.read_text().splitlines()
+    assert len(lines) == 1 + 3  # the settings, then 3 batches
+    cache.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])  # last batch cut off
+    calls = []
+    real_generate = api.generate
+    monkeypatch.setattr(api, "generate", lambda **kw: calls.append(1) or real_generate(**kw))
+    assert distill.teacher_continuations(**common, width_bucket=4, cache_path=cache) == plain
+    assert len(calls) == 1  # only the cut-off batch ran again
+    assert distill.teacher_continuations(**common, width_bucket=4, cache_path=cache) == plain
+    assert len(calls) == 1  # and its redone record is whole
+    with pytest.raises(ValueError, match="other settings"):
+        distill.teacher_continuations(**{**common, "max_new_tokens": 5}, width_bucket=4,
+                                      cache_path=cache)
+    with pytest.raises(ValueError, match="width_bucket must be"):
+        distill.teacher_continuations(**common, width_bucket=0)

@@ -259,6 +259,20 @@ def test_acceptance_data_labels_mix_and_shards(tmp_path):
         data.load_shards(tmp_path, other)
 
 
+@pytest.mark.parametrize("w_rej", [1.0, 6.0])
+def test_best_constant_minimises_the_weighted_loss(w_rej):
+    """The closed form against a grid search of the weighted soft-label BCE
+    (for w_rej = 1 it is the label mean; for w_rej = 6 it is far below it)."""
+    from specdec_jax.specdecpp import train  # noqa: PLC0415
+
+    labels = np.random.default_rng(0).beta(4, 1, 1000)
+    grid = np.linspace(0.001, 0.999, 9981)
+    loss = -(labels.mean() * np.log(grid) + w_rej * (1 - labels.mean()) * np.log(1 - grid))
+    constant = train.best_constant(labels, w_rej=w_rej)
+    assert abs(constant - grid[np.argmin(loss)]) < 2e-4
+    assert (abs(constant - labels.mean()) < 1e-9) == (w_rej == 1.0)
+
+
 def test_head_trains_on_the_core_and_beats_the_constant_predictor(tmp_path):
     """Toy pair data (the drafter's feature is the one-hot of the candidate
     token, which partly predicts its acceptance): the trained head's held-out
@@ -317,6 +331,10 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     summary = json.loads((head_dir / "summary.json").read_text())
     assert summary["depth"] == 0 and summary["train_examples"] > summary["held_out_examples"] > 0
     assert (head_dir / "head" / "head.json").exists()
+    with pytest.raises(FileExistsError, match="this run is finished"):  # before any training
+        train_main.main(["--gin_file", "configs/runs/specdecpp_train.gin",
+                         f"--gin.DATA_DIR='{tmp_path / 'target'}'", f"--gin.WORKDIR='{head_dir}'",
+                         "--gin.run_specdecpp_train.progress=False"])
 
     # The benchmark on the toy pair: greedy SpecDec++ and greedy SpecDec
     # reproduce the greedy target; the rates and the latency fit are sane.

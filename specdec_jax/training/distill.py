@@ -98,31 +98,114 @@ def _fixed_shape_batches(prompts: Sequence[Sequence[int]], batch_size: int):
         yield start, make_prompt(padded, pad_to=width), chunk
 
 
+def _length_sorted_batches(prompts: Sequence[Sequence[int]], batch_size: int,
+                           width_bucket: int):
+    """Yields (start, Prompt, chunk, rows): prompts sorted by length, each batch
+    padded to its own longest prompt rounded up to ``width_bucket`` (a few
+    compiled shapes, little padding when lengths vary widely); ``rows`` are the
+    chunk's indices in ``prompts``."""
+    from specdec_jax.models.interface import make_prompt  # noqa: PLC0415
+
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        chunk = [list(prompts[i]) for i in rows]
+        width = -(-max(len(p) for p in chunk) // width_bucket) * width_bucket
+        padded = chunk + [chunk[0]] * (batch_size - len(chunk))
+        yield start, make_prompt(padded, pad_to=width), chunk, rows
+
+
+class _SampleCache:
+    """Finished batches of ``teacher_continuations`` in a JSON-lines file, so a
+    long generation resumes where it stopped. The first line records the
+    settings; a file written under other settings is an error, never reused."""
+
+    def __init__(self, path, settings: dict):
+        import json  # noqa: PLC0415
+        import pathlib  # noqa: PLC0415
+
+        self.path, self.done = pathlib.Path(path), {}
+        header = json.dumps({"settings": settings}, sort_keys=True)
+        if self.path.exists():
+            lines = self.path.read_text().splitlines()
+            if not lines or lines[0] != header:
+                raise ValueError(f"{self.path} holds teacher samples made under other settings "
+                                 "(prompts, model, length, temperature, seed or batching); "
+                                 "delete it or choose another output directory.")
+            kept = [header]
+            for line in lines[1:]:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a batch cut off mid-write: redo it
+                    continue
+                self.done[record["start"]] = record["sequences"]
+                kept.append(line)
+            self.path.write_text("\n".join(kept) + "\n")  # drops any cut-off line
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(header + "\n")
+
+    def add(self, start: int, sequences: list[list[int]]) -> None:
+        import json  # noqa: PLC0415
+
+        with self.path.open("a") as f:
+            f.write(json.dumps({"start": start, "sequences": sequences}) + "\n")
+
+
 def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 1.0, seed: int = 0,
                           eos_ids: Sequence[int] = (), batch_size: int = 32,
                           progress: bool = True, drafter=None, drafter_params=None,
-                          gamma: int = 4) -> list[list[int]]:
+                          gamma: int = 4, width_bucket: int | None = None,
+                          cache_path=None, cache_key: str = "") -> list[list[int]]:
     """The teacher's own samples after each prompt (decoder-only: prompt +
     continuation), the contexts a drafter meets during speculative decoding.
 
     With a ``drafter``, the samples come from speculative decoding, whose
     output law is the teacher's exactly (the engine's proven guarantee), at a
-    fraction of the teacher's calls."""
+    fraction of the teacher's calls; on a CPU with a wide batch, plain
+    autoregressive sampling is cheaper (verification there is compute-bound).
+    ``width_bucket``: sort prompts by length and pad each batch only to its
+    longest (rounded up to a multiple), instead of every batch to the longest
+    of all. ``cache_path``: a JSON-lines file of finished batches; a rerun
+    with the same settings (``cache_key`` names the models) resumes from it."""
+    import hashlib  # noqa: PLC0415
+
     from specdec_jax import api  # noqa: PLC0415
     from specdec_jax.progress import tqdm  # noqa: PLC0415
 
     speculative = ({"method": "specdecode", "drafter": drafter, "drafter_params": drafter_params,
                     "gamma": gamma} if drafter is not None else {"method": "autoregressive"})
-    sequences = []
-    batches = tqdm(_fixed_shape_batches(prompts, batch_size), desc="teacher samples",
-                   total=-(-len(prompts) // batch_size), unit="batch", disable=not progress)
-    for start, prompt, chunk in batches:
-        out = api.generate(target=teacher, target_params=teacher_params, prompts=prompt,
-                           temperature=temperature, max_new_tokens=max_new_tokens,
-                           eos_ids=eos_ids, seed=seed + start, **speculative)
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        sequences += [row + tokens[i, :lengths[i]].tolist() for i, row in enumerate(chunk)]
+    if width_bucket is not None and width_bucket < 1:
+        raise ValueError(f"width_bucket must be >= 1 or None, got {width_bucket}.")
+    batches = (_length_sorted_batches(prompts, batch_size, width_bucket) if width_bucket
+               else ((start, prompt, chunk, range(start, start + len(chunk)))
+                     for start, prompt, chunk in _fixed_shape_batches(prompts, batch_size)))
+    cache = None
+    if cache_path is not None:
+        digest = hashlib.sha256(repr([list(map(int, p)) for p in prompts]).encode()).hexdigest()
+        cache = _SampleCache(cache_path, {
+            "models": cache_key, "prompts_sha256": digest, "max_new_tokens": max_new_tokens,
+            "temperature": temperature, "seed": seed, "eos_ids": list(map(int, eos_ids)),
+            "batch_size": batch_size, "width_bucket": width_bucket,
+            "method": speculative["method"], "gamma": gamma if drafter is not None else None})
+    sequences: list = [None] * len(prompts)
+    for start, prompt, chunk, rows in tqdm(batches, desc="teacher samples",
+                                           total=-(-len(prompts) // batch_size), unit="batch",
+                                           disable=not progress):
+        if cache is not None and start in cache.done:
+            batch_sequences = cache.done[start]
+        else:
+            out = api.generate(target=teacher, target_params=teacher_params, prompts=prompt,
+                               temperature=temperature, max_new_tokens=max_new_tokens,
+                               eos_ids=eos_ids, seed=seed + start, **speculative)
+            tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+            batch_sequences = [row + tokens[i, :lengths[i]].tolist()
+                               for i, row in enumerate(chunk)]
+            if cache is not None:
+                cache.add(start, batch_sequences)
+        for row, sequence in zip(rows, batch_sequences):
+            sequences[row] = sequence
     return sequences
 
 
