@@ -115,43 +115,6 @@ def _length_sorted_batches(prompts: Sequence[Sequence[int]], batch_size: int,
         yield start, make_prompt(padded, pad_to=width), chunk, rows
 
 
-class _SampleCache:
-    """Finished batches of ``teacher_continuations`` in a JSON-lines file, so a
-    long generation resumes where it stopped. The first line records the
-    settings; a file written under other settings is an error, never reused."""
-
-    def __init__(self, path, settings: dict):
-        import json  # noqa: PLC0415
-        import pathlib  # noqa: PLC0415
-
-        self.path, self.done = pathlib.Path(path), {}
-        header = json.dumps({"settings": settings}, sort_keys=True)
-        if self.path.exists():
-            lines = self.path.read_text().splitlines()
-            if not lines or lines[0] != header:
-                raise ValueError(f"{self.path} holds teacher samples made under other settings "
-                                 "(prompts, model, length, temperature, seed or batching); "
-                                 "delete it or choose another output directory.")
-            kept = [header]
-            for line in lines[1:]:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a batch cut off mid-write: redo it
-                    continue
-                self.done[record["start"]] = record["sequences"]
-                kept.append(line)
-            self.path.write_text("\n".join(kept) + "\n")  # drops any cut-off line
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(header + "\n")
-
-    def add(self, start: int, sequences: list[list[int]]) -> None:
-        import json  # noqa: PLC0415
-
-        with self.path.open("a") as f:
-            f.write(json.dumps({"start": start, "sequences": sequences}) + "\n")
-
-
 def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 1.0, seed: int = 0,
                           eos_ids: Sequence[int] = (), batch_size: int = 32,
@@ -173,6 +136,7 @@ def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence
 
     from specdec_jax import api  # noqa: PLC0415
     from specdec_jax.progress import tqdm  # noqa: PLC0415
+    from specdec_jax.resume import ResumeLog  # noqa: PLC0415
 
     speculative = ({"method": "specdecode", "drafter": drafter, "drafter_params": drafter_params,
                     "gamma": gamma} if drafter is not None else {"method": "autoregressive"})
@@ -184,7 +148,7 @@ def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence
     cache = None
     if cache_path is not None:
         digest = hashlib.sha256(repr([list(map(int, p)) for p in prompts]).encode()).hexdigest()
-        cache = _SampleCache(cache_path, {
+        cache = ResumeLog(cache_path, {
             "models": cache_key, "prompts_sha256": digest, "max_new_tokens": max_new_tokens,
             "temperature": temperature, "seed": seed, "eos_ids": list(map(int, eos_ids)),
             "batch_size": batch_size, "width_bucket": width_bucket,
