@@ -24,11 +24,14 @@ Two phases, one process:
         --num-prompts 40 --max-new-tokens 128 --timed-prompts 5
 
 Writes a JSON report and a Markdown summary (``--markdown``) with the plot.
+Phase 1 keeps each finished batch in ``<out>.counts.jsonl``: a rerun with the
+same settings resumes there (phase 2 always runs whole, being interleaved).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import time
 
@@ -43,6 +46,7 @@ from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.evaluation import study
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.progress import tqdm
+from specdec_jax.resume import ResumeLog
 from specdec_jax.specdecpp.head import load_head
 
 
@@ -125,19 +129,37 @@ def rates(rows: list[dict]) -> dict:
     return out
 
 
-def phase_counts(runner, configs, prompts, args) -> dict:
+def phase_counts(runner, configs, prompts, args, log: ResumeLog | None = None) -> dict:
+    """Every configuration on every prompt at T = 1, in batches; each finished
+    batch goes to ``log`` (if given), and batches already there are reused."""
     results = {}
     width = max(len(p) for p in prompts)  # one shape: one compilation per configuration
     batches = [prompts[i:i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     for config in tqdm(configs, desc="counts (T = 1)", unit="config"):
         rows = []
         for i, chunk in enumerate(batches):
-            padded = chunk + [chunk[-1]] * (args.batch_size - len(chunk))
-            out = runner(config, make_prompt(padded, pad_to=width),
-                         jax.random.PRNGKey(args.seed + i), 1.0)
-            rows += row_counts(out, len(chunk))
+            key = (config["name"], i)
+            if log is None or key not in log.done:
+                padded = chunk + [chunk[-1]] * (args.batch_size - len(chunk))
+                out = runner(config, make_prompt(padded, pad_to=width),
+                             jax.random.PRNGKey(args.seed + i), 1.0)
+                if log is not None:
+                    log.add(key, row_counts(out, len(chunk)))
+                else:
+                    rows += row_counts(out, len(chunk))
+            if log is not None:
+                rows += log.done[key]
         results[config["name"]] = {"config": config, "rows": rows, **rates(rows)}
     return results
+
+
+def counts_log(args, prompts, head_meta: dict) -> ResumeLog:
+    """Phase 1's log next to the report: a rerun with the same settings resumes."""
+    settings = {k: getattr(args, k) for k in ("target", "drafter", "head", "max_new_tokens",
+                                              "thresholds", "ks", "k_max", "batch_size", "seed")}
+    settings["head_config"] = head_meta["config"]
+    settings["prompts_sha256"] = hashlib.sha256(repr(prompts).encode()).hexdigest()
+    return ResumeLog(args.out.rsplit(".", 1)[0] + ".counts.jsonl", settings)
 
 
 def make_prefill_timers(pair, max_length: int):
@@ -299,7 +321,8 @@ def main(argv=None):
               "max_new_tokens": args.max_new_tokens, "k_max": args.k_max,
               "timed_prompts": args.timed_prompts, "batch_size": args.batch_size}
 
-    report["counts"] = phase_counts(runner, configs, prompts, args)
+    report["counts"] = phase_counts(runner, configs, prompts, args,
+                                    log=counts_log(args, prompts, meta))
     timing.write_report(report, args.out)
     ar_config = {"name": "autoregressive", "kind": "autoregressive"}
     timed_prompts = prompts[:args.timed_prompts]

@@ -342,13 +342,26 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     import bench_specdecpp  # noqa: PLC0415
 
     report_path = tmp_path / "bench.json"
-    bench_specdecpp.main([
-        "--target", "toy-bytes-large", "--drafter", "toy-bytes-small",
-        "--head", str(head_dir / "head"), "--num-prompts", "3", "--max-new-tokens", "12",
-        "--timed-prompts", "2", "--thresholds", "0.3", "0.8", "--ks", "3",
-        "--k-max", "6", "--batch-size", "2", "--out", str(report_path),
-        "--markdown", str(tmp_path / "bench.md")])
+    argv = ["--target", "toy-bytes-large", "--drafter", "toy-bytes-small",
+            "--head", str(head_dir / "head"), "--num-prompts", "3", "--max-new-tokens", "12",
+            "--timed-prompts", "2", "--thresholds", "0.3", "0.8", "--ks", "3",
+            "--k-max", "6", "--batch-size", "2", "--out", str(report_path)]
+    bench_specdecpp.main([*argv, "--markdown", str(tmp_path / "bench.md")])
     report = json.loads(report_path.read_text())
+    # Phase 1 is logged per (configuration, batch); a rerun reads it back, runs nothing.
+    log_lines = (tmp_path / "bench.counts.jsonl").read_text().splitlines()
+    assert len(log_lines) == 1 + 3 * 2
+    from specdec_jax.data import humaneval  # noqa: PLC0415
+    from specdec_jax.resume import ResumeLog  # noqa: PLC0415
+
+    args = bench_specdecpp.parse_args(argv)
+    prompts = [list(p.encode()) for p in humaneval.load_prompts(3)]
+    resumed = bench_specdecpp.phase_counts(
+        lambda *_: pytest.fail("a logged batch ran again"), bench_specdecpp.configurations(args),
+        prompts, args, log=ResumeLog(tmp_path / "bench.counts.jsonl",
+                                     json.loads(log_lines[0])["settings"]))
+    assert {k: v["rows"] for k, v in resumed.items()} == {
+        k: v["rows"] for k, v in report["counts"].items()}
     assert all(g["identical_to_target"] for g in report["greedy"].values())
     for counts in report["counts"].values():
         assert counts["tokens"] == 3 * 12
