@@ -61,6 +61,10 @@ def parse_args(argv=None):
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8, 10])
     p.add_argument("--k-max", type=int, default=DEFAULT_MAX_DRAFTS)
+    p.add_argument("--target-widths", type=int, nargs="+", default=None,
+                   help="SpecDec++ target call widths to compile (must end at K_max + 1); "
+                        "default: drafting.adaptive.target_widths. Finer widths waste less "
+                        "where a call's cost grows with its width (CPUs), at more compile time")
     p.add_argument("--batch-size", type=int, default=8, help="phase 1 (counts) batch")
     p.add_argument("--timed-prompts", type=int, default=5, help="phase 2 (wall clock)")
     p.add_argument("--seed", type=int, default=0)
@@ -86,7 +90,9 @@ class Runner:
 
     def __init__(self, pair, head, head_params, args):
         self.pair, self.args = pair, args
-        self.adaptive = AdaptiveDrafter(pair.drafter, head, eos_ids=pair.eos_ids)
+        self.adaptive = AdaptiveDrafter(
+            pair.drafter, head, eos_ids=pair.eos_ids,
+            widths=tuple(args.target_widths) if args.target_widths else None)
         self.adaptive_params = self.adaptive.select_params(
             {self.adaptive.name: pair.drafter_params, self.adaptive.head_name: head_params})
         common = dict(target=pair.target, max_new_tokens=args.max_new_tokens,
@@ -156,7 +162,8 @@ def phase_counts(runner, configs, prompts, args, log: ResumeLog | None = None) -
 def counts_log(args, prompts, head_meta: dict) -> ResumeLog:
     """Phase 1's log next to the report: a rerun with the same settings resumes."""
     settings = {k: getattr(args, k) for k in ("target", "drafter", "head", "max_new_tokens",
-                                              "thresholds", "ks", "k_max", "batch_size", "seed")}
+                                              "thresholds", "ks", "k_max", "target_widths", "batch_size",
+                                              "seed")}
     settings["head_config"] = head_meta["config"]
     settings["prompts_sha256"] = hashlib.sha256(repr(prompts).encode()).hexdigest()
     return ResumeLog(args.out.rsplit(".", 1)[0] + ".counts.jsonl", settings)
@@ -243,7 +250,8 @@ def markdown(report: dict) -> str:
         "",
         f"Pair: {report['drafter']} -> {report['target']}; head `{report['head']}` "
         f"(D = {report['head_config']['depth']}). {report['num_prompts']} prompts x "
-        f"{report['max_new_tokens']} new tokens, T = 1; wall clock at batch 1 on the first "
+        f"{report['max_new_tokens']} new tokens, T = 1, K_max = {report['k_max']}, SpecDec++ "
+        f"target widths {report['target_widths']}; wall clock at batch 1 on the first "
         f"{report['timed_prompts']} prompts, interleaved. Machine: {env['machine']}, "
         f"{env['cpu_count']} CPUs, float32, Python {env['python']}, jax {env['jax']}, "
         f"flax {env['flax']}.",
@@ -319,6 +327,7 @@ def main(argv=None):
               "target": args.target, "drafter": args.drafter, "head": args.head,
               "head_config": meta["config"], "num_prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "k_max": args.k_max,
+              "target_widths": list(runner.adaptive.target_widths(args.k_max)),
               "timed_prompts": args.timed_prompts, "batch_size": args.batch_size}
 
     report["counts"] = phase_counts(runner, configs, prompts, args,

@@ -345,7 +345,8 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     argv = ["--target", "toy-bytes-large", "--drafter", "toy-bytes-small",
             "--head", str(head_dir / "head"), "--num-prompts", "3", "--max-new-tokens", "12",
             "--timed-prompts", "2", "--thresholds", "0.3", "0.8", "--ks", "3",
-            "--k-max", "6", "--batch-size", "2", "--out", str(report_path)]
+            "--k-max", "6", "--target-widths", "3", "7", "--batch-size", "2",
+            "--out", str(report_path)]
     bench_specdecpp.main([*argv, "--markdown", str(tmp_path / "bench.md")])
     report = json.loads(report_path.read_text())
     # Phase 1 is logged per (configuration, batch); a rerun reads it back, runs nothing.
@@ -369,6 +370,7 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
         assert counts["discard_rate"]["value"] >= 0.0
     assert report["latency_model"]["runs"] == 2 * 4
     assert "| SpecDec++ (best h)" in (tmp_path / "bench.md").read_text()
+    assert report["target_widths"] == [3, 7]
     assert (tmp_path / "bench.png").exists()
     with pytest.raises(ValueError, match="unknown data source"):
         train_main.main(["--gin_file", "configs/runs/specdecpp_data.gin", *toys,
