@@ -40,7 +40,7 @@ import numpy as np
 
 from specdec_jax import api, timing
 from specdec_jax.data import humaneval
-from specdec_jax.data.metrics import bootstrap_ci
+from specdec_jax.data.metrics import ratio_ci
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.evaluation import study
@@ -114,8 +114,7 @@ class Runner:
 def row_counts(out, rows: int) -> list[dict]:
     """Per row: N, N_target, drafted, accepted, discarded."""
     stats = out.stats
-    histogram = np.asarray(stats.accepted_histogram)[:rows]
-    accepted = (histogram * np.arange(histogram.shape[1])).sum(1)
+    accepted = np.asarray(stats.accepted())[:rows]
     drafted = np.asarray(stats.drafted)[:rows]
     return [{"tokens": int(n), "target_calls": int(c), "drafted": int(d), "accepted": int(a),
              "discarded": int(d - a)}
@@ -125,11 +124,9 @@ def row_counts(out, rows: int) -> list[dict]:
 
 def rates(rows: list[dict]) -> dict:
     """Verification and discard rates with 95% bootstrap CIs over prompts."""
-    ratio = lambda key: lambda items: (sum(r[key] for r in items)  # noqa: E731
-                                       / sum(r["tokens"] for r in items))
     out = {}
     for name, key in (("verification_rate", "target_calls"), ("discard_rate", "discarded")):
-        score, low, high = bootstrap_ci(rows, ratio(key))
+        score, low, high = ratio_ci(rows, key, "tokens")
         out[name] = {"value": score, "ci95": [low, high]}
     out["tokens"] = sum(r["tokens"] for r in rows)
     return out
@@ -217,8 +214,7 @@ def phase_wall_clock(runner, configs, prompts, args, temperature: float) -> dict
                                          .tolist()})
     summary = {}
     for name, rows in runs.items():
-        score, low, high = bootstrap_ci(rows, lambda items: sum(r["tokens"] for r in items)
-                                        / sum(r["decode_s"] for r in items))
+        score, low, high = ratio_ci(rows, "tokens", "decode_s")
         summary[name] = {"tokens_per_s": score, "ci95": [low, high], "runs": rows}
     return summary
 

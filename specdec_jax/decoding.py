@@ -78,6 +78,11 @@ class GenerationStats:
     # decoders only; a sequence-level cascade defers on it; 0 elsewhere)
     sequence_logprob: Array
 
+    def accepted(self) -> Array:
+        """int32 [B]: drafts accepted per row, sum over rounds (from the histogram)."""
+        histogram = self.accepted_histogram
+        return (histogram * jnp.arange(histogram.shape[-1])).sum(-1)
+
 
 @flax.struct.dataclass
 class GenerationOutput:

@@ -87,6 +87,17 @@ def param_specs(params, mesh: Mesh, rules=DECODER_RULES):
     return jax.tree_util.tree_map_with_path(spec_of, params)
 
 
+def abstract_params(params, mesh: Mesh, rules=DECODER_RULES):
+    """Shapes, dtypes and shardings only (``jax.ShapeDtypeStruct``): the target
+    layout for ``orbax_io.restore_params``, so each process reads just its own
+    shards of a checkpoint and no host ever holds the whole tree. ``params``
+    may itself be abstract (``jax.eval_shape(model.init_params, key)``)."""
+    return jax.tree_util.tree_map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype,
+                                                    sharding=sharding),
+        params, param_specs(params, mesh, rules))
+
+
 def shard_params(params, mesh: Mesh, rules=DECODER_RULES):
     """Places every parameter according to the first matching rule."""
     return jax.tree_util.tree_map(place, params, param_specs(params, mesh, rules))

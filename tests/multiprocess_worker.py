@@ -2,10 +2,12 @@
 
     python -m tests.multiprocess_worker PROCESS_ID NUM_PROCESSES PORT OUT_NPZ [DATA MODEL]
 
-Every process builds the same toy pair, joins the runtime, shards the target
-over a (data, model) mesh of all processes' devices and runs each case;
-process 0 writes the gathered tokens. With NUM_PROCESSES = 0 it runs the
-same cases on one device without joining anything (the reference).
+Every process builds the same toy pair, joins the runtime, restores the
+target from the one-device run's checkpoint straight into a (data, model)
+mesh of all processes' devices, runs each case, and saves the sharded target
+as a checkpoint of its own (each process its shards); process 0 writes the
+gathered tokens. With NUM_PROCESSES = 0 it runs the same cases on one device
+without joining anything (the reference) and saves the target's checkpoint.
 """
 
 from __future__ import annotations
@@ -41,16 +43,19 @@ def toy_pair():
     return target, target_params, drafter, drafter_params, prompts
 
 
-def run_cases(mesh=None) -> dict[str, np.ndarray]:
+def run_cases(mesh=None, target_params=None) -> dict[str, np.ndarray]:
+    """Every case; ``target_params`` (already placed) replace the toy's own."""
     import jax  # noqa: PLC0415
 
     import specdec_jax as sj  # noqa: PLC0415
     from specdec_jax import distributed, sharding  # noqa: PLC0415
 
-    target, target_params, drafter, drafter_params, prompts = toy_pair()
+    target, own_target_params, drafter, drafter_params, prompts = toy_pair()
     prompt = sj.make_prompt(prompts)
+    if target_params is None:
+        target_params = (own_target_params if mesh is None
+                         else sharding.shard_params(own_target_params, mesh))
     if mesh is not None:
-        target_params = sharding.shard_params(target_params, mesh)
         drafter_params = sharding.shard_params(drafter_params, mesh)
         prompt = sharding.shard_prompt(prompt, mesh)
     results = {}
@@ -64,10 +69,23 @@ def run_cases(mesh=None) -> dict[str, np.ndarray]:
     return results
 
 
+def checkpoints(out: str) -> tuple[str, str]:
+    """(written by the one-device run, written by the multi-process run), both
+    beside the output file."""
+    import os  # noqa: PLC0415
+
+    base = os.path.dirname(os.path.abspath(out))
+    return os.path.join(base, "one-device-ckpt"), os.path.join(base, "multiprocess-ckpt")
+
+
 def main(argv: list[str]) -> int:
     process_id, num_processes, port, out = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
+
+    one_ckpt, multi_ckpt = checkpoints(out)
     if num_processes == 0:
         np.savez(out, **run_cases())
+        orbax_io.save_params(one_ckpt, toy_pair()[1])
         return 0
     data, model = (int(argv[4]), int(argv[5])) if len(argv) > 5 else (2, 4)
     from specdec_jax import distributed, sharding  # noqa: PLC0415
@@ -77,7 +95,15 @@ def main(argv: list[str]) -> int:
 
     assert jax.process_count() == num_processes
     mesh = sharding.make_mesh(data=data, model=model)
-    results = run_cases(mesh)
+    # The one-device checkpoint, read straight into this mesh's layout: each
+    # process reads only its shards (the abstract tree allocates nothing).
+    target, *_ = toy_pair()
+    layout = sharding.abstract_params(jax.eval_shape(target.init_params, jax.random.PRNGKey(0)),
+                                      mesh)
+    target_params = orbax_io.restore_params(one_ckpt, layout)
+    assert not all(leaf.is_fully_addressable for leaf in jax.tree_util.tree_leaves(target_params))
+    results = run_cases(mesh, target_params)
+    orbax_io.save_params(multi_ckpt, target_params)  # every process writes its own shards
     if distributed.is_writer():
         np.savez(out, **results, devices=np.int32(jax.device_count()))
     return 0

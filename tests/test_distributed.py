@@ -1,5 +1,6 @@
 """Two local processes, one JAX runtime (4 simulated CPU devices each): sharded
-speculative decoding over the 8-device mesh gives the tokens of one device."""
+speculative decoding over the 8-device mesh gives the tokens of one device,
+and sharded checkpoints move between one process and two in both directions."""
 
 import os
 import socket
@@ -45,6 +46,17 @@ def test_two_processes_decode_like_one_device(tmp_path, data, model):
         np.testing.assert_array_equal(two[name], one[name], err_msg=name)
     assert sum(int(one[f"{name}/rejections"].sum()) for name, *_ in
                multiprocess_worker.CASES) > 0, "the drafter must be rejected sometimes"
+    # Checkpoints: one device -> 2 processes happened above (the two-process
+    # tokens came from the restored target); 2 processes -> one process here.
+    from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
+
+    restored = orbax_io.restore_params(
+        multiprocess_worker.checkpoints(str(tmp_path / "two.npz"))[1])
+    own = multiprocess_worker.toy_pair()[1]
+    import jax  # noqa: PLC0415
+    assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(own)
+    for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(own)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_a_process_that_cannot_join_fails_with_the_settings_named():

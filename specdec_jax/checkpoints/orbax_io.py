@@ -28,10 +28,14 @@ def save_params(path: os.PathLike, params: Any) -> pathlib.Path:
 
 
 def restore_params(path: os.PathLike, like: Any | None = None) -> Any:
-    """Reads a checkpoint written by :func:`save_params`.
+    """Reads a checkpoint written by :func:`save_params`, by any number of
+    processes on any mesh.
 
-    ``like`` (a tree of arrays or ``jax.ShapeDtypeStruct`` with shardings)
-    fixes dtypes, shapes and placement and is checked against the file.
+    ``like`` (a tree of arrays or ``jax.ShapeDtypeStruct`` with shardings,
+    e.g. ``sharding.abstract_params``) fixes dtypes, shapes and placement and
+    is checked against the file; each process reads only the shards its
+    devices hold. Without it, the whole tree lands on this process's first
+    device (whatever layout it was saved from).
     """
     import orbax.checkpoint as ocp  # noqa: PLC0415
 
@@ -39,8 +43,11 @@ def restore_params(path: os.PathLike, like: Any | None = None) -> Any:
     if not path.exists():
         raise FileNotFoundError(f"no orbax checkpoint at {path}.")
     with ocp.StandardCheckpointer() as checkpointer:
-        if like is None:
-            return checkpointer.restore(path)
+        if like is None:  # the stored shapes and dtypes, placed on one local device
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            like = jax.tree_util.tree_map(
+                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                checkpointer.metadata(path).item_metadata.tree)
         abstract = jax.tree_util.tree_map(
             lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else
             jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like)

@@ -34,6 +34,16 @@ def bootstrap_ci(items: list, aggregate, *, num_samples: int = BOOTSTRAP_SAMPLES
     return score, float(low), float(high)
 
 
+def ratio_ci(rows: list[dict], numerator: str, denominator: str, **kwargs
+             ) -> tuple[float, float, float]:
+    """``bootstrap_ci`` of sum(numerator) / sum(denominator) over ``rows``
+    (a ratio of totals, e.g. tokens per target call, not a mean of per-row
+    ratios, which would overweight short rows)."""
+    def ratio(items):
+        return sum(r[numerator] for r in items) / max(sum(r[denominator] for r in items), 1)
+    return bootstrap_ci(rows, ratio, **kwargs)
+
+
 def _mean(items: list) -> float:
     return float(np.mean(np.asarray(items, np.float64)))
 

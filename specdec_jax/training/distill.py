@@ -181,25 +181,20 @@ def block_efficiency(*, target, target_params, drafter, drafter_params,
     and acceptance rate (accepted drafts / proposed drafts) on ``prompts``, with
     95% bootstrap intervals over prompts (``data.metrics.bootstrap_ci``)."""
     from specdec_jax import api  # noqa: PLC0415
-    from specdec_jax.data.metrics import bootstrap_ci  # noqa: PLC0415
+    from specdec_jax.data.metrics import ratio_ci  # noqa: PLC0415
 
-    emitted, calls, accepted, proposed = [], [], [], []
+    rows = []
     for start, prompt, chunk in _fixed_shape_batches(prompts, batch_size):
         out = api.generate(target=target, target_params=target_params, drafter=drafter,
                            drafter_params=drafter_params, prompts=prompt, method="specdecode",
                            gamma=gamma, temperature=temperature,
                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed + start)
-        real = len(chunk)
-        histogram = np.asarray(out.stats.accepted_histogram)[:real]  # [B, G + 1]
-        emitted += np.asarray(out.stats.emitted)[:real].tolist()
-        calls += np.asarray(out.stats.target_calls)[:real].tolist()
-        accepted += (histogram * np.arange(gamma + 1)).sum(1).tolist()
-        proposed += np.asarray(out.stats.drafted)[:real].tolist()
-    rows = list(zip(emitted, calls, accepted, proposed))
-    ratio = lambda i, j: lambda items: sum(r[i] for r in items) / max(  # noqa: E731
-        sum(r[j] for r in items), 1)
-    efficiency = bootstrap_ci(rows, ratio(0, 1))
-    acceptance = bootstrap_ci(rows, ratio(2, 3))
+        stats = jax.device_get(out.stats)
+        rows += [{"emitted": int(e), "calls": int(c), "accepted": int(a), "proposed": int(p)}
+                 for e, c, a, p in zip(stats.emitted, stats.target_calls, stats.accepted(),
+                                       stats.drafted)][:len(chunk)]
+    efficiency = ratio_ci(rows, "emitted", "calls")
+    acceptance = ratio_ci(rows, "accepted", "proposed")
     return {"block_efficiency": efficiency[0], "block_efficiency_ci": efficiency[1:],
             "acceptance_rate": acceptance[0], "acceptance_rate_ci": acceptance[1:],
             "prompts": len(rows), "gamma": gamma, "temperature": temperature}
