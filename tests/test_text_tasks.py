@@ -172,3 +172,14 @@ def test_register_all_registers_both_factories(monkeypatch):
     text_tasks.register_all()
     assert set(tasks._TASKS) == set(TASK_NAMES)
     assert {tasks._TASKS[name]().name for name in TASK_NAMES} == set(TASK_NAMES)
+
+
+def test_ratio_ci_is_a_ratio_of_totals():
+    """Tokens per target call over prompts: total / total (2.5 here), not the
+    mean of per-prompt ratios (2.0); every resample lies between the rows'
+    own ratios; an empty denominator gives 0, not a ZeroDivisionError."""
+    rows = [{"tokens": 1, "calls": 1}, {"tokens": 9, "calls": 3}]
+    score, low, high = metrics.ratio_ci(rows, "tokens", "calls")
+    assert score == 2.5
+    assert 1.0 <= low <= score <= high <= 3.0 and low < high
+    assert metrics.ratio_ci([{"tokens": 0, "calls": 0}], "tokens", "calls")[0] == 0.0
