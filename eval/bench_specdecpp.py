@@ -158,9 +158,9 @@ def phase_counts(runner, configs, prompts, args, log: ResumeLog | None = None) -
 
 def counts_log(args, prompts, head_meta: dict) -> ResumeLog:
     """Phase 1's log next to the report: a rerun with the same settings resumes."""
-    settings = {k: getattr(args, k) for k in ("target", "drafter", "head", "max_new_tokens",
-                                              "thresholds", "ks", "k_max", "target_widths", "batch_size",
-                                              "seed")}
+    names = ("target", "drafter", "head", "max_new_tokens", "thresholds", "ks", "k_max",
+             "target_widths", "batch_size", "seed")
+    settings = {k: getattr(args, k) for k in names}
     settings["head_config"] = head_meta["config"]
     settings["prompts_sha256"] = hashlib.sha256(repr(prompts).encode()).hexdigest()
     return ResumeLog(args.out.rsplit(".", 1)[0] + ".counts.jsonl", settings)

@@ -103,6 +103,35 @@ def shard_params(params, mesh: Mesh, rules=DECODER_RULES):
     return jax.tree_util.tree_map(place, params, param_specs(params, mesh, rules))
 
 
+def local_rows(batch: int, mesh: Mesh) -> list[int]:
+    """The rows of a ``[batch, ...]`` array sharded along ``data`` that this
+    process's devices hold (all of them in a one-process run)."""
+    spec = NamedSharding(mesh, PartitionSpec(DATA))
+    rows = set()
+    for index in spec.addressable_devices_indices_map((batch,)).values():
+        rows.update(range(*index[0].indices(batch)))
+    return sorted(rows)
+
+
+def prompt_from_rows(make_row, batch: int, width: int, mesh: Mesh) -> Prompt:
+    """A ``[batch, width]`` prompt sharded along ``data`` of which this
+    process builds (tokenises, reads) only its own rows: ``make_row(i)``
+    returns row ``i``'s tokens and is called for ``local_rows`` alone; the
+    other processes fill theirs."""
+    if batch % mesh.shape[DATA]:
+        raise ValueError(f"batch size {batch} is not divisible by the data axis "
+                         f"({mesh.shape[DATA]}); choose a batch size that is.")
+    tokens, lengths = np.zeros((batch, width), np.int32), np.zeros((batch,), np.int32)
+    for row in local_rows(batch, mesh):
+        ids = list(make_row(row))
+        if not 0 < len(ids) <= width:
+            raise ValueError(f"prompt row {row} has {len(ids)} tokens; it needs 1..{width} "
+                             "(raise the width or shorten the prompt).")
+        tokens[row, :len(ids)], lengths[row] = ids, len(ids)
+    return Prompt(tokens=place(tokens, NamedSharding(mesh, PartitionSpec(DATA, None))),
+                  lengths=place(lengths, NamedSharding(mesh, PartitionSpec(DATA))))
+
+
 def shard_prompt(prompt: Prompt, mesh: Mesh) -> Prompt:
     """Shards the batch along ``data`` (the batch must divide by its size).
     Every process passes the whole batch; each keeps its rows' shards."""

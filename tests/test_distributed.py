@@ -59,6 +59,45 @@ def test_two_processes_decode_like_one_device(tmp_path, data, model):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_the_generate_job_on_two_processes_writes_what_one_process_writes(tmp_path):
+    """The gin job itself (``eval.main``, configs/runs/generate.gin) on the
+    toy pair, T = 1: 2 processes x 4 devices, models sharded (data=4,
+    model=2), each process tokenising only its rows; process 0 alone writes,
+    and its record equals the one-process record."""
+    import json  # noqa: PLC0415
+
+    def job(out, *flags):
+        return ["-m", "eval.main", "--gin_file", "configs/runs/generate.gin",
+                "--gin_bindings", "TASK = 'humaneval'", "--gin_bindings", f"OUT_PATH = '{out}'",
+                "--gin_bindings", "TARGET = 'toy-bytes-large'",
+                "--gin_bindings", "DRAFTER = 'toy-bytes-small'",
+                *[f"--gin_bindings=run_generate.{b}" for b in (
+                    "num_examples = 6", "batch_size = 4", "max_new_tokens = 10",
+                    "temperature = 1.0", "progress = False")], *flags]
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SPECDEC_JAX_PROGRESS="0")
+    one = subprocess.run([sys.executable, *job(tmp_path / "one.json")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    port = str(free_port())
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    procs = [subprocess.Popen(
+        [sys.executable, *job(tmp_path / f"two-{i}.json", "--coordinator_address",
+                              f"127.0.0.1:{port}", "--num_processes", "2", "--process_id",
+                              str(i), "--gin_bindings=run_generate.model_parallel = 2")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    logs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in logs]
+    assert not (tmp_path / "two-1.json").exists()  # process 1 writes nothing
+    assert "--- HumanEval/" in logs[0][0] and "--- HumanEval/" not in logs[1][0]
+    single, multi = (json.loads((tmp_path / name).read_text())
+                     for name in ("one.json", "two-0.json"))
+    assert [r["text"] for r in multi["per_example"]] == [r["text"] for r in
+                                                          single["per_example"]]
+    assert multi["per_example"] == single["per_example"]
+
+
 def test_a_process_that_cannot_join_fails_with_the_settings_named():
     """Either process alone: no hang past the timeout, and stderr names the
     coordinator, the process id and count, and what to check."""

@@ -13,13 +13,14 @@ quality numbers mean nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from collections.abc import Sequence
 
 import jax
 
-from specdec_jax import timing
+from specdec_jax import distributed, timing
 from specdec_jax.data import tasks
 from specdec_jax.evaluation import cost as cost_lib
 from specdec_jax.evaluation import report, sweep
@@ -40,8 +41,39 @@ def _toy(name: str):
 
 
 def load_pair(*, target: str, drafter: str, dtype: str = "float32",
-              stop_at_block_end: bool = False) -> sweep.ModelPair:
-    """The two models of a study with their text interface."""
+              stop_at_block_end: bool = False, mesh=None) -> sweep.ModelPair:
+    """The two models of a study with their text interface; with a ``mesh``
+    (``job_mesh``), both models' params placed on it by the sharding rules."""
+    pair = _load_pair(target=target, drafter=drafter, dtype=dtype,
+                      stop_at_block_end=stop_at_block_end)
+    if mesh is None:
+        return pair
+    from specdec_jax import sharding  # noqa: PLC0415
+    from specdec_jax.drafting.base import is_encoder_decoder  # noqa: PLC0415
+
+    def place(model, params):
+        rules = sharding.T5_RULES if is_encoder_decoder(model) else sharding.DECODER_RULES
+        return sharding.shard_params(params, mesh, rules)
+
+    return dataclasses.replace(pair, target_params=place(pair.target, pair.target_params),
+                               drafter_params=place(pair.drafter, pair.drafter_params),
+                               mesh=mesh)
+
+
+def job_mesh(model_parallel: int | None):
+    """The mesh of a job: None (one device, as always) unless the job spans
+    processes or asks for model parallelism; then every device of every
+    process, ``model_parallel`` (default 1) along ``model``, the rest along
+    ``data`` (the batch size must divide by it)."""
+    from specdec_jax import sharding  # noqa: PLC0415
+
+    if jax.process_count() == 1 and model_parallel is None:
+        return None
+    return sharding.make_mesh(model=model_parallel or 1)
+
+
+def _load_pair(*, target: str, drafter: str, dtype: str,
+               stop_at_block_end: bool) -> sweep.ModelPair:
     if (target in TOY_MODELS) != (drafter in TOY_MODELS):
         raise ValueError(f"target {target!r} and drafter {drafter!r} must both be toys or both "
                          "be real models: they need one tokenizer.")
@@ -153,9 +185,15 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
                  method: str = "specdecode", alpha: float | None = None, gamma: int = 5,
                  temperature: float = 0.0, split: str = "test", num_examples: int = 3,
                  max_new_tokens: int = 160, batch_size: int = 3, seed: int = 0,
-                 dtype: str = "float32", progress: bool = True) -> dict:
+                 dtype: str = "float32", model_parallel: int | None = None,
+                 progress: bool = True) -> dict:
     """One method on a task's first examples: outputs, scores and counters as
-    one sweep record (JSON at ``out_path``), the outputs printed."""
+    one sweep record (JSON at ``out_path``), the outputs printed.
+
+    Across processes (``launch --num_processes ...``) or with
+    ``model_parallel``, the models are sharded over a mesh of every device
+    (``job_mesh``), each process tokenises only its rows of each batch, and
+    process 0 alone writes and prints."""
     the_task = tasks.get_task(task)
     grid = {} if method in sweep.AUTOREGRESSIVE else {method: [] if alpha is None else [alpha]}
     points = [p for p in sweep.plan_points(methods=grid, gammas=[gamma],
@@ -165,12 +203,15 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
         raise ValueError(f"method {method!r} needs an alpha (and cannot be derived alone).")
     examples = the_task.load(split, num_examples)
     pair = load_pair(target=target, drafter=drafter, dtype=dtype,
-                     stop_at_block_end=the_task.stop_at_block_end)
+                     stop_at_block_end=the_task.stop_at_block_end,
+                     mesh=job_mesh(model_parallel))
     rows = sweep.generate_point(pair, points[0], examples, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, width=sweep.prompt_width(pair, examples),
                                 seed=seed, progress=progress)
     sweep.score_rows(the_task, rows, examples)
     record = sweep.summarise(the_task, points[0], rows, None)
+    if not distributed.is_writer():
+        return record
     path = pathlib.Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))

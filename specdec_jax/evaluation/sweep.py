@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, targets, timing
+from specdec_jax import api, distributed, sharding, targets, timing
 from specdec_jax.cascades import sequence_defers
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
@@ -80,6 +80,9 @@ class ModelPair:
     eos_ids: tuple[int, ...] = ()
     stop_rule: EndOfBlockStop | None = None
     names: tuple[str, str] = ("target", "drafter")
+    # A (data, model) mesh the params are placed on (``study.load_pair(mesh=...)``),
+    # possibly spanning processes; None: one device.
+    mesh: Any = None
 
 
 def method_range(method: str) -> tuple[float, float]:
@@ -232,19 +235,31 @@ def generate_point(pair: ModelPair, point: Point, examples: Sequence[Example], *
     batches = range(0, len(examples), batch_size)
     for index in tqdm(batches, desc=point.key, leave=False, disable=not progress):
         chunk = [examples[i] for i in order[index:index + batch_size]]
-        ids = [pair.encode(ex.prompt) for ex in chunk]
-        ids += [ids[0]] * (batch_size - len(ids))
-        prompt = make_prompt(ids, pad_to=width)
+        prompt = _batch_prompt(pair, chunk, batch_size, width)
         out = fn(prompt, jax.random.fold_in(jax.random.PRNGKey(seed), index), sp)
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        if int(np.asarray(out.stats.nan_logits).sum()):
+        # Every process gets the whole batch back (rows of other processes too).
+        out, prompt_lengths = jax.tree_util.tree_map(distributed.gather, (out, prompt.lengths))
+        tokens, lengths = out.tokens, out.lengths
+        if int(out.stats.nan_logits.sum()):
             raise FloatingPointError(f"{point.key}: NaN logits; check the weights and dtype.")
         for row, ex in enumerate(chunk):
             text = pair.decode(tokens[row, :lengths[row]].tolist())
-            rows.append({"id": ex.id, "text": text, "prompt_tokens": len(ids[row]),
+            rows.append({"id": ex.id, "text": text, "prompt_tokens": int(prompt_lengths[row]),
                          **_row_counters(out.stats, row, point.method == "drafter")})
     position = {i: n for n, i in enumerate(order)}
     return [rows[position[i]] for i in range(len(examples))]
+
+
+def _batch_prompt(pair: ModelPair, chunk: Sequence[Example], batch_size: int, width: int):
+    """The batch's prompt, padded to ``batch_size`` rows with copies of its
+    first example (their outputs are dropped). On a mesh, each process
+    tokenises only the rows its devices hold."""
+    def row_tokens(row: int) -> list[int]:
+        return pair.encode(chunk[row if row < len(chunk) else 0].prompt)
+
+    if pair.mesh is None:
+        return make_prompt([row_tokens(r) for r in range(batch_size)], pad_to=width)
+    return sharding.prompt_from_rows(row_tokens, batch_size, width, pair.mesh)
 
 
 def score_rows(task: Task, rows: list[dict], examples: Sequence[Example]) -> None:
