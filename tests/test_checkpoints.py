@@ -208,8 +208,8 @@ def test_orbax_round_trip(tmp_path):
 
 def test_converted_copy_is_reused_and_rebuilt_when_unusable(tmp_path, monkeypatch, capsys):
     """The first load of a GGUF file writes a converted copy; the next reads it
-    without dequantising (bit-identical params); a truncated data file or an
-    older format is reported and rebuilt."""
+    without dequantising (bit-identical params); a truncated data file, a
+    changed value or an older format is reported and rebuilt."""
     import jax
 
     from specdec_jax.checkpoints import converted, load
@@ -240,6 +240,15 @@ def test_converted_copy_is_reused_and_rebuilt_when_unusable(tmp_path, monkeypatc
     assert "not usable" in capsys.readouterr().err
     jax.tree_util.tree_map(np.testing.assert_array_equal, rebuilt, first)
 
+    # One value changed in place (same size, valid file): the checksums catch it.
+    data = copy / converted.PARAMS_DIR / converted.PARAMS_FILE
+    raw = bytearray(data.read_bytes())
+    raw[-5] ^= 0x01
+    data.write_bytes(bytes(raw))
+    _, rebuilt, _ = load_once()
+    assert "differ from the checksums" in capsys.readouterr().err
+    jax.tree_util.tree_map(np.testing.assert_array_equal, rebuilt, first)
+
     meta = json.loads((copy / converted.META_FILE).read_text())
     (copy / converted.META_FILE).write_text(json.dumps({**meta, "format": 0}))
     load_once()
@@ -257,3 +266,26 @@ def test_checksum_sees_a_single_changed_value():
     assert tensor_checksum(array) == tensor_checksum(array.copy())
     odd = np.arange(7, dtype=np.int8)  # not a whole number of 4-byte words
     assert tensor_checksum(odd) != tensor_checksum(odd[::-1].copy())
+
+
+def test_streamed_safetensors_file_reads_back_with_the_library(tmp_path):
+    """The converted copy's own writer (one tensor at a time) against the
+    safetensors reader: names, dtypes (bf16 included), shapes and values,
+    from non-contiguous arrays too; a dtype without a code is refused."""
+    import ml_dtypes
+    import safetensors.numpy
+
+    from specdec_jax.checkpoints import converted
+    tree = {"layers_0": {"mlp": {"wo": np.arange(12, dtype=np.float32).reshape(3, 4).T}},
+            "norm": np.linspace(-1, 1, 5).astype(ml_dtypes.bfloat16),
+            "ids": np.array([3, -1, 7], np.int32)}
+    path = tmp_path / "m.safetensors"
+    converted._save_safetensors(converted._flat(tree), path)
+    back = converted._nested(safetensors.numpy.load_file(path))
+    assert back.keys() == tree.keys()
+    for got, want in ((back["layers_0"]["mlp"]["wo"], tree["layers_0"]["mlp"]["wo"]),
+                      (back["norm"], tree["norm"]), (back["ids"], tree["ids"])):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(TypeError, match="no safetensors code"):
+        converted._save_safetensors({"c": np.ones(2, np.complex64)}, tmp_path / "c.safetensors")

@@ -58,7 +58,9 @@ def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict):
 
     def convert():
         cfg, params, meta = gguf.load_gguf(path, **overrides)
-        params = jax.tree_util.tree_map(lambda x: np.asarray(jnp.asarray(x, dtype)), params)
+        # astype(copy=False): no second copy of a tree already in ``dtype`` (6 GB for the 1.5B)
+        params = jax.tree_util.tree_map(
+            lambda x: np.asarray(x).astype(jnp.dtype(dtype), copy=False), params)
         return params, meta, not cfg.tie_embeddings
 
     params, meta, has_output = converted.load_or_convert(path, sha256, dtype, convert)
