@@ -293,6 +293,10 @@ def test_head_trains_on_the_core_and_beats_the_constant_predictor(tmp_path):
                                batch_size=32, progress=False)
     assert summary["binary_kl"]["held_out"] < 0.9 * summary["constant_binary_kl"]["held_out"]
     assert summary["binary_kl"]["train"] < summary["constant_binary_kl"]["train"]
+    scored = train.evaluate_head(str(tmp_path / "run" / "head"), str(tmp_path / "data"), 1)
+    assert scored["binary_kl"] == pytest.approx(summary["binary_kl"]["held_out"], rel=1e-5)
+    assert scored["constant_binary_kl"] == pytest.approx(summary["constant_binary_kl"]["held_out"])
+    assert scored["mean_label"] == pytest.approx(summary["mean_label"]["held_out"])
     head, params, _ = load_head(tmp_path / "run" / "head", drafter_name="table1",
                                 drafter_params=DRAFTER_PARAMS)
     drafter = AdaptiveDrafter(DRAFTER, head)

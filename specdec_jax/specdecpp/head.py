@@ -106,6 +106,14 @@ def load_head(path: str | os.PathLike, *, drafter_name: str, drafter_params: Any
               ) -> tuple[AcceptanceHead, dict, dict]:
     """(head, params, metadata) of a saved head; an error if it was trained for
     another drafter (by name or by weights) or the drafter's hidden size differs."""
+    return load_head_for(path, drafter_name=drafter_name,
+                         fingerprint=drafter_fingerprint(drafter_params))
+
+
+def load_head_for(path: str | os.PathLike, *, drafter_name: str, fingerprint: str
+                  ) -> tuple[AcceptanceHead, dict, dict]:
+    """``load_head`` given the drafter's fingerprint (``drafter_fingerprint``,
+    also stored in data manifests) instead of its params."""
     from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
 
     path = pathlib.Path(path)
@@ -113,7 +121,6 @@ def load_head(path: str | os.PathLike, *, drafter_name: str, drafter_params: Any
         raise FileNotFoundError(f"{path} holds no acceptance head ({META_FILE} missing); train "
                                 "one with configs/runs/specdecpp_*.gin.")
     meta = json.loads((path / META_FILE).read_text())
-    fingerprint = drafter_fingerprint(drafter_params)
     if meta["drafter"] != drafter_name or meta["drafter_fingerprint"] != fingerprint:
         raise ValueError(
             f"the acceptance head at {path} was trained for drafter {meta['drafter']!r} "

@@ -194,3 +194,34 @@ def mean_binary_kl(head, params, dataset: FeatureDataset, batch_size: int = 4096
         kl = binary_kl(jnp.asarray(batch.labels), head.logits(params, jnp.asarray(batch.features)))
         total += float((kl * batch.weights).sum())
     return total / len(dataset)
+
+
+def evaluate_head(head_dir: str, data_dir: str, held_out_shards: int) -> dict:
+    """A trained head on another build's held-out shards (e.g. a head trained
+    on corpus responses, scored on target responses): binary KL, the mean
+    prediction against the mean label (calibration), and the best constant
+    under the head's own training loss. The head must have been trained for
+    the drafter whose features the data holds."""
+    import json  # noqa: PLC0415
+
+    from specdec_jax.specdecpp import data as data_lib  # noqa: PLC0415
+    from specdec_jax.specdecpp.head import load_head_for  # noqa: PLC0415
+
+    pair = json.loads(pathlib.Path(data_dir, data_lib.MANIFEST).read_text())["pair"]
+    head, params, meta = load_head_for(head_dir, drafter_name=pair["drafter"],
+                                       fingerprint=pair["drafter_fingerprint"])
+    train_set, held_out, manifest = split_shards(data_dir, pair, held_out_shards)
+    predictions = np.concatenate([
+        np.asarray(jax.nn.sigmoid(head.logits(params, jnp.asarray(b.features))))[b.weights > 0]
+        for b in held_out.batches(4096)])
+    training = meta.get("training", {})
+    weights = {"w_acc": training.get("w_acc", 1.0), "w_rej": training.get("w_rej", 1.0)}
+    return {"head": str(head_dir), "data": str(data_dir),
+            "data_source": manifest["settings"]["source"],
+            "held_out_examples": len(held_out),
+            "binary_kl": mean_binary_kl(head, params, held_out),
+            "constant_binary_kl": constant_binary_kl(train_set.labels, held_out.labels,
+                                                     **weights),
+            "mean_prediction": float(predictions.mean()),
+            "mean_label": float(held_out.labels.mean()), **weights,
+            "depth": meta["config"]["depth"]}
