@@ -30,6 +30,9 @@ JOBS = {
     "run_specdecpp_data": "specdec_jax.specdecpp.jobs:run_specdecpp_data",
     "run_specdecpp_train": "specdec_jax.specdecpp.jobs:run_specdecpp_train",
 }
+# Jobs that run across processes (sharded models, rows split by process, process 0
+# writing). The others time one device or write files from every process: refused.
+MULTI_PROCESS_JOBS = ("run_generate",)
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _registered: dict[str, Callable] = {}  # name -> the undecorated function
@@ -136,6 +139,17 @@ def check_required(files: list[str], job: str) -> None:
                          "or with --gin_bindings, e.g. --gin_bindings=\"TASK = 'humaneval'\".")
 
 
+def check_process_count(job: str, process_count: int | None = None) -> None:
+    import jax  # noqa: PLC0415
+
+    count = jax.process_count() if process_count is None else process_count
+    if count > 1 and job not in MULTI_PROCESS_JOBS:
+        raise ValueError(f"{job} runs on one process (it times one device or writes its files "
+                         f"from every process); this launch has {count}. Run it without "
+                         "--num_processes/--multihost_auto, or use a multi-process job: "
+                         f"{', '.join(MULTI_PROCESS_JOBS)}.")
+
+
 def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
          description: str = "Runs a gin-configured job.") -> int:
     args = parse_args(argv, description)
@@ -148,6 +162,7 @@ def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
     parse_config(args.gin_file, args.gin_bindings, args.gin_search_path)
     job = selected_job(default_job)
     check_required(args.gin_file, job)
+    check_process_count(job)
     configured = gin.get_configurable(job)
     try:
         result = configured()

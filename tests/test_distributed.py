@@ -126,6 +126,10 @@ def test_incomplete_settings_and_slices():
 
 def test_the_launcher_takes_the_multi_process_flags():
     from specdec_jax import launch
+    launch.check_process_count("run_generate", process_count=2)
+    launch.check_process_count("run_study", process_count=1)
+    with pytest.raises(ValueError, match="run_study runs on one process.*run_generate"):
+        launch.check_process_count("run_study", process_count=2)
     with pytest.raises(ValueError, match="incomplete.*--coordinator_address"):
         launch.main(["--gin_file", "configs/runs/cascades_humaneval.gin", "--num_processes", "2",
                      "--process_id", "1"])
