@@ -31,6 +31,32 @@ def test_prefill_matches_transformers(pair):
                                atol=TOL, rtol=0)
 
 
+def test_accelerator_precision_reaches_every_matmul_and_keeps_parity(pair):
+    """What load_model applies to float32 models on a GPU/TPU
+    (precision.matmul_precision: "highest", not TF32) reaches every dot of the
+    forward pass, and the logits still match transformers (on CPU both
+    settings are exact float32; on a GPU only this one is)."""
+    import dataclasses
+
+    from specdec_jax import precision
+    assert precision.matmul_precision("float32", backend="gpu") == "highest"
+    hf_model, model, params = pair
+    strict = DecoderOnlyLM(dataclasses.replace(model.config, matmul_precision="highest"))
+    tokens = [3, 17, 42, 5, 9, 60, 1, 33]
+
+    def logits(m, p, t):
+        return m.extend(p, t, m.init_cache(1, 16)).logits
+
+    for m, expected in ((strict, "Precision.HIGHEST"), (model, None)):
+        text = str(jax.make_jaxpr(lambda p, t, m=m: logits(m, p, t))(params,
+                                                                   jnp.asarray([tokens])))
+        dots = text.count("dot_general[")
+        assert dots >= 7 * model.config.num_layers
+        assert text.count("Precision.HIGHEST") == (2 * dots if expected else 0)
+    np.testing.assert_allclose(np.asarray(logits(strict, params, jnp.asarray([tokens]))[0]),
+                               hf_logits(hf_model, tokens), atol=TOL, rtol=0)
+
+
 def test_incremental_extends_with_rollbacks_match_transformers(pair):
     """Mixed K=1 / K=5 extends with rollbacks; each step checked against the
     peer run on the full correct prefix."""

@@ -315,3 +315,18 @@ def test_t5x_checkpoint_errors_are_named(pair, tmp_path):
     (tmp_path / "bad" / "checkpoint").write_bytes(b"\x93not msgpack")
     with pytest.raises(ValueError, match="not a t5x msgpack checkpoint|no optimizer target"):
         t5x_io.load_t5x(tmp_path / "bad")
+
+
+def test_accelerator_precision_reaches_every_t5_matmul(pair):
+    """matmul_precision="highest" (float32 on a GPU/TPU, specdec_jax.precision)
+    reaches every dot of encoder and decoder; the default leaves them alone."""
+    import dataclasses
+
+    strict = T5EncoderDecoderLM(dataclasses.replace(pair.model.config,
+                                                    matmul_precision="highest"))
+    for model, highest in ((strict, True), (pair.model, False)):
+        cache = model.init_cache(1, MAX_LENGTH, MAX_INPUT_LENGTH)
+        text = str(jax.make_jaxpr(model.prefill)(pair.params, make_prompt([INPUT]), cache))
+        dots = text.count("dot_general[")
+        assert dots >= 4 * pair.model.config.num_encoder_layers
+        assert text.count("Precision.HIGHEST") == (2 * dots if highest else 0)

@@ -13,15 +13,20 @@ from specdec_jax.checkpoints import registry
 from specdec_jax.models.decoder import DecoderOnlyLM
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: str = "float32"
+def load_model(name_or_path: str | os.PathLike, dtype: str = "auto"
                ) -> tuple[DecoderOnlyLM, Any, Any]:
     """Loads a registry model (fetched on first use), a ``.gguf`` file, or a
     Hugging Face safetensors directory.
 
-    ``dtype`` sets parameters and activations (float32 on CPU, bfloat16 on
-    accelerators); probabilities are float32 regardless.
+    ``dtype`` sets parameters and activations: ``"auto"`` is float32 on CPU
+    and bfloat16 on accelerators; float32 anywhere computes its matmuls in
+    full float32 (``specdec_jax.precision``). Probabilities are float32
+    regardless.
     """
+    from specdec_jax import precision  # noqa: PLC0415
     from specdec_jax.checkpoints import tokenizer  # noqa: PLC0415
+
+    dtype = precision.resolve_dtype(dtype)
 
     source = str(name_or_path)
     if source in registry.MODELS:
@@ -32,7 +37,8 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32"
             raise FileNotFoundError(
                 f"{source!r} is neither a known model ({', '.join(registry.MODELS)}) nor an "
                 "existing path to a .gguf file or a Hugging Face directory.")
-    overrides = dict(dtype=dtype, param_dtype=dtype)
+    overrides = dict(dtype=dtype, param_dtype=dtype,
+                     matmul_precision=precision.matmul_precision(dtype))
     if path.is_dir():
         from specdec_jax.checkpoints.safetensors_io import load_hf_decoder  # noqa: PLC0415
         cfg, params = load_hf_decoder(path)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import jax
 
-from specdec_jax import distributed, timing
+from specdec_jax import distributed, precision, timing
 from specdec_jax.data import tasks
 from specdec_jax.evaluation import cost as cost_lib
 from specdec_jax.evaluation import report, sweep
@@ -40,7 +40,7 @@ def _toy(name: str):
     return model, model.init_params(jax.random.PRNGKey(seed))
 
 
-def load_pair(*, target: str, drafter: str, dtype: str = "float32",
+def load_pair(*, target: str, drafter: str, dtype: str = "auto",
               stop_at_block_end: bool = False, mesh=None) -> sweep.ModelPair:
     """The two models of a study with their text interface; with a ``mesh``
     (``job_mesh``), both models' params placed on it by the sharding rules."""
@@ -131,7 +131,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
               out_dir: str, stem: str, split: str = "test", num_examples: int = 30,
               gammas: Sequence[int] = (5,), temperatures: Sequence[float] = (0.0,),
               max_new_tokens: int = 160, batch_size: int = 10, seed: int = 0,
-              dtype: str = "float32", wallclock_examples: int = 3, wallclock_trials: int = 1,
+              dtype: str = "auto", wallclock_examples: int = 3, wallclock_trials: int = 1,
               calibration_context: int = 256,
               calibration_widths: Sequence[int] = cost_lib.CALIBRATION_WIDTHS,
               progress: bool = True) -> dict:
@@ -140,6 +140,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
     ``methods`` maps each method to its alpha grid (see ``sweep.plan_points``).
     Returns the stored sweep (settings, records, cost model, wall clock).
     """
+    dtype = precision.resolve_dtype(dtype)  # recorded as resolved: "float32" on CPU
     the_task = tasks.get_task(task)
     points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures)
     if max_new_tokens < 1 or batch_size < 1 or num_examples < 1:
@@ -185,7 +186,7 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
                  method: str = "specdecode", alpha: float | None = None, gamma: int = 5,
                  temperature: float = 0.0, split: str = "test", num_examples: int = 3,
                  max_new_tokens: int = 160, batch_size: int = 3, seed: int = 0,
-                 dtype: str = "float32", model_parallel: int | None = None,
+                 dtype: str = "auto", model_parallel: int | None = None,
                  progress: bool = True) -> dict:
     """One method on a task's first examples: outputs, scores and counters as
     one sweep record (JSON at ``out_path``), the outputs printed.
@@ -194,6 +195,7 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
     ``model_parallel``, the models are sharded over a mesh of every device
     (``job_mesh``), each process tokenises only its rows of each batch, and
     process 0 alone writes and prints."""
+    dtype = precision.resolve_dtype(dtype)  # recorded as resolved: "float32" on CPU
     the_task = tasks.get_task(task)
     grid = {} if method in sweep.AUTOREGRESSIVE else {method: [] if alpha is None else [alpha]}
     points = [p for p in sweep.plan_points(methods=grid, gammas=[gamma],
@@ -224,7 +226,7 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
                   methods: dict[str, Sequence[float]] | None = None,
                   gammas: Sequence[int] = (3, 5, 7), temperatures: Sequence[float] = (0.0,),
                   split: str = "test", num_examples: int = 5, max_new_tokens: int = 160,
-                  trials: int = 1, seed: int = 0, dtype: str = "float32",
+                  trials: int = 1, seed: int = 0, dtype: str = "auto",
                   progress: bool = True) -> dict:
     """Wall-clock speed at batch 1: every method against autoregressive target
     decoding on a task's first examples, timed interleaved (example by example,
@@ -235,6 +237,7 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     examples) and prints a Markdown table. Quality is the sweep's job
     (``run_study``); this one answers "how much faster, here, now".
     """
+    dtype = precision.resolve_dtype(dtype)  # recorded as resolved: "float32" on CPU
     methods = {"specdecode": []} if methods is None else methods
     derived = [m for m in methods if m in sweep.DERIVED]
     if derived:

@@ -48,6 +48,9 @@ class DecoderConfig:
     tie_embeddings: bool = False
     dtype: str = "float32"  # activations; probabilities are always float32
     param_dtype: str = "float32"
+    # jax.lax.Precision name for every matmul ("highest" keeps float32 exact on GPUs,
+    # whose default is TF32); None: the backend's default. See specdec_jax.precision.
+    matmul_precision: str | None = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -85,7 +88,7 @@ class _Attention(nn.Module):
 
         def proj(name, heads, bias):
             dense = nn.Dense(heads * head_dim, use_bias=bias, dtype=dtype, param_dtype=pdtype,
-                             name=name)
+                             precision=cfg.matmul_precision, name=name)
             return dense(x_BxKxD).reshape(batch, k, heads, head_dim)
 
         q = rotary_embedding(proj("query", cfg.num_heads, cfg.qkv_bias), positions_BxK,
@@ -97,10 +100,11 @@ class _Attention(nn.Module):
         values = interface.write_at_lengths(values, new_v, lengths_B)
         # [B, K, H*G, D] -> [B, K, H, G, D]: query head h*G + g reads kv head h.
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
-        out = masked_softmax_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5)
+        out = masked_softmax_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
+                                       precision=cfg.matmul_precision)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
         out = nn.Dense(cfg.hidden_size, use_bias=False, dtype=dtype, param_dtype=pdtype,
-                       name="out")(out)
+                       precision=cfg.matmul_precision, name="out")(out)
         return out, keys, values
 
 
@@ -111,7 +115,8 @@ class _SwiGLU(nn.Module):
     def __call__(self, x):
         cfg = self.config
         dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=jnp.dtype(cfg.dtype),  # noqa: E731
-                                         param_dtype=jnp.dtype(cfg.param_dtype), name=name)
+                                         param_dtype=jnp.dtype(cfg.param_dtype),
+                                         precision=cfg.matmul_precision, name=name)
         gate = dense(cfg.intermediate_size, "wi_0")(x)
         up = dense(cfg.intermediate_size, "wi_1")(x)
         return dense(cfg.hidden_size, "wo")(nn.silu(gate) * up)
@@ -152,11 +157,12 @@ class _DecoderNet(nn.Module):
             hidden = jnp.take_along_axis(hidden, select_BxN[:, :, None], axis=1)
         h32 = hidden.astype(jnp.float32)
         if cfg.tie_embeddings:
-            logits = h32 @ embedder.embedding.astype(jnp.float32).T
+            logits = jnp.matmul(h32, embedder.embedding.astype(jnp.float32).T,
+                                precision=cfg.matmul_precision)
         else:
             kernel = self.param("logits_dense_kernel", nn.initializers.lecun_normal(),
                                 (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
-            logits = h32 @ kernel.astype(jnp.float32)
+            logits = jnp.matmul(h32, kernel.astype(jnp.float32), precision=cfg.matmul_precision)
         new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
                                   lengths=cache.lengths + k)
         return logits, hidden, new_cache

@@ -47,7 +47,8 @@ def rotary_embedding(x_BxKxHxD: Array, positions_BxK: Array, theta: float) -> Ar
 
 def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: Array,
                              mask_BxKxS: Array, scale: float,
-                             bias_HxKxS: Array | None = None) -> Array:
+                             bias_HxKxS: Array | None = None, *,
+                             precision: str | None = None) -> Array:
     """Grouped-query attention over a cache buffer.
 
     ``H`` key/value heads each serve ``G`` query heads. Scores are computed in
@@ -56,7 +57,7 @@ def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxS
     of NaN).
     """
     scores = jnp.einsum("bkhgd,bshd->bhgks", q_BxKxHxGxD, keys_BxSxHxD,
-                        preferred_element_type=jnp.float32) * scale
+                        preferred_element_type=jnp.float32, precision=precision) * scale
     if bias_HxKxS is not None:
         heads, groups = q_BxKxHxGxD.shape[2], q_BxKxHxGxD.shape[3]
         # [B?, H*G, K, S] -> [B?, H, G, K, S]
@@ -64,4 +65,4 @@ def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxS
             bias_HxKxS.shape[:-3] + (heads, groups) + bias_HxKxS.shape[-2:])
     scores = jnp.where(mask_BxKxS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(values_BxSxHxD.dtype)
-    return jnp.einsum("bhgks,bshd->bkhgd", weights, values_BxSxHxD)
+    return jnp.einsum("bhgks,bshd->bkhgd", weights, values_BxSxHxD, precision=precision)

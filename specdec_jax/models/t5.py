@@ -90,6 +90,7 @@ class T5Config:
     decoder_start_token_id: int = 0
     dtype: str = "float32"  # activations and caches; logits are always float32
     param_dtype: str = "float32"
+    matmul_precision: str | None = None  # as DecoderConfig.matmul_precision
 
     def __post_init__(self):
         sizes = {name: getattr(self, name) for name in (
@@ -181,7 +182,8 @@ _kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal
 
 def _dense(config: T5Config, features: int, kernel_init=_kernel_init, **kwargs) -> nn.Dense:
     return nn.Dense(features, use_bias=False, dtype=jnp.dtype(config.dtype),
-                    param_dtype=jnp.dtype(config.param_dtype), kernel_init=kernel_init, **kwargs)
+                    param_dtype=jnp.dtype(config.param_dtype), kernel_init=kernel_init,
+                    precision=config.matmul_precision, **kwargs)
 
 
 def _norm(config: T5Config, **kwargs) -> RMSNorm:
@@ -242,7 +244,8 @@ class _Attention(nn.Module):
         # [B, K, H*Dh] -> [B, K, H, 1, Dh]: one query head per key/value head.
         q = self._heads(self.query(x_BxKxD))[:, :, :, None, :]
         out = masked_softmax_attention(q, keys_BxSxHxDh, values_BxSxHxDh, mask_BxKxS,
-                                       ATTENTION_SCORE_SCALE, bias)
+                                       ATTENTION_SCORE_SCALE, bias,
+                                       precision=self.config.matmul_precision)
         out = out.reshape(batch, k, self.config.num_heads * self.config.d_kv)
         return self.out(out)
 
@@ -339,7 +342,7 @@ class _Decoder(nn.Module):
         # Logits in float32 whatever the activation dtype (probabilities stay exact).
         self.logits_dense = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32,
                                      param_dtype=jnp.dtype(cfg.param_dtype),
-                                     kernel_init=_kernel_init)
+                                     kernel_init=_kernel_init, precision=cfg.matmul_precision)
 
     def cross_kv(self, encoded_BxPxD: Array):
         """Per-layer cross-attention keys and values, as two tuples."""

@@ -23,7 +23,7 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
                        source: str = "target", max_new_tokens: int = 128,
                        temperature: float = 1.0, batch_size: int = 8, shard_batches: int = 8,
                        teacher_batch_size: int = 32, speculative_teacher: bool = False,
-                       seed: int = 0, dtype: str = "float32", progress: bool = True) -> dict:
+                       seed: int = 0, dtype: str = "auto", progress: bool = True) -> dict:
     """Data for the head of ``drafter`` under ``target`` (models as in the
     evaluation jobs) on ``num_prompts`` standard-library prompts (disjoint
     from HumanEval). ``source="target"``: X is the target's own sample at
