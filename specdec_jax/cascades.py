@@ -58,12 +58,11 @@ from specdec_jax.decoding import (
 from specdec_jax.drafting.base import (
     Context,
     extend_from_history,
-    is_encoder_decoder,
     start_token_and_prefill,
     write_rows,
 )
 from specdec_jax.drafting.model import has_nan
-from specdec_jax.models.interface import LanguageModel, Prompt
+from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.verify import leading_accepts, sample_from_weights
 

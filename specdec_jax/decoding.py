@@ -37,12 +37,11 @@ from specdec_jax import sampling
 from specdec_jax.drafting.base import (
     Context,
     is_drafter,
-    is_encoder_decoder,
     start_token_and_prefill,
     write_rows,
 )
 from specdec_jax.drafting.model import ModelDrafter, has_nan
-from specdec_jax.models.interface import LanguageModel, Prompt
+from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.targets import TargetFunction
 from specdec_jax.verify import (

@@ -113,10 +113,6 @@ def start_token_and_prefill(model: LanguageModel, params, prompt: Prompt, max_le
     return cache, last_B.astype(jnp.int32)
 
 
-def is_encoder_decoder(model: LanguageModel) -> bool:
-    return getattr(model, "decoder_start_token_id", None) is not None
-
-
 def write_rows(buffer_BxN: Array, values_BxK: Array, start_B: Array,
                count_B: Array | None = None) -> Array:
     """buffer[b, start[b] + i] = values[b, i] for i < count[b] (all K when None).

@@ -49,7 +49,7 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
     if mesh is None:
         return pair
     from specdec_jax import sharding  # noqa: PLC0415
-    from specdec_jax.drafting.base import is_encoder_decoder  # noqa: PLC0415
+    from specdec_jax.models.interface import is_encoder_decoder  # noqa: PLC0415
 
     def place(model, params):
         rules = sharding.T5_RULES if is_encoder_decoder(model) else sharding.DECODER_RULES

@@ -69,6 +69,11 @@ class LanguageModel(Protocol):
     def extend(self, params: Any, tokens: Array, cache: Cache) -> StepOutput: ...
 
 
+def is_encoder_decoder(model: Any) -> bool:
+    """Encoder-decoder models (T5) declare the token their decoder starts from."""
+    return getattr(model, "decoder_start_token_id", None) is not None
+
+
 def make_prompt(token_lists: list[list[int]], pad_to: int | None = None) -> Prompt:
     """Right-pads a list of token lists into a :class:`Prompt`.
 

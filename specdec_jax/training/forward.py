@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from specdec_jax.models.interface import Prompt
+from specdec_jax.models.interface import Prompt, is_encoder_decoder
 
 
 @flax.struct.dataclass
@@ -44,10 +44,6 @@ class Batch:
     @property
     def encoder_decoder(self) -> bool:
         return self.inputs is not None
-
-
-def is_encoder_decoder(model: Any) -> bool:
-    return hasattr(model, "decoder_start_token_id")
 
 
 def teacher_forced(model, params, batch: Batch) -> tuple[Array, Array, Array, Array]:
