@@ -21,6 +21,7 @@ Slurm, Open MPI, Kubernetes), so a TPU pod slice needs no flags at all.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import sys
@@ -34,6 +35,7 @@ ENV_COORDINATOR = "SPECDEC_JAX_COORDINATOR"
 ENV_NUM_PROCESSES = "SPECDEC_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "SPECDEC_JAX_PROCESS_ID"
 DEFAULT_TIMEOUT_S = 120
+_NEW_PROGRAMS = itertools.count()
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -132,6 +134,52 @@ def process_slice(items: Sequence, *, index: int | None = None,
     base, extra = divmod(len(items), count)
     start = index * base + min(index, extra)
     return items[start:start + base + (1 if index < extra else 0)]
+
+
+def barrier(name: str, *, timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
+    """Waits until every process reaches ``name`` (the coordination service's
+    barrier: no device collective, so no 30 s limit); a no-op on one process."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as jax_distributed  # noqa: PLC0415
+
+    try:
+        jax_distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
+    except Exception as err:  # the runtime's own error type is not public
+        raise RuntimeError(f"process {jax.process_index()} waited {timeout_s} s at barrier "
+                           f"{name!r} and not every process arrived: another process failed "
+                           "or is stuck (read its log).") from err
+
+
+def in_step(jitted):
+    """``jitted`` (a ``jax.jit`` function), called so that every process starts
+    each new program together.
+
+    Why: CPU collectives across processes (gloo) meet for the first time inside
+    the program, and that rendezvous gives up after a fixed 30 s. Each process
+    compiles on its own clock, so under load one can be done compiling more
+    than 30 s before the other. Here each new input signature is compiled
+    ahead of time (``lower().compile()``), then the processes meet at a
+    coordination-service barrier (generous timeout), then it runs. On one
+    process this is ``jitted`` itself.
+    """
+    if jax.process_count() == 1:
+        return jitted
+    compiled: dict = {}
+
+    def call(*args):
+        signature = jax.tree_util.tree_map(
+            lambda x: (np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "sharding", None)),
+            args)
+        key = (jax.tree_util.tree_structure(args), tuple(jax.tree_util.tree_leaves(signature)))
+        if key not in compiled:
+            compiled[key] = jitted.lower(*args).compile()
+            # Processes compile new programs in the same order (one SPMD
+            # program), so a shared count names the barrier alike on all.
+            barrier(f"specdec_jax/in_step/{next(_NEW_PROGRAMS)}")
+        return compiled[key](*args)
+
+    return call
 
 
 def gather(array) -> np.ndarray:

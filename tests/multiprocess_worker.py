@@ -60,8 +60,9 @@ def run_cases(mesh=None, target_params=None) -> dict[str, np.ndarray]:
         prompt = sharding.shard_prompt(prompt, mesh)
     results = {}
     for name, method, verifier, temperature, alpha in CASES:
-        fn = sj.make_generate_fn(target=target, drafter=drafter, method=method, gamma=3,
-                                 verifier=verifier, max_new_tokens=12)
+        fn = distributed.in_step(sj.make_generate_fn(
+            target=target, drafter=drafter, method=method, gamma=3, verifier=verifier,
+            max_new_tokens=12))
         out = fn(target_params, drafter_params, prompt, jax.random.PRNGKey(7),
                  sj.sampling_params(temperature=temperature, alpha=alpha))
         results[name] = distributed.gather(out.tokens)

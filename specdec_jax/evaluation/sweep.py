@@ -177,15 +177,16 @@ def _generate_fn(pair: ModelPair, point: Point, max_new_tokens: int,
 def _build_generate_fn(pair: ModelPair, point: Point, max_new_tokens: int):
     if point.method in AUTOREGRESSIVE:
         model = pair.target if point.method == "target" else pair.drafter
-        fn = api.make_generate_fn(target=model, method="autoregressive",
-                                  max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids,
-                                  stop_rule=pair.stop_rule)
+        fn = distributed.in_step(api.make_generate_fn(
+            target=model, method="autoregressive", max_new_tokens=max_new_tokens,
+            eos_ids=pair.eos_ids, stop_rule=pair.stop_rule))
         params = pair.target_params if point.method == "target" else pair.drafter_params
         return lambda prompt, key, sp: fn(params, None, prompt, key, sp)
-    fn = api.make_generate_fn(target=pair.target, drafter=pair.drafter, method=point.method,
-                              gamma=point.gamma if point.gamma else None,
-                              max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids,
-                              stop_rule=pair.stop_rule)
+    # in_step: across processes, every new program starts on all of them together.
+    fn = distributed.in_step(api.make_generate_fn(
+        target=pair.target, drafter=pair.drafter, method=point.method,
+        gamma=point.gamma if point.gamma else None, max_new_tokens=max_new_tokens,
+        eos_ids=pair.eos_ids, stop_rule=pair.stop_rule))
     return lambda prompt, key, sp: fn(pair.target_params, pair.drafter_params, prompt, key, sp)
 
 
