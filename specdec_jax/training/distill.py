@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from specdec_jax import batching
 from specdec_jax.training.forward import Batch, cross_entropy, teacher_forced
 
 DIVERGENCES = ("tvd", "forward_kl")
@@ -82,39 +83,6 @@ def make_distillation_loss(teacher, *, kind: str = "tvd", temperature: float = 1
     return loss_fn
 
 
-def _fixed_shape_batches(prompts: Sequence[Sequence[int]], batch_size: int):
-    """Yields (start, Prompt, real rows): every batch padded to the longest prompt
-    and to ``batch_size`` rows (copies of its first prompt, whose outputs the
-    caller drops), so one compiled program serves them all."""
-    from specdec_jax.models.interface import make_prompt  # noqa: PLC0415
-
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token, and at least one prompt "
-                         "is needed.")
-    width = max(len(p) for p in prompts)
-    for start in range(0, len(prompts), batch_size):
-        chunk = [list(p) for p in prompts[start:start + batch_size]]
-        padded = chunk + [chunk[0]] * (batch_size - len(chunk))
-        yield start, make_prompt(padded, pad_to=width), chunk
-
-
-def _length_sorted_batches(prompts: Sequence[Sequence[int]], batch_size: int,
-                           width_bucket: int):
-    """Yields (start, Prompt, chunk, rows): prompts sorted by length, each batch
-    padded to its own longest prompt rounded up to ``width_bucket`` (a few
-    compiled shapes, little padding when lengths vary widely); ``rows`` are the
-    chunk's indices in ``prompts``."""
-    from specdec_jax.models.interface import make_prompt  # noqa: PLC0415
-
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        chunk = [list(prompts[i]) for i in rows]
-        width = -(-max(len(p) for p in chunk) // width_bucket) * width_bucket
-        padded = chunk + [chunk[0]] * (batch_size - len(chunk))
-        yield start, make_prompt(padded, pad_to=width), chunk, rows
-
-
 def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 1.0, seed: int = 0,
                           eos_ids: Sequence[int] = (), batch_size: int = 32,
@@ -142,9 +110,9 @@ def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence
                     "gamma": gamma} if drafter is not None else {"method": "autoregressive"})
     if width_bucket is not None and width_bucket < 1:
         raise ValueError(f"width_bucket must be >= 1 or None, got {width_bucket}.")
-    batches = (_length_sorted_batches(prompts, batch_size, width_bucket) if width_bucket
+    batches = (batching.length_sorted_batches(prompts, batch_size, width_bucket) if width_bucket
                else ((start, prompt, chunk, range(start, start + len(chunk)))
-                     for start, prompt, chunk in _fixed_shape_batches(prompts, batch_size)))
+                     for start, prompt, chunk in batching.fixed_shape_batches(prompts, batch_size)))
     cache = None
     if cache_path is not None:
         digest = hashlib.sha256(repr([list(map(int, p)) for p in prompts]).encode()).hexdigest()
@@ -184,7 +152,7 @@ def block_efficiency(*, target, target_params, drafter, drafter_params,
     from specdec_jax.data.metrics import ratio_ci  # noqa: PLC0415
 
     rows = []
-    for start, prompt, chunk in _fixed_shape_batches(prompts, batch_size):
+    for start, prompt, chunk in batching.fixed_shape_batches(prompts, batch_size):
         out = api.generate(target=target, target_params=target_params, drafter=drafter,
                            drafter_params=drafter_params, prompts=prompt, method="specdecode",
                            gamma=gamma, temperature=temperature,
