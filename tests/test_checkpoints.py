@@ -257,6 +257,55 @@ def test_converted_copy_is_reused_and_rebuilt_when_unusable(tmp_path, monkeypatc
         converted.FORMAT_VERSION
 
 
+SHARDED_READ = """
+import sys
+import jax, numpy as np
+from specdec_jax import sharding
+from specdec_jax.checkpoints import converted, gguf, load
+gguf.dequantize = lambda tensor: sys.exit("dequantised again: the copy was not used")
+slices = []  # (elements read, elements of the tensor) per callback
+real = jax.make_array_from_callback
+def spy(shape, named_sharding, callback):
+    def read(index):
+        out = callback(index)
+        slices.append((out.size, int(np.prod(shape))))
+        return out
+    return real(shape, named_sharding, read)
+converted.jax.make_array_from_callback = spy
+mesh = sharding.make_mesh(data=2, model=4)
+overrides = dict(dtype="float32", param_dtype="float32")
+_, params, _ = load._load_gguf(sys.argv[1], sys.argv[1], "float32", overrides, mesh)
+converted.jax.make_array_from_callback = real
+_, full, _ = load._load_gguf(sys.argv[1], sys.argv[1], "float32", overrides)
+jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, full)
+assert any(leaf.sharding.shard_shape(leaf.shape) != leaf.shape
+           for leaf in jax.tree_util.tree_leaves(params)), "nothing split over the mesh"
+assert any(part < whole for part, whole in slices), "every callback read a whole tensor"
+print("SLICED")
+"""
+
+
+def test_converted_copy_is_read_slice_by_slice_into_a_mesh(tmp_path, monkeypatch):
+    """A mesh load (``load_model(mesh=...)``) on 8 simulated devices: the converted copy (not
+    the GGUF file) is read through memory-mapped slices into a (2, 4) mesh,
+    weights split over ``model``, values equal to a plain load."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    hf_model, config = small_hf_decoder("qwen2")
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2")
+    from specdec_jax.checkpoints import load
+    load._load_gguf(path, str(path), "float32", dict(dtype="float32", param_dtype="float32"))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", SHARDED_READ, str(path)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "SLICED" in result.stdout, result.stdout
+
+
 def test_checksum_sees_a_single_changed_value():
     from specdec_jax.checkpoints.converted import tensor_checksum
     array = np.random.default_rng(0).standard_normal((64, 33)).astype(np.float32)

@@ -119,10 +119,7 @@ def _jsonable(value):
     raise TypeError(f"cannot store {type(value).__name__} in {META_FILE}")
 
 
-def _read(directory: pathlib.Path, source_sha256: str, dtype: str) -> tuple[Any, dict]:
-    """(params, stored record) of a valid copy; ValueError saying what is wrong."""
-    import safetensors.numpy  # noqa: PLC0415
-
+def _check_record(directory: pathlib.Path, source_sha256: str, dtype: str) -> dict:
     meta_path = directory / META_FILE
     if not meta_path.exists():
         raise ValueError(f"{META_FILE} is missing (an interrupted conversion)")
@@ -131,6 +128,14 @@ def _read(directory: pathlib.Path, source_sha256: str, dtype: str) -> tuple[Any,
     stored = {key: record.get(key) for key in wanted}
     if stored != wanted:
         raise ValueError(f"it was written as {stored}, not {wanted}")
+    return record
+
+
+def _read(directory: pathlib.Path, source_sha256: str, dtype: str) -> tuple[Any, dict]:
+    """(params, stored record) of a valid copy; ValueError saying what is wrong."""
+    import safetensors.numpy  # noqa: PLC0415
+
+    record = _check_record(directory, source_sha256, dtype)
     try:
         params = _nested(safetensors.numpy.load_file(directory / PARAMS_DIR / PARAMS_FILE))
     except Exception as err:  # noqa: BLE001 (safetensors raises several types)
@@ -143,15 +148,77 @@ def _read(directory: pathlib.Path, source_sha256: str, dtype: str) -> tuple[Any,
     return params, record
 
 
+def _mapped_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file as a memory-mapped view: indexing one
+    reads only the bytes of that slice from disk."""
+    import ml_dtypes  # noqa: PLC0415 (a jax dependency: numpy's bfloat16)
+
+    codes = {code: name for name, code in _SAFETENSORS_DTYPES.items()}
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    data = np.memmap(path, np.uint8, mode="r", offset=8 + size)
+    end = max((info["data_offsets"][1] for info in header.values()), default=0)
+    if data.size != end:
+        raise ValueError(f"its data is {data.size} bytes where the header places {end} "
+                         "(a truncated or padded file)")
+    views = {}
+    for name, info in header.items():
+        start, stop = info["data_offsets"]
+        code = codes[info["dtype"]]
+        dtype = ml_dtypes.bfloat16 if code == "bfloat16" else np.dtype(code)
+        views[name] = data[start:stop].view(dtype).reshape(info["shape"])
+    return views
+
+
+def _read_placed(directory: pathlib.Path, source_sha256: str, dtype: str, mesh,
+                 rules) -> tuple[Any, dict]:
+    """(params placed on ``mesh`` by ``rules``, stored record): each process
+    reads from disk only the slices its own devices hold, so no host holds
+    the whole tree. The header's names and shapes are checked against the
+    record; the value checksums are not (they would read every byte on
+    every host): a changed value passes here and is caught by a one-process
+    load, which rebuilds the copy."""
+    from specdec_jax import sharding  # noqa: PLC0415
+
+    record = _check_record(directory, source_sha256, dtype)
+    try:
+        views = _nested(_mapped_tensors(directory / PARAMS_DIR / PARAMS_FILE))
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as err:
+        raise ValueError(f"its header cannot be read ({type(err).__name__}: {err})") from err
+    shapes = {jax.tree_util.keystr(path): list(view.shape)
+              for path, view in jax.tree_util.tree_flatten_with_path(views)[0]}
+    if shapes != {key: shape for key, (shape, _) in record["checksums"].items()}:
+        raise ValueError("its tensor names or shapes differ from those written with it")
+
+    def read(view, named_sharding):
+        return jax.make_array_from_callback(view.shape, named_sharding,
+                                            lambda index: np.array(view[index]))
+
+    return jax.tree_util.tree_map(read, views,
+                                  sharding.param_specs(views, mesh, rules)), record
+
+
 def load_or_convert(source: pathlib.Path, source_sha256: str, dtype: str,
-                    convert: Callable[[], tuple[Any, dict, bool]]
-                    ) -> tuple[Any, dict, bool]:
+                    convert: Callable[[], tuple[Any, dict, bool]], *, mesh=None,
+                    rules=None) -> tuple[Any, dict, bool]:
     """(params, GGUF metadata, has_output) of ``source``: from the converted
-    copy when it is valid, else from ``convert()`` (then written for next time)."""
+    copy when it is valid, else from ``convert()`` (then written for next time).
+
+    With a ``mesh``, the params come back as global arrays placed by
+    ``rules`` (``sharding.DECODER_RULES`` by default), read from the copy
+    slice by slice (``_read_placed``)."""
     directory = converted_dir(source_sha256, dtype)
     if directory.exists():
         try:
-            params, record = _read(directory, source_sha256, dtype)
+            if mesh is not None:
+                from specdec_jax import sharding  # noqa: PLC0415
+
+                params, record = _read_placed(directory, source_sha256, dtype, mesh,
+                                              rules or sharding.DECODER_RULES)
+            else:
+                params, record = _read(directory, source_sha256, dtype)
             return params, record["gguf_metadata"], record["has_output"]
         except ValueError as err:
             print(f"specdec_jax: the converted copy of {source.name} at {directory} is not "
@@ -159,6 +226,10 @@ def load_or_convert(source: pathlib.Path, source_sha256: str, dtype: str,
             shutil.rmtree(directory)
     params, metadata, has_output = convert()
     _write(directory, params, metadata, has_output, source_sha256, dtype)
+    if mesh is not None:
+        from specdec_jax import sharding  # noqa: PLC0415
+
+        params = sharding.shard_params(params, mesh, rules or sharding.DECODER_RULES)
     return params, metadata, has_output
 
 

@@ -8,15 +8,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.checkpoints import registry
 from specdec_jax.models.decoder import DecoderOnlyLM
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: str = "auto"
+def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None
                ) -> tuple[DecoderOnlyLM, Any, Any]:
     """Loads a registry model (fetched on first use), a ``.gguf`` file, or a
     Hugging Face safetensors directory.
+
+    ``mesh`` (``sharding.make_mesh``, one process or many): the params come
+    back placed on it by ``sharding.DECODER_RULES``; a GGUF file's converted
+    copy is then read slice by slice, each process reading only what its
+    devices hold.
 
     ``dtype`` sets parameters and activations: ``"auto"`` is float32 on CPU
     and bfloat16 on accelerators; float32 anywhere computes its matmuls in
@@ -45,18 +51,24 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto"
         cfg = type(cfg)(**{**cfg.__dict__, **overrides})
         tok = tokenizer.tokenizer_from_hf_dir(path)
     else:
-        cfg, params, meta = _load_gguf(path, source, dtype, overrides)
+        cfg, params, meta = _load_gguf(path, source, dtype, overrides, mesh)
         tok = tokenizer.tokenizer_from_gguf_metadata(meta)
+        if mesh is not None:
+            return DecoderOnlyLM(cfg), params, tok  # placed, already in dtype
+    if mesh is not None:
+        from specdec_jax import sharding  # noqa: PLC0415
+
+        params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype, copy=False),
+                                        params)
+        return DecoderOnlyLM(cfg), sharding.shard_params(params, mesh), tok
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
     return DecoderOnlyLM(cfg), params, tok
 
 
-def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict):
+def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mesh=None):
     """A GGUF file through the converted-weights cache (``converted.py``):
     dequantised once per file and dtype, keyed by the file's sha256 (the
     registry's pinned hash for named models, computed for other files)."""
-    import numpy as np  # noqa: PLC0415
-
     from specdec_jax.checkpoints import converted, fetch, gguf  # noqa: PLC0415
 
     sha256 = (registry.get_spec(source).sha256 if source in registry.MODELS
@@ -69,5 +81,6 @@ def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict):
             lambda x: np.asarray(x).astype(jnp.dtype(dtype), copy=False), params)
         return params, meta, not cfg.tie_embeddings
 
-    params, meta, has_output = converted.load_or_convert(path, sha256, dtype, convert)
+    params, meta, has_output = converted.load_or_convert(path, sha256, dtype, convert,
+                                                         mesh=mesh)
     return gguf.config_from_metadata(meta, has_output, **overrides), params, meta

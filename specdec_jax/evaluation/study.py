@@ -45,8 +45,8 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
     """The two models of a study with their text interface; with a ``mesh``
     (``job_mesh``), both models' params placed on it by the sharding rules."""
     pair = _load_pair(target=target, drafter=drafter, dtype=dtype,
-                      stop_at_block_end=stop_at_block_end)
-    if mesh is None:
+                      stop_at_block_end=stop_at_block_end, mesh=mesh)
+    if mesh is None or pair.mesh is not None:  # real models come placed, read slice by slice
         return pair
     from specdec_jax import sharding  # noqa: PLC0415
     from specdec_jax.models.interface import is_encoder_decoder  # noqa: PLC0415
@@ -72,8 +72,8 @@ def job_mesh(model_parallel: int | None):
     return sharding.make_mesh(model=model_parallel or 1)
 
 
-def _load_pair(*, target: str, drafter: str, dtype: str,
-               stop_at_block_end: bool) -> sweep.ModelPair:
+def _load_pair(*, target: str, drafter: str, dtype: str, stop_at_block_end: bool,
+               mesh=None) -> sweep.ModelPair:
     if (target in TOY_MODELS) != (drafter in TOY_MODELS):
         raise ValueError(f"target {target!r} and drafter {drafter!r} must both be toys or both "
                          "be real models: they need one tokenizer.")
@@ -91,8 +91,8 @@ def _load_pair(*, target: str, drafter: str, dtype: str,
     from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415
     from specdec_jax.data.humaneval import end_of_block_stop  # noqa: PLC0415
 
-    t, tp, tok = load_model(target, dtype=dtype)
-    d, dp, drafter_tok = load_model(drafter, dtype=dtype)
+    t, tp, tok = load_model(target, dtype=dtype, mesh=mesh)
+    d, dp, drafter_tok = load_model(drafter, dtype=dtype, mesh=mesh)
     if t.vocab_size != d.vocab_size:
         raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
                          "do not share a vocabulary; pick a drafter of the target's family.")
@@ -100,7 +100,7 @@ def _load_pair(*, target: str, drafter: str, dtype: str,
         target=t, target_params=tp, drafter=d, drafter_params=dp, encode=tok.encode,
         decode=tok.decode, eos_ids=tuple(tok.eos_token_ids),
         stop_rule=end_of_block_stop(tok) if stop_at_block_end else None,
-        names=(target, drafter))
+        names=(target, drafter), mesh=mesh)
 
 
 def _t5_pair(target: str, drafter: str) -> sweep.ModelPair:
