@@ -1,0 +1,139 @@
+"""What one scoring call of K tokens costs against this machine's limits.
+
+A decoder step reads every weight once, whatever K is, and does about
+``2 x (matmul parameters) x K`` FLOPs; so the call of K tokens should cost
+about ``max(weight-read time, FLOP time)``, and scoring K = G + 1 drafts
+should cost little more than decoding one token until the FLOP time takes
+over. This measures both limits here (a large reduction for the read rate,
+a large copy, a large matmul for the FLOP rate), then the jitted ``extend``
+of K tokens at a fixed cache fill, and reports each K against them.
+
+Each XLA flag set in ``--variants`` runs in its own fresh process (XLA reads
+its flags once), so the figures of one invocation compare settings in one
+run:
+
+    python eval/bench_scoring.py --model qwen2.5-coder-1.5b --ks 1 2 4 6 8 \\
+        --variants "" "--xla_cpu_use_xnnpack=true"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+
+FILL = 128  # tokens already in the cache when the K tokens are fed
+REPEATS = 10
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 6, 8])
+    p.add_argument("--variants", nargs="+", default=[""],
+                   help="XLA_FLAGS additions, one process each ('' = the defaults)")
+    p.add_argument("--out", default="results/bench_scoring.json")
+    p.add_argument("--markdown", default=None)
+    args = p.parse_args(argv)
+    if min(args.ks) < 1:
+        p.error("--ks must all be >= 1.")
+    return args
+
+
+def machine_limits() -> dict:
+    """Read rate (a reduction over 1 GiB), copy rate (1 GiB in, 1 GiB out) and
+    matmul FLOP rate (2048^3, float32), each the median of a few runs."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from specdec_jax import timing  # noqa: PLC0415
+
+    big = jnp.ones((2**28,), jnp.float32)  # 1 GiB
+    read = timing.Compiled(jax.jit(jnp.sum), big).time(big, repeats=5).median_s
+    copy = timing.Compiled(jax.jit(lambda x: x * 2.0), big).time(big, repeats=5).median_s
+    n = 2048
+    a = jnp.ones((n, n), jnp.float32)
+    matmul = timing.Compiled(jax.jit(jnp.matmul), a, a).time(a, a, repeats=5).median_s
+    return {"read_gb_s": big.nbytes / read / 1e9, "copy_gb_s": 2 * big.nbytes / copy / 1e9,
+            "matmul_gflop_s": 2 * n**3 / matmul / 1e9}
+
+
+def measure(model_name: str, ks: list[int], flags: str) -> dict:
+    """Runs in a fresh process with ``flags`` added to XLA_FLAGS."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from specdec_jax import timing  # noqa: PLC0415
+    from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415
+
+    limits = machine_limits()
+    model, params, _ = load_model(model_name)
+    leaves = jax.tree_util.tree_leaves(params)
+    weight_bytes = sum(x.nbytes for x in leaves)
+    # Matmul parameters: every 2-D weight except the embedding table, which a
+    # step gathers rows from (counted again when tied, as the output head).
+    embed = model.config.vocab_size * model.config.hidden_size
+    matmul_params = sum(int(np.prod(x.shape)) for x in leaves if x.ndim == 2) - embed
+    if model.config.tie_embeddings:
+        matmul_params += embed
+    fn = jax.jit(lambda p, t, c: model.extend(p, t, c).logits)
+    steps = {}
+    for k in ks:
+        cache = model.init_cache(1, FILL + max(ks)).replace(
+            lengths=jnp.array([FILL], jnp.int32))
+        tokens = jnp.ones((1, k), jnp.int32)
+        compiled = timing.Compiled(fn, params, tokens, cache)
+        steps[k] = compiled.time(params, tokens, cache, repeats=REPEATS).median_s
+    read_s = weight_bytes / (limits["read_gb_s"] * 1e9)
+    rows = {}
+    for k, seconds in steps.items():
+        flop_s = 2 * matmul_params * k / (limits["matmul_gflop_s"] * 1e9)
+        rows[k] = {"step_s": seconds, "weight_read_s": read_s, "flop_s": flop_s,
+                   "over_limit": seconds / max(read_s, flop_s), "over_k1": seconds / steps[ks[0]]}
+    return {"flags": flags, "limits": limits, "weight_bytes": weight_bytes,
+            "matmul_params": matmul_params, "steps": rows, "environment": timing.environment()}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"{report['model']}, float32, cache fill {FILL}, median of {REPEATS} calls; "
+             f"{report['variants'][0]['environment']['machine']}, jax "
+             f"{report['variants'][0]['environment']['jax']}.", ""]
+    for variant in report["variants"]:
+        lim = variant["limits"]
+        lines += [f"XLA flags `{variant['flags'] or '(defaults)'}`: read {lim['read_gb_s']:.1f} "
+                  f"GB/s, copy {lim['copy_gb_s']:.1f} GB/s, matmul "
+                  f"{lim['matmul_gflop_s']:.0f} GFLOP/s; weights "
+                  f"{variant['weight_bytes'] / 1e9:.2f} GB", "",
+                  "| K | step ms | weight-read limit ms | FLOP limit ms | step / max(limits) | "
+                  "step / step(K=1) |", "|---|---|---|---|---|---|"]
+        for k, row in variant["steps"].items():
+            lines.append(f"| {k} | {1e3 * row['step_s']:.0f} | {1e3 * row['weight_read_s']:.0f} "
+                         f"| {1e3 * row['flop_s']:.0f} | {row['over_limit']:.2f} | "
+                         f"{row['over_k1']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    spawn = multiprocessing.get_context("spawn")
+    report = {"model": args.model, "ks": args.ks, "variants": []}
+    for flags in args.variants:
+        with spawn.Pool(1) as pool:  # XLA reads its flags once per process
+            report["variants"].append(pool.apply(measure, (args.model, args.ks, flags)))
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    text = markdown(json.loads(json.dumps(report)))  # keys as the JSON has them
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
