@@ -134,7 +134,7 @@ def test_benchmark_job_through_the_cli(tmp_path, capsys):
         "--gin_file", "configs/models/toy_bytes.gin",
         "--gin_bindings", "TASK = 'humaneval'", "--gin_bindings", f"OUT_PATH = '{out}'",
         "--gin_bindings", "run_benchmark.gammas = [3]",
-        "--gin_bindings", "run_benchmark.num_examples = 1",
+        "--gin_bindings", "run_benchmark.num_examples = 2",
         "--gin_bindings", "run_benchmark.max_new_tokens = 4",
         "--gin_bindings", "run_benchmark.progress = False"]) == 0
     data = json.loads(out.read_text())
@@ -145,7 +145,10 @@ def test_benchmark_job_through_the_cli(tmp_path, capsys):
                              "token-v3|alpha=0.1|gamma=3|T=0.0"}
     assert speedups["target|alpha=None|gamma=None|T=0.0"] == pytest.approx(1.0)
     assert all(s > 0 for s in speedups.values())
-    assert "speedup vs target" in capsys.readouterr().out
+    for r in data["records"]:  # a bootstrap interval over the examples, around the ratio
+        low, high = r["speedup_ci95"]
+        assert low <= r["speedup"] * (1 + 1e-9) and r["speedup"] <= high * (1 + 1e-9)
+    assert "speedup vs target (95% CI)" in capsys.readouterr().out
 
 
 def test_benchmark_rejects_derived_methods(tmp_path):

@@ -262,16 +262,19 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     sweep.wallclock_phase(pair, points, examples, data, path, max_new_tokens=max_new_tokens,
                           width=sweep.prompt_width(pair, examples), seed=seed, trials=trials,
                           progress=progress)
-    lines = ["| method | alpha | G | T | seconds / example | speedup vs target |",
+    lines = ["| method | alpha | G | T | seconds / example | speedup vs target (95% CI) |",
              "|---|---|---|---|---|---|"]
     show = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
     for record in data["records"]:
         seconds = [times[record["key"]] for times in data["wallclock"].values()]
         record["seconds_per_example"] = sum(seconds) / len(seconds)
         record["speedup"] = 1.0 / record["relative_latency"]["wallclock"]
+        low, high = record["relative_latency"]["wallclock_ci95"]
+        record["speedup_ci95"] = [1.0 / high, 1.0 / low]
         lines.append(f"| {record['method']} | {show(record['alpha'])} | "
                      f"{show(record['gamma'])} | {record['temperature']:g} | "
-                     f"{record['seconds_per_example']:.3f} | {record['speedup']:.2f}x |")
+                     f"{record['seconds_per_example']:.3f} | {record['speedup']:.2f}x "
+                     f"({1.0 / high:.2f}-{1.0 / low:.2f}) |")
     path.write_text(json.dumps(data, indent=1))
     print(f"{target} / {drafter} on {len(examples)} {task} examples, batch 1, {dtype}, "
           f"{data['environment']['machine']}:\n" + "\n".join(lines))

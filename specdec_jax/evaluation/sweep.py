@@ -463,8 +463,12 @@ def _wallclock_ratios(data: dict) -> None:
                   if record["key"] in times and base in times]
         if not usable or base not in by_key:
             continue
-        record["relative_latency"]["wallclock"] = \
-            sum(t[record["key"]] for _, t in usable) / sum(t[base] for _, t in usable)
+        # A ratio of total seconds, with a bootstrap interval over the examples.
+        ratio, low, high = metrics.bootstrap_ci(
+            [(t[record["key"]], t[base]) for _, t in usable],
+            lambda pairs: sum(a for a, _ in pairs) / sum(b for _, b in pairs))
+        record["relative_latency"]["wallclock"] = ratio
+        record["relative_latency"]["wallclock_ci95"] = [low, high]
         if "cost_seconds" in record and "cost_seconds" in by_key[base]:
             ids = [row["id"] for row in record["per_example"]]
             chosen = [ids.index(example_id) for example_id, _ in usable]
