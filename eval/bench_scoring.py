@@ -8,12 +8,12 @@ over. This measures both limits here (a large reduction for the read rate,
 a large copy, a large matmul for the FLOP rate), then the jitted ``extend``
 of K tokens at a fixed cache fill, and reports each K against them.
 
-Each XLA flag set in ``--variants`` runs in its own fresh process (XLA reads
-its flags once), so the figures of one invocation compare settings in one
-run:
+Each XLA flag set given with ``--variant`` runs in its own fresh process
+(XLA reads its flags once), after the defaults, so the figures of one
+invocation compare settings in one run:
 
     python eval/bench_scoring.py --model qwen2.5-coder-1.5b --ks 1 2 4 6 8 \\
-        --variants "" "--xla_cpu_use_xnnpack=true"
+        --variant=--xla_cpu_use_xnnpack=true
 """
 
 from __future__ import annotations
@@ -32,13 +32,17 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 6, 8])
-    p.add_argument("--variants", nargs="+", default=[""],
-                   help="XLA_FLAGS additions, one process each ('' = the defaults)")
+    # One flag set per --variant (written --variant=--flag=value: argparse
+    # would take a bare "--flag" for an option of this script).
+    p.add_argument("--variant", dest="variants", action="append", default=[],
+                   help="XLA_FLAGS additions measured in a process of their "
+                        "own, after the defaults; repeatable")
     p.add_argument("--out", default="results/bench_scoring.json")
     p.add_argument("--markdown", default=None)
     args = p.parse_args(argv)
     if min(args.ks) < 1:
         p.error("--ks must all be >= 1.")
+    args.variants = [""] + args.variants  # the defaults come first, always
     return args
 
 
