@@ -320,7 +320,9 @@ def test_checksum_sees_a_single_changed_value():
 def test_streamed_safetensors_file_reads_back_with_the_library(tmp_path):
     """The converted copy's own writer (one tensor at a time) against the
     safetensors reader: names, dtypes (bf16 included), shapes and values,
-    from non-contiguous arrays too; a dtype without a code is refused."""
+    from non-contiguous arrays too; every tensor starts 64-byte aligned in
+    the file (padding tensors fill the gaps); a dtype without a code and a
+    reserved name are refused."""
     import ml_dtypes
     import safetensors.numpy
 
@@ -330,11 +332,64 @@ def test_streamed_safetensors_file_reads_back_with_the_library(tmp_path):
             "ids": np.array([3, -1, 7], np.int32)}
     path = tmp_path / "m.safetensors"
     converted._save_safetensors(converted._flat(tree), path)
-    back = converted._nested(safetensors.numpy.load_file(path))
+    flat = safetensors.numpy.load_file(path)
+    pads = [name for name in flat if name.startswith(converted.PAD_PREFIX)]
+    assert pads, "odd-sized tensors were written without alignment padding"
+    back = converted._nested({k: v for k, v in flat.items() if k not in pads})
     assert back.keys() == tree.keys()
+    header_size = int.from_bytes(path.read_bytes()[:8], "little")
+    header = json.loads(path.read_bytes()[8:8 + header_size])
+    for name in ("layers_0/mlp/wo", "norm", "ids"):
+        assert (8 + header_size + header[name]["data_offsets"][0]) % converted.ALIGNMENT == 0
+    mapped = converted._nested(converted._mapped_tensors(path))
+    assert mapped.keys() == tree.keys()
+    np.testing.assert_array_equal(mapped["norm"], tree["norm"])
     for got, want in ((back["layers_0"]["mlp"]["wo"], tree["layers_0"]["mlp"]["wo"]),
                       (back["norm"], tree["norm"]), (back["ids"], tree["ids"])):
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
     with pytest.raises(TypeError, match="no safetensors code"):
         converted._save_safetensors({"c": np.ones(2, np.complex64)}, tmp_path / "c.safetensors")
+    with pytest.raises(ValueError, match="reserved"):
+        converted._save_safetensors({"__pad_0": np.ones(2, np.uint8)}, tmp_path / "p.safetensors")
+
+
+def test_a_converted_copy_is_used_in_place_on_cpu(tmp_path, monkeypatch):
+    """On CPU a reload copies nothing: each parameter's device buffer lies in
+    the memory mapping of the converted file (its 64-byte alignment is what
+    allows it), and the values stay valid once the loader's references are
+    gone. Shown failing with jnp.asarray in place of device_put."""
+    import gc
+
+    import jax
+
+    from specdec_jax.checkpoints import converted, load
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    hf_model, config = small_hf_decoder("qwen2")
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2")
+    overrides = dict(dtype="float32", param_dtype="float32")
+
+    def load_params():  # load_model's steps (the toy GGUF carries no tokenizer)
+        _, params, _ = load._load_gguf(path, str(path), "float32", overrides)
+        return jax.tree_util.tree_map(lambda x: load._on_device(x, "float32"), params)
+
+    expected = jax.tree_util.tree_map(np.array, load_params())  # converts, writes the copy
+    spans = []  # (start, end) address of each mapping the loader makes
+    real_mapped = converted._mapped_tensors
+
+    def spy(file):
+        views = real_mapped(file)
+        mapping = next(iter(views.values())).base
+        while getattr(mapping, "base", None) is not None and isinstance(mapping.base, np.ndarray):
+            mapping = mapping.base
+        spans.append((mapping.ctypes.data, mapping.ctypes.data + mapping.nbytes))
+        return views
+
+    monkeypatch.setattr(converted, "_mapped_tensors", spy)
+    again = load_params()
+    gc.collect()
+    (start, end), = spans
+    for leaf in jax.tree_util.tree_leaves(again):
+        assert start <= leaf.unsafe_buffer_pointer() < end, \
+            "a parameter was copied instead of used in the mapped file"
+    jax.tree_util.tree_map(np.testing.assert_array_equal, again, expected)

@@ -61,8 +61,18 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
         params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype, copy=False),
                                         params)
         return DecoderOnlyLM(cfg), sharding.shard_params(params, mesh), tok
-    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+    params = jax.tree_util.tree_map(lambda x: _on_device(x, dtype), params)
     return DecoderOnlyLM(cfg), params, tok
+
+
+def _on_device(array, dtype: str):
+    """``array`` as a device array of ``dtype``. ``device_put`` of an array
+    already in ``dtype``: on CPU it uses an aligned host buffer in place (the
+    converted copy's mapped tensors: no copy at all), elsewhere it is one
+    transfer; ``jnp.asarray`` would copy on the host first."""
+    if isinstance(array, np.ndarray) and array.dtype == jnp.dtype(dtype):
+        return jax.device_put(array)
+    return jnp.asarray(array, dtype)
 
 
 def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mesh=None):
