@@ -18,8 +18,7 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import api, drafting, targets, timing
-from specdec_jax.models.interface import make_prompt
+from specdec_jax import api, batching, drafting, targets, timing
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
@@ -85,13 +84,14 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
-def _batches(items: list, size: int):
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
-def _summary(outputs, seconds: float, gamma: int, method: str) -> dict:
-    """The run's figures: only those that mean something for ``method``."""
+def _summary(outputs, seconds: float, gamma: int, method: str,
+             real_rows: list[int] | None = None) -> dict:
+    """The run's figures: only those that mean something for ``method``.
+    ``real_rows[i]``: how many leading rows of ``outputs[i]`` are prompts (the
+    rest pad the last batch to the static shape and are not counted)."""
+    if real_rows is not None:
+        outputs = [jax.tree_util.tree_map(lambda x, n=n: np.asarray(x)[:n], o)
+                   for o, n in zip(outputs, real_rows, strict=True)]
     tokens = int(sum(int(np.asarray(o.lengths).sum()) for o in outputs))
     calls = int(sum(int(np.asarray(o.stats.target_calls).sum()) for o in outputs))
     summary = {"tokens": tokens, "target_calls": calls, "seconds": round(seconds, 3),
@@ -169,7 +169,6 @@ def run(args) -> int:
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
              else p for p in prompts]
     token_lists = [tokenizer.encode(t) for t in texts]
-    width = max(len(t) for t in token_lists)
     common = dict(target=target, max_new_tokens=args.max_new_tokens, top_k=args.top_k,
                   eos_ids=tuple(tokenizer.eos_token_ids))
     runs = {args.method: api.make_generate_fn(
@@ -179,10 +178,11 @@ def run(args) -> int:
         runs["autoregressive"] = api.make_generate_fn(method="autoregressive", **common)
 
     results, texts_out = {}, []
-    batches = []
-    for batch in _batches(token_lists, args.batch_size):
-        batch = batch + [batch[-1]] * (args.batch_size - len(batch))  # static shapes
-        batches.append(make_prompt(batch, pad_to=width))
+    # One shape for every batch: one compiled program per method.
+    batches, real_rows = [], []
+    for _, prompt, rows in batching.fixed_shape_batches(token_lists, args.batch_size):
+        batches.append(prompt)
+        real_rows.append(len(rows))
     for name, fn in runs.items():
         compiled = timing.Compiled(fn, target_params, drafter_params, batches[0],
                                    jax.random.PRNGKey(0), sp)
@@ -197,7 +197,7 @@ def run(args) -> int:
                 texts_out += [tokenizer.decode(np.asarray(out.tokens[b, : out.lengths[b]]))
                               for b in range(args.batch_size)]
         results[name] = _summary(outputs, seconds, 0 if name == "autoregressive" else gamma,
-                                 name)
+                                 name, real_rows)
     texts_out = texts_out[: len(prompts)]
     report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
               "lenience": args.lenience, "method": args.method,

@@ -48,3 +48,28 @@ def test_printed_stats_hold_only_what_applies_to_the_method():
     assert "deferral_rate" not in fields["specdecode"] | fields["autoregressive"]
     assert "acceptance_rate" in fields["specdecode"]
     assert "acceptance_rate" not in fields["autoregressive"]
+
+
+def test_rows_that_pad_the_last_batch_are_not_counted():
+    """Three prompts at batch 2: the fourth row only pads the static shape,
+    so the printed tokens, target calls and acceptance leave it out."""
+    import jax
+    import numpy as np
+
+    from specdec_jax import api, cli_generate
+    from specdec_jax.models.toy import TableLM
+
+    model = TableLM(vocab_size=8, order=1)
+    target_params = model.init_params(jax.random.PRNGKey(0))
+    drafter_params = model.init_params(jax.random.PRNGKey(1))
+    out = api.generate(target=model, target_params=target_params, drafter=model,
+                       drafter_params=drafter_params, prompts=[[1, 2], [3]], method="token-v3",
+                       alpha=0.3, gamma=3, max_new_tokens=6, seed=1)
+    whole = cli_generate._summary([out], 1.0, 3, "token-v3")
+    first_row = cli_generate._summary([out], 1.0, 3, "token-v3", real_rows=[1])
+    assert first_row["tokens"] == int(np.asarray(out.lengths)[0]) < whole["tokens"]
+    assert first_row["target_calls"] == int(np.asarray(out.stats.target_calls)[0])
+    assert first_row["accepted_histogram"] == \
+        np.asarray(out.stats.accepted_histogram)[0].tolist()
+    assert first_row["deferral_rate"] == round(
+        float(np.asarray(out.stats.deferred_mass)[0]) / first_row["tokens"], 3)
