@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import batching
 from specdec_jax.progress import tqdm
 from specdec_jax.specdecpp.head import drafter_fingerprint
 from specdec_jax.training.forward import Batch, teacher_forced
@@ -90,7 +91,7 @@ def _batches(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], batch_siz
         rows = len(chunk)
         chunk += [chunk[0]] * (batch_size - rows)
         longest = max(len(p) + len(r) for p, r in chunk)
-        batch_width = width or -(-longest // WIDTH_BUCKET) * WIDTH_BUCKET
+        batch_width = width or batching.bucketed_width(longest, WIDTH_BUCKET)
         tokens = np.zeros((batch_size, batch_width), np.int32)
         weights = np.zeros((batch_size, batch_width), np.float32)
         for b, (prompt, response) in enumerate(chunk):
