@@ -52,6 +52,81 @@ class Compiled:
         return Timed(compile_s=self.compile_s, run_s=runs, output=output)
 
 
+def device_limits(dtype: str = "float32", nbytes: int = 2**30, matmul_n: int = 2048) -> dict:
+    """This device's read rate (a reduction over ``nbytes``), copy rate
+    (``nbytes`` in, ``nbytes`` out) and matmul FLOP rate (``matmul_n``
+    cubed in ``dtype``), each the median of 5 runs: the limits a decoder
+    step is compared with."""
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    big = jnp.ones((nbytes // 4,), jnp.float32)
+    read = Compiled(jax.jit(jnp.sum), big).time(big, repeats=5).median_s
+    copy = Compiled(jax.jit(lambda x: x * 2.0), big).time(big, repeats=5).median_s
+    del big
+    a = jnp.ones((matmul_n, matmul_n), dtype)
+    matmul = Compiled(jax.jit(jnp.matmul), a, a).time(a, a, repeats=5).median_s
+    return {"read_gb_s": nbytes / read / 1e9, "copy_gb_s": 2 * nbytes / copy / 1e9,
+            "matmul_gflop_s": 2 * matmul_n**3 / matmul / 1e9, "matmul_dtype": dtype}
+
+
+def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: int = 32,
+                 repeats: int = 5) -> Timed:
+    """Seconds of one ``extend`` of ``k`` tokens per row, measured as ``steps``
+    calls inside one jitted loop (``Timed.median_s`` is per step).
+
+    A host-dispatched single call carries the dispatch (1-2 ms on a GPU) that
+    the decoding loop, itself one jitted program, never pays; so a round is
+    compared with steps timed the same way. Each step feeds the previous
+    step's argmax (a real data dependency) at a fixed cache fill, so every
+    step costs the same.
+    """
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    cache = model.init_cache(batch, fill + k).replace(
+        lengths=jnp.full((batch,), fill, jnp.int32))
+
+    def run(params, tokens, cache):
+        def body(_, carry):
+            tokens, cache = carry
+            out = model.extend(params, tokens, cache)
+            return (jnp.argmax(out.logits, -1).astype(jnp.int32),
+                    out.cache.replace(lengths=cache.lengths))
+        return jax.lax.fori_loop(0, steps, body, (tokens, cache))[0]
+
+    tokens = jnp.ones((batch, k), jnp.int32)
+    timed = Compiled(jax.jit(run), params, tokens, cache).time(params, tokens, cache,
+                                                               repeats=repeats)
+    timed.run_s = [s / steps for s in timed.run_s]
+    return timed
+
+
+def round_overhead(round_s: float, drafter_calls_per_round: float, drafter_step_s: float,
+                   scoring_step_s: float) -> float:
+    """How much a speculative round costs beyond its model calls:
+    ``round / (drafter calls x drafter step + target step of G + 1 tokens) - 1``,
+    every term an in-loop time (``in_loop_step``); 0 means the loop around
+    the models is free."""
+    return round_s / (drafter_calls_per_round * drafter_step_s + scoring_step_s) - 1.0
+
+
+def prefill_fn(model, max_length: int):
+    """Jitted prefill of one model alone, as the decoders do it: end-to-end
+    times minus its time give decode times. It returns the filled cache: a
+    function returning only the pending token (the prompt's last token, no
+    compute) would let XLA drop the whole prefill as dead code."""
+    from specdec_jax.drafting.base import start_token_and_prefill  # noqa: PLC0415
+
+    return jax.jit(lambda params, prompt: start_token_and_prefill(
+        model, params, prompt, max_length)[0])
+
+
+def seconds(fn, *args) -> tuple[float, Any]:
+    """Wall seconds of ``fn(*args)`` until its outputs are ready, and the outputs."""
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start, out
+
+
 def environment() -> dict[str, str]:
     """Machine, precision and versions, recorded with every figure."""
     import flax  # noqa: PLC0415

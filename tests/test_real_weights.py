@@ -4,6 +4,7 @@ Run with ``python -m pytest -m slow``. A test skips only when the weights
 cannot be fetched, and says why.
 """
 
+import dataclasses
 import os
 
 import jax.numpy as jnp
@@ -24,12 +25,17 @@ PROMPTS = {
 _LOADED = {}
 
 
+def fetched(name):
+    """The model's GGUF path, fetched on first use (or the test skips, saying why)."""
+    try:
+        return registry.local_path(name)
+    except (ConnectionError, PermissionError) as err:
+        pytest.skip(f"weights of {name} cannot be fetched here: {err}")
+
+
 def load(name):
     if name not in _LOADED:
-        try:
-            registry.local_path(name)
-        except (ConnectionError, PermissionError) as err:
-            pytest.skip(f"weights of {name} cannot be fetched here: {err}")
+        fetched(name)
         _LOADED[name] = load_model(name)
     return _LOADED[name]
 
@@ -160,3 +166,22 @@ def test_greedy_specdecpp_equals_greedy_target(verifier):
     assert int(calls.sum()) < int(np.asarray(reference.stats.target_calls).sum())
     drafts_per_call = np.asarray(out.stats.drafted) / calls
     assert 1.0 < drafts_per_call.mean() < 8.0, "the head stops rows before K_max"
+
+
+@pytest.mark.parametrize("name", sorted(registry.MODELS))
+def test_recorded_architecture_is_the_gguf_architecture(name):
+    """The shapes random-weight benchmarks build are the real model's."""
+    from specdec_jax.checkpoints import gguf
+    from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
+
+    reader = gguf._reader(fetched(name))
+    has_output = "output.weight" in {t.name for t in reader.tensors}
+    from_file = gguf.config_from_metadata(gguf.read_metadata(reader), has_output)
+    recorded = decoder_config_from_hf(registry.architecture(name))
+    assert recorded.rms_norm_eps == pytest.approx(from_file.rms_norm_eps, rel=1e-6)  # f32 in GGUF
+    # The Qwen GGUFs store the output matrix apart from the embedding (each
+    # quantised its own way), so the loaded model is untied; a step does the
+    # same V x D logits product either way.
+    assert recorded.tie_embeddings and from_file.tie_embeddings == (name == "smollm2-135m")
+    same = dict(rms_norm_eps=from_file.rms_norm_eps, tie_embeddings=from_file.tie_embeddings)
+    assert dataclasses.replace(recorded, **same) == from_file

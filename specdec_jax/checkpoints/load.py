@@ -65,6 +65,28 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
     return DecoderOnlyLM(cfg), params, tok
 
 
+def random_model(name: str, dtype: str = "auto", seed: int = 0) -> tuple[DecoderOnlyLM, Any]:
+    """A model of a named architecture's exact shapes with random weights.
+
+    For timing where the real weights are not at hand (a GPU host with no
+    network): a decoder step's cost depends on the shapes and the dtype, not
+    on the values. ``registry.ARCHITECTURES`` lists the names (the registered
+    models plus shape-only entries such as ``qwen2.5-coder-7b``). Different
+    seeds give independent weights.
+    """
+    from specdec_jax import precision  # noqa: PLC0415
+    from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf  # noqa: PLC0415
+
+    dtype = precision.resolve_dtype(dtype)
+    cfg = decoder_config_from_hf(registry.architecture(name), dtype=dtype, param_dtype=dtype,
+                                 matmul_precision=precision.matmul_precision(dtype))
+    model = DecoderOnlyLM(cfg)
+    params = model.init_params(jax.random.PRNGKey(seed))
+    # Every leaf in ``dtype``, as load_model stores real weights (flax keeps
+    # some initialisers' leaves, such as norm scales, in float32).
+    return model, jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+
+
 def _on_device(array, dtype: str):
     """``array`` as a device array of ``dtype``. ``device_put`` of an array
     already in ``dtype``: on CPU it uses an aligned host buffer in place (the

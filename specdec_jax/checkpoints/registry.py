@@ -54,6 +54,41 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
 )}
 
 
+# Each model's architecture as a Hugging Face ``config.json`` subset: what a
+# benchmark needs to build a model of the exact shapes with random weights
+# where the real weights cannot be had (an accelerator host without network).
+# These are the published architectures (tests check each parameter count);
+# a slow test checks them against the GGUF metadata. The Qwen GGUFs store the
+# output matrix apart from the tied embedding, so a loaded real Qwen model is
+# untied: V x D more parameters in memory, the same logits product per step.
+_QWEN25 = dict(model_type="qwen2", vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6)
+ARCHITECTURES: dict[str, dict] = {
+    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576,
+                         intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
+    "qwen2.5-coder-0.5b": dict(_QWEN25, hidden_size=896, intermediate_size=4864,
+                               num_hidden_layers=24, num_attention_heads=14,
+                               num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-coder-1.5b": dict(_QWEN25, hidden_size=1536, intermediate_size=8960,
+                               num_hidden_layers=28, num_attention_heads=12,
+                               num_key_value_heads=2, tie_word_embeddings=True),
+    # Shapes only (random-weight benchmarks): the 7B target of the GPU figures.
+    "qwen2.5-coder-7b": dict(_QWEN25, vocab_size=152064, hidden_size=3584,
+                             intermediate_size=18944, num_hidden_layers=28,
+                             num_attention_heads=28, num_key_value_heads=4,
+                             tie_word_embeddings=False),
+}
+
+
+def architecture(name: str) -> dict:
+    """The ``config.json`` subset of a named model (``ARCHITECTURES``)."""
+    if name not in ARCHITECTURES:
+        raise KeyError(f"no architecture recorded for {name!r}; known: "
+                       f"{', '.join(ARCHITECTURES)}.")
+    return dict(ARCHITECTURES[name])
+
+
 def get_spec(name: str) -> ModelSpec:
     if name not in MODELS:
         raise KeyError(f"unknown model name {name!r}; known models: {', '.join(MODELS)} "
