@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
-import time
 
 import jax
 import numpy as np
@@ -42,7 +41,6 @@ from specdec_jax import api, timing
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import ratio_ci
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
-from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.evaluation import study
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.progress import tqdm
@@ -168,17 +166,8 @@ def counts_log(args, prompts, head_meta: dict) -> ResumeLog:
 
 def make_prefill_timers(pair, max_length: int):
     """Jitted prefill of each model alone: subtracted from end-to-end times."""
-    def prefill(model):
-        return jax.jit(lambda params, prompt: start_token_and_prefill(
-            model, params, prompt, max_length)[1])
-    return {"target": (prefill(pair.target), pair.target_params),
-            "drafter": (prefill(pair.drafter), pair.drafter_params)}
-
-
-def timed(fn, *args) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start, out
+    return {"target": (timing.prefill_fn(pair.target, max_length), pair.target_params),
+            "drafter": (timing.prefill_fn(pair.drafter, max_length), pair.drafter_params)}
 
 
 def phase_wall_clock(runner, configs, prompts, args, temperature: float) -> dict:
@@ -200,11 +189,11 @@ def phase_wall_clock(runner, configs, prompts, args, temperature: float) -> dict
         prompt = make_prompt([tokens], pad_to=width)
         prefill_s = {}
         for name, (fn, params) in prefills.items():
-            prefill_s[name] = timed(fn, params, prompt)[0]
+            prefill_s[name] = timing.seconds(fn, params, prompt)[0]
         shuffled = list(configs)
         order.shuffle(shuffled)
         for config in shuffled:
-            seconds, out = timed(runner, config, prompt, jax.random.PRNGKey(1000 + i),
+            seconds, out = timing.seconds(runner, config, prompt, jax.random.PRNGKey(1000 + i),
                                  temperature)
             counts = row_counts(out, 1)[0]
             models = ("target",) if config["kind"] == "autoregressive" else ("target", "drafter")

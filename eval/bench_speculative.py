@@ -1,8 +1,10 @@
 """Speculative decoding benchmark on a real drafter/target pair (issue 4 protocol).
 
 All figures are ratios measured in one run: speculative vs autoregressive target
-decoding (tokens/s), the overhead ratio (measured round time over G + 1 drafter
-steps plus one scoring call, each timed separately), and ours vs Hugging Face
+decoding (tokens/s), the round overhead (the measured round time, prefills
+subtracted, over the drafter calls of a round plus one scoring call of G + 1
+tokens, every call timed inside a jitted loop as the decoder runs it:
+``timing.round_overhead``), and ours vs Hugging Face
 ``transformers`` assisted generation on the same GGUF weights (greedy; outputs
 compared token for token). Compile time is excluded everywhere.
 
@@ -16,7 +18,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import api, timing
@@ -41,38 +42,45 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def run_prompts(fn, params, prompts, width, temperature, batch_size=1, seed=0):
-    """Times ``fn`` over all prompts in batches; returns totals and outputs."""
+def run_prompts(fn, params, prompts, width, temperature, batch_size=1, seed=0, prefills=()):
+    """Times ``fn`` over all prompts in batches; returns totals and outputs.
+
+    ``prefills``: (jitted prefill, params) of each model the method runs,
+    timed alone on each batch; ``decode_s`` is the total minus them."""
     sp = api.sampling_params(temperature=temperature)
     batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
     batches = [b + [b[-1]] * (batch_size - len(b)) for b in batches]
     compiled = timing.Compiled(fn, *params, make_prompt(batches[0], pad_to=width),
                                jax.random.PRNGKey(0), sp)
-    seconds, tokens, target_calls, outputs, hist = 0.0, 0, 0, [], 0
+    for prefill, prefill_params in prefills:  # compiled before any timing
+        jax.block_until_ready(prefill(prefill_params, make_prompt(batches[0], pad_to=width)))
+    seconds, prefill_s, tokens, target_calls, drafter_calls, outputs, hist = (
+        0.0, 0.0, 0, 0, 0, [], 0)
     for i, batch in enumerate(batches):
-        timed = compiled.time(*params, make_prompt(batch, pad_to=width),
-                              jax.random.PRNGKey(seed + i), sp)
+        prompt = make_prompt(batch, pad_to=width)
+        prefill_s += sum(timing.seconds(prefill, prefill_params, prompt)[0]
+                         for prefill, prefill_params in prefills)
+        timed = compiled.time(*params, prompt, jax.random.PRNGKey(seed + i), sp)
         out = timed.output
         seconds += timed.median_s
         tokens += int(np.asarray(out.lengths).sum())
-        target_calls += int(np.asarray(out.stats.target_calls).sum())
+        # Rows of a batch run in lockstep: a round costs the same for all of them.
+        target_calls += int(np.asarray(out.stats.target_calls).max())
+        drafter_calls += int(np.asarray(out.stats.drafter_calls).max())
         hist = hist + np.asarray(out.stats.accepted_histogram).sum(0)
         outputs += [np.asarray(out.tokens[b, : out.lengths[b]]).tolist()
                     for b in range(len(batch))]
-    return {"seconds": seconds, "tokens": tokens, "target_calls": target_calls,
-            "tokens_per_s": tokens / seconds, "block_efficiency": tokens / target_calls,
+    return {"seconds": seconds, "prefill_s": prefill_s, "decode_s": seconds - prefill_s,
+            "tokens": tokens, "target_calls": target_calls, "drafter_calls": drafter_calls,
+            "tokens_per_s": tokens / seconds, "round_s": (seconds - prefill_s) / target_calls,
+            "block_efficiency": tokens / target_calls / batch_size,
             "accepted_histogram": np.asarray(hist).tolist(),
             "compile_s": compiled.compile_s}, outputs[: len(prompts)]
 
 
-def time_model_calls(model, params, k, batch=1, fill=256, repeats=20):
-    """Median seconds of one jitted ``extend`` of K tokens at a typical cache fill."""
-    cache = model.init_cache(batch, fill + 64)
-    cache = cache.replace(lengths=jnp.full((batch,), fill, jnp.int32))
-    tokens = jnp.ones((batch, k), jnp.int32)
-    fn = jax.jit(lambda p, t, c: model.extend(p, t, c).logits)
-    compiled = timing.Compiled(fn, params, tokens, cache)
-    return compiled.time(params, tokens, cache, repeats=repeats).median_s
+def in_loop_step_s(model, params, k, fill):
+    """Median seconds of one ``extend`` of K tokens, timed inside a jitted loop."""
+    return timing.in_loop_step(model, params, k, fill=fill, steps=8, repeats=3).median_s
 
 
 def peer_assisted(target_path, drafter_path, prompts, gamma, max_new_tokens):
@@ -120,23 +128,31 @@ def main(argv=None):
               "target": args.target, "drafter": args.drafter, "num_prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "batch_1": {}, "batched": {}}
 
-    t_draft = time_model_calls(drafter, drafter_params, 1, fill=width)
+    t_draft = in_loop_step_s(drafter, drafter_params, 1, fill=width)
     report["drafter_step_s"] = t_draft
-    report["target_step_s"] = time_model_calls(target, target_params, 1, fill=width)
+    report["target_step_s"] = in_loop_step_s(target, target_params, 1, fill=width)
+    max_length = width + args.max_new_tokens + max(args.gammas) + 2
+    prefills = {"autoregressive": [(timing.prefill_fn(target, max_length), target_params)]}
+    prefills["specdecode"] = prefills["autoregressive"] + [
+        (timing.prefill_fn(drafter, max_length), drafter_params)]
     jobs = [(t, g) for t in args.temperatures for g in [0] + args.gammas]
     greedy_outputs = {}
     for temperature, gamma in tqdm(jobs, desc="batch-1 runs"):
         method = "autoregressive" if gamma == 0 else "specdecode"
         fn = api.make_generate_fn(drafter=drafter, method=method, gamma=max(gamma, 1),
                                   **common)
-        row, outputs = run_prompts(fn, params, prompts, width, temperature)
+        row, outputs = run_prompts(fn, params, prompts, width, temperature,
+                                   prefills=prefills[method])
         if gamma:
-            t_score = time_model_calls(target, target_params, gamma + 1, fill=width)
-            round_s = row["seconds"] / row["target_calls"]
-            row.update(round_s=round_s, score_call_s=t_score,
-                       overhead_ratio=round_s / ((gamma + 1) * t_draft + t_score),
+            t_score = in_loop_step_s(target, target_params, gamma + 1, fill=width)
+            row.update(score_step_s=t_score,
+                       round_overhead=timing.round_overhead(
+                           row["round_s"], row["drafter_calls"] / row["target_calls"],
+                           t_draft, t_score),
                        mean_accepted=float(np.dot(row["accepted_histogram"],
                                                   np.arange(gamma + 1)) / row["target_calls"]))
+        else:
+            row["round_overhead"] = row["round_s"] / report["target_step_s"] - 1.0
         if temperature == 0:
             greedy_outputs[gamma] = outputs
         report["batch_1"][f"T={temperature:g},G={gamma}"] = row
@@ -185,14 +201,14 @@ def markdown(report) -> str:
     lines = [f"{report['target']} <- {report['drafter']}, {report['num_prompts']} HumanEval "
              f"prompts, {report['max_new_tokens']} new tokens, batch 1, {report['precision']}, "
              f"{env['machine']}, jax {env['jax']}", "",
-             "| T | G | tokens/s | speedup vs AR | block eff. | mean accepted | overhead |",
+             "| T | G | tokens/s | speedup vs AR | block eff. | mean accepted | round overhead |",
              "|---|---|---|---|---|---|---|"]
     for key, row in report["batch_1"].items():
         t, g = (part.split("=")[1] for part in key.split(","))
         lines.append(f"| {t} | {g if g != '0' else 'AR'} | {row['tokens_per_s']:.2f} | "
                      f"{row.get('speedup_vs_autoregressive', 1.0):.2f}x | "
                      f"{row['block_efficiency']:.2f} | {row.get('mean_accepted', 0):.2f} | "
-                     f"{row.get('overhead_ratio', float('nan')):.2f} |")
+                     f"{100 * row['round_overhead']:+.1f}% |")
     if report["batched"]:
         lines += ["", "| batch | G | tokens/s |", "|---|---|---|"]
         for key, row in report["batched"].items():
