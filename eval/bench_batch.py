@@ -161,11 +161,7 @@ def main(argv=None):
             if ar_at:
                 run[f"{rate}_over_autoregressive_here"] = run[rate] / ar_at[run["batch_size"]]
     timing.write_report(report, args.out)
-    text = markdown(report)
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+    timing.print_markdown(markdown(report), args.markdown)
 
 
 def markdown(report: dict) -> str:

@@ -46,24 +46,6 @@ def parse_args(argv=None):
     return args
 
 
-def machine_limits() -> dict:
-    """Read rate (a reduction over 1 GiB), copy rate (1 GiB in, 1 GiB out) and
-    matmul FLOP rate (2048^3, float32), each the median of a few runs."""
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    from specdec_jax import timing  # noqa: PLC0415
-
-    big = jnp.ones((2**28,), jnp.float32)  # 1 GiB
-    read = timing.Compiled(jax.jit(jnp.sum), big).time(big, repeats=5).median_s
-    copy = timing.Compiled(jax.jit(lambda x: x * 2.0), big).time(big, repeats=5).median_s
-    n = 2048
-    a = jnp.ones((n, n), jnp.float32)
-    matmul = timing.Compiled(jax.jit(jnp.matmul), a, a).time(a, a, repeats=5).median_s
-    return {"read_gb_s": big.nbytes / read / 1e9, "copy_gb_s": 2 * big.nbytes / copy / 1e9,
-            "matmul_gflop_s": 2 * n**3 / matmul / 1e9}
-
-
 def measure(model_name: str, ks: list[int], flags: str) -> dict:
     """Runs in a fresh process with ``flags`` added to XLA_FLAGS."""
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
@@ -74,7 +56,7 @@ def measure(model_name: str, ks: list[int], flags: str) -> dict:
     from specdec_jax import timing  # noqa: PLC0415
     from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415
 
-    limits = machine_limits()
+    limits = timing.device_limits()
     model, params, _ = load_model(model_name)
     leaves = jax.tree_util.tree_leaves(params)
     weight_bytes = sum(x.nbytes for x in leaves)
@@ -133,10 +115,9 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
     text = markdown(json.loads(json.dumps(report)))  # keys as the JSON has them
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+    from specdec_jax import timing  # noqa: PLC0415 (jax stays out of this parent process)
+
+    timing.print_markdown(text, args.markdown)
 
 
 if __name__ == "__main__":

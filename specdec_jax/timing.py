@@ -149,3 +149,11 @@ def write_report(report: dict, path: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
+
+
+def print_markdown(text: str, path: str | None = None) -> None:
+    """Prints a benchmark's Markdown summary and writes it to ``path`` if given."""
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")

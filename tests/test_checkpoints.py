@@ -207,43 +207,37 @@ def test_processes_fetching_the_same_file_at_once_both_get_it(tmp_path, monkeypa
     real_extract = fetch.extract_member
     monkeypatch.setattr(fetch, "download_wheel", fake_download)
     monkeypatch.setattr(fetch, "extract_member", extract_then_wait)
-    results, errors = [], []
-
-    def fetch_it():
-        try:
-            results.append(fetch.wheel_member("pkg", "1.0", "pkg/data/file.bin"))
-        except Exception as err:  # noqa: BLE001 (reported by the assertion below)
-            errors.append(err)
-
-    threads = [threading.Thread(target=fetch_it) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors and len(results) == 2
+    results = []
+    assert not in_threads(lambda: results.append(
+        fetch.wheel_member("pkg", "1.0", "pkg/data/file.bin")), 2)
+    assert len(results) == 2
     assert results[0].read_bytes() == payload
     assert not list(results[0].parent.glob("*.partial"))
 
 
 def test_concurrent_cache_probes_do_not_collide(tmp_path, monkeypatch):
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    assert not in_threads(lambda: [fetch.cache_dir() for _ in range(200)], 4)
+
+
+def in_threads(fn, count: int) -> list[Exception]:
+    """Runs ``fn`` in ``count`` threads at once; returns what they raised."""
     import threading
 
-    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
     errors = []
 
-    def probe():
+    def run():
         try:
-            for _ in range(200):
-                fetch.cache_dir()
-        except Exception as err:  # noqa: BLE001
+            fn()
+        except Exception as err:  # noqa: BLE001 (returned to the caller's assertion)
             errors.append(err)
 
-    threads = [threading.Thread(target=probe) for _ in range(4)]
+    threads = [threading.Thread(target=run) for _ in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert not errors
+    return errors
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
