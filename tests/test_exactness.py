@@ -132,3 +132,29 @@ def test_cascade_with_bonus_from_p_is_detected():
     expected = exact_sequence_probs(pi_dist(targets.TokenV3(), 0.5))
     tokens, _ = sample(TokenV3BonusFromP(), alpha=0.5)
     assert chi_square_pvalue(tokens, expected) < 1e-12
+
+
+@pytest.mark.parametrize("vocab", [5, 151936])
+def test_sampler_draws_what_jax_categorical_draws(vocab):
+    """sample_from_weights replaces categorical's fused argmax with a
+    vectorisable max + first index: the same Gumbel noise, the same index,
+    draw for draw (zero weights included), so the output law is untouched."""
+    from specdec_jax.verify import sample_from_weights
+
+    weights = jax.nn.softmax(3 * jax.random.normal(jax.random.PRNGKey(0), (3, vocab)))
+    weights = weights.at[:, 1].set(0.0).at[0].multiply(7.0)  # unnormalised row
+    keys = jax.random.split(jax.random.PRNGKey(1), 200)
+    ours = jax.vmap(lambda k: sample_from_weights(k, weights))(keys)
+    logits = jnp.where(weights > 0, jnp.log(weights), -jnp.inf)
+    theirs = jax.vmap(lambda k: jax.random.categorical(k, logits, axis=-1))(keys)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert not np.any(np.asarray(ours) == 1)
+
+
+def test_first_argmax_takes_the_first_of_tied_maxima():
+    from specdec_jax.verify import first_argmax
+
+    x = jnp.array([[0.0, 2.0, 2.0, 1.0], [-jnp.inf, -jnp.inf, -jnp.inf, -jnp.inf],
+                   [3.0, 1.0, 3.0, 3.0]])
+    np.testing.assert_array_equal(np.asarray(first_argmax(x)), np.asarray(jnp.argmax(x, -1)))
+    np.testing.assert_array_equal(np.asarray(first_argmax(x)), [1, 0, 0])
