@@ -110,8 +110,10 @@ def test_bench_accelerator_end_to_end(tiny_architectures, tmp_path):
     assert set(peers["variants"]) == {"eager autoregressive", "eager assisted G=3 all-accept",
                                       "eager assisted G=3 none-accepted"}
     # Same weights, float32, greedy: the peer writes exactly our tokens.
-    for variant in peers["variants"].values():
+    for name, variant in peers["variants"].items():
         assert variant["outputs_identical_to_ours"] == peers["prompts"] == 2
+        # Ours of the same kind: autoregressive always; specdecode needs a batch-1 row.
+        assert (variant["ours_tokens_per_s"] is None) == ("assisted" in name)
     text = (tmp_path / "accel.md").read_text()
     assert "round overhead" in text and "GPU: not measured" in text
 
