@@ -81,12 +81,13 @@ def sample_from_weights(key: Array, weights_BxV: Array) -> Array:
 
 
 def first_argmax(x_BxV: Array) -> Array:
-    """int32 [B]: ``jnp.argmax(x, -1)`` for arrays without NaN (the first index
-    of the maximum), as a max followed by a min over indices: two one-operand
-    reductions that XLA vectorises."""
-    top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
+    """int32 [B]: ``jnp.argmax(x, -1)`` (the first index of the maximum, or of
+    the first NaN, as argmax), as a max followed by a min over indices: two
+    one-operand reductions that XLA vectorises."""
+    top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)  # NaN if the row holds one
     index_V = jnp.arange(x_BxV.shape[-1], dtype=jnp.int32)
-    return jnp.min(jnp.where(x_BxV == top_Bx1, index_V, x_BxV.shape[-1]), axis=-1)
+    is_top = (x_BxV == top_Bx1) | jnp.isnan(x_BxV)
+    return jnp.min(jnp.where(is_top, index_V, x_BxV.shape[-1]), axis=-1)
 
 
 def residual(pi_BxV: Array, q_BxV: Array) -> Array:

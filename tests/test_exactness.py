@@ -155,6 +155,6 @@ def test_first_argmax_takes_the_first_of_tied_maxima():
     from specdec_jax.verify import first_argmax
 
     x = jnp.array([[0.0, 2.0, 2.0, 1.0], [-jnp.inf, -jnp.inf, -jnp.inf, -jnp.inf],
-                   [3.0, 1.0, 3.0, 3.0]])
+                   [3.0, 1.0, 3.0, 3.0], [1.0, jnp.nan, 5.0, jnp.nan]])
     np.testing.assert_array_equal(np.asarray(first_argmax(x)), np.asarray(jnp.argmax(x, -1)))
-    np.testing.assert_array_equal(np.asarray(first_argmax(x)), [1, 0, 0])
+    np.testing.assert_array_equal(np.asarray(first_argmax(x)), [1, 0, 0, 1])
