@@ -166,7 +166,15 @@ def decode_configs(args) -> list[dict]:
     return configs
 
 
-def run_decode(config: dict, models: dict, args, batch: int, steps: dict) -> dict:
+def prefill_fns(models: dict, args) -> dict:
+    """role -> jitted prefill at the decoders' cache length (one program per
+    model and prompt shape, shared by every configuration)."""
+    max_length = args.prompt_len + args.max_new_tokens + max(args.gammas) + 2
+    return {role: timing.prefill_fn(model, max_length) for role, (model, _) in models.items()}
+
+
+def run_decode(config: dict, models: dict, args, batch: int, steps: dict,
+               prefill_by_role: dict) -> dict:
     """Times one configuration over ``args.repeats`` prompts, prefills subtracted."""
     target, target_params = models["target"]
     drafter_role = "target" if config["regime"] == "all-accept" else "drafter"
@@ -184,10 +192,8 @@ def run_decode(config: dict, models: dict, args, batch: int, steps: dict) -> dic
                                  jax.random.PRNGKey(0), greedy))
         first_call_s = time.perf_counter() - start
         compiled = compiles[0]
-        max_length = args.prompt_len + args.max_new_tokens + max(args.gammas) + 2
-        prefill_models = [models["target"]] + ([] if config["gamma"] == 0 else
-                                               [models[drafter_role]])
-        prefills = [(timing.prefill_fn(m, max_length), p) for m, p in prefill_models]
+        roles = ["target"] + ([drafter_role] if config["gamma"] else [])
+        prefills = [(prefill_by_role[role], models[role][1]) for role in roles]
         for fn_p, p in prefills:
             jax.block_until_ready(fn_p(p, prompts[0]))
         before = compiles[0]
@@ -222,17 +228,14 @@ def run_decode(config: dict, models: dict, args, batch: int, steps: dict) -> dic
            "tokens_per_round": tokens / rounds / batch,
            "nan_logits": sum(r["nan_logits"] for r in runs), "runs": runs}
     b = str(batch)
+    calls_per_round = sum(r["drafter_calls"] for r in runs) / rounds  # 0 when autoregressive
     if config["gamma"]:
-        g = config["gamma"]
         drafted = sum(r["drafted"] for r in runs)
-        calls_per_round = sum(r["drafter_calls"] for r in runs) / rounds
         row.update(acceptance=sum(r["accepted"] for r in runs) / max(drafted, 1),
-                   drafter_calls_per_round=calls_per_round,
-                   round_overhead=timing.round_overhead(
-                       row["round_s"], calls_per_round, steps[drafter_role][b]["1"]["step_s"],
-                       steps["target"][b][str(g + 1)]["step_s"]))
-    else:
-        row["round_overhead"] = row["round_s"] / steps["target"][b]["1"]["step_s"] - 1.0
+                   drafter_calls_per_round=calls_per_round)
+    row["round_overhead"] = timing.round_overhead(
+        row["round_s"], calls_per_round, steps[drafter_role][b]["1"]["step_s"],
+        steps["target"][b][str(config["gamma"] + 1)]["step_s"])
     return row
 
 
@@ -386,8 +389,10 @@ def main(argv=None):
         timing.write_report(report, args.out)
         rows = section["decoding"] = []
         jobs = [(b, c) for b in args.batch_sizes for c in decode_configs(args)]
+        prefill_by_role = prefill_fns(models, args)
         for batch, config in tqdm(jobs, desc=f"decoding ({dtype})"):
-            rows.append(run_decode(config, models, args, batch, section["steps"]))
+            rows.append(run_decode(config, models, args, batch, section["steps"],
+                                   prefill_by_role))
             timing.write_report(report, args.out)
         section["predicted"] = predict(rows, args.acceptance)
         if args.peers:

@@ -143,16 +143,14 @@ def main(argv=None):
                                   **common)
         row, outputs = run_prompts(fn, params, prompts, width, temperature,
                                    prefills=prefills[method])
+        t_score = (in_loop_step_s(target, target_params, gamma + 1, fill=width) if gamma
+                   else report["target_step_s"])
+        # Autoregressive: no drafter calls, a round is one target step.
+        row.update(score_step_s=t_score, round_overhead=timing.round_overhead(
+            row["round_s"], row["drafter_calls"] / row["target_calls"], t_draft, t_score))
         if gamma:
-            t_score = in_loop_step_s(target, target_params, gamma + 1, fill=width)
-            row.update(score_step_s=t_score,
-                       round_overhead=timing.round_overhead(
-                           row["round_s"], row["drafter_calls"] / row["target_calls"],
-                           t_draft, t_score),
-                       mean_accepted=float(np.dot(row["accepted_histogram"],
-                                                  np.arange(gamma + 1)) / row["target_calls"]))
-        else:
-            row["round_overhead"] = row["round_s"] / report["target_step_s"] - 1.0
+            row["mean_accepted"] = float(np.dot(row["accepted_histogram"], np.arange(gamma + 1))
+                                         / row["target_calls"])
         if temperature == 0:
             greedy_outputs[gamma] = outputs
         report["batch_1"][f"T={temperature:g},G={gamma}"] = row
