@@ -21,7 +21,7 @@ Slurm, Open MPI, Kubernetes), so a TPU pod slice needs no flags at all.
 
 from __future__ import annotations
 
-import itertools
+import collections
 import os
 import socket
 import sys
@@ -35,7 +35,9 @@ ENV_COORDINATOR = "SPECDEC_JAX_COORDINATOR"
 ENV_NUM_PROCESSES = "SPECDEC_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "SPECDEC_JAX_PROCESS_ID"
 DEFAULT_TIMEOUT_S = 120
-_NEW_PROGRAMS = itertools.count()
+# Process 0's one-off work (training a vocabulary on 2 cores takes minutes).
+WRITER_FIRST_TIMEOUT_S = 3600
+_BARRIER_USES: collections.Counter = collections.Counter()  # name -> times met
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -124,6 +126,15 @@ def is_writer() -> bool:
     return jax.process_index() == 0
 
 
+def writer_first(name: str, work) -> None:
+    """Runs ``work()`` on process 0 alone while the others wait for it: for
+    files every process then reads (a vocabulary trained into the cache), which
+    all of them writing at once would race on. One process: just ``work()``."""
+    if is_writer():
+        work()
+    barrier(name, timeout_s=WRITER_FIRST_TIMEOUT_S)
+
+
 def process_slice(items: Sequence, *, index: int | None = None,
                   count: int | None = None) -> Sequence:
     """This process's contiguous share of ``items`` (the first processes take
@@ -138,16 +149,22 @@ def process_slice(items: Sequence, *, index: int | None = None,
 
 def barrier(name: str, *, timeout_s: int = DEFAULT_TIMEOUT_S) -> None:
     """Waits until every process reaches ``name`` (the coordination service's
-    barrier: no device collective, so no 30 s limit); a no-op on one process."""
+    barrier: no device collective, so no 30 s limit); a no-op on one process.
+
+    The same name may be met again: each meeting gets its own barrier id
+    (``name/1``, ``name/2``, ...), alike on every process because all of them
+    run the same program and so meet their barriers in the same order."""
     if jax.process_count() == 1:
         return
     from jax._src import distributed as jax_distributed  # noqa: PLC0415
 
+    _BARRIER_USES[name] += 1
+    unique = f"{name}/{_BARRIER_USES[name]}"
     try:
-        jax_distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
+        jax_distributed.global_state.client.wait_at_barrier(unique, timeout_s * 1000)
     except Exception as err:  # the runtime's own error type is not public
         raise RuntimeError(f"process {jax.process_index()} waited {timeout_s} s at barrier "
-                           f"{name!r} and not every process arrived: another process failed "
+                           f"{unique!r} and not every process arrived: another process failed "
                            "or is stuck (read its log).") from err
 
 
@@ -174,9 +191,7 @@ def in_step(jitted):
         key = (jax.tree_util.tree_structure(args), tuple(jax.tree_util.tree_leaves(signature)))
         if key not in compiled:
             compiled[key] = jitted.lower(*args).compile()
-            # Processes compile new programs in the same order (one SPMD
-            # program), so a shared count names the barrier alike on all.
-            barrier(f"specdec_jax/in_step/{next(_NEW_PROGRAMS)}")
+            barrier("specdec_jax/in_step")
         return compiled[key](*args)
 
     return call

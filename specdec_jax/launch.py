@@ -31,8 +31,10 @@ JOBS = {
     "run_specdecpp_train": "specdec_jax.specdecpp.jobs:run_specdecpp_train",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
-# writing). The others time one device or write files from every process: refused.
-MULTI_PROCESS_JOBS = ("run_generate",)
+# writing; training: batches split along the data axis, orbax writing every
+# process's shards). The others time one device or write files from every
+# process: refused.
+MULTI_PROCESS_JOBS = ("run_generate", "run_training")
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _registered: dict[str, Callable] = {}  # name -> the undecorated function

@@ -140,9 +140,59 @@ def test_incomplete_settings_and_slices():
 def test_the_launcher_takes_the_multi_process_flags():
     from specdec_jax import launch
     launch.check_process_count("run_generate", process_count=2)
+    launch.check_process_count("run_training", process_count=2)
     launch.check_process_count("run_study", process_count=1)
     with pytest.raises(ValueError, match="run_study runs on one process.*run_generate"):
         launch.check_process_count("run_study", process_count=2)
     with pytest.raises(ValueError, match="incomplete.*--coordinator_address"):
         launch.main(["--gin_file", "configs/runs/cascades_humaneval.gin", "--num_processes", "2",
                      "--process_id", "1"])
+
+
+def test_the_training_job_on_two_processes_trains_like_one_process(tmp_path):
+    """``train.main`` (finetune_t5.gin, tiny T5) on 2 processes x 2 devices: the
+    batch split over a 4-device data axis across processes logs the losses of
+    one process (within float tolerance of a different reduction order),
+    process 0 alone writes the metrics, and the checkpoint the two processes
+    wrote (each its own shards) resumes in one process, whose next loss is the
+    uninterrupted one-process run's."""
+    import json  # noqa: PLC0415
+
+    from tests.test_train_main import TINY  # noqa: PLC0415
+
+    def job(workdir, steps, *flags):
+        return [sys.executable, "-m", "train.main", *TINY, f"--gin.WORKDIR='{workdir}'",
+                f"--gin.run_training.num_steps={steps}", *flags]
+
+    def losses(workdir):
+        return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", SPECDEC_JAX_PROGRESS="0")
+    one, two = tmp_path / "one", tmp_path / "two"
+    result = subprocess.run(job(one, 4), cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    port = str(free_port())
+    multi_env = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [subprocess.Popen(job(two, 3, "--coordinator_address", f"127.0.0.1:{port}",
+                                  "--num_processes", "2", "--process_id", str(i)),
+                              cwd=ROOT, env=multi_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    logs = [p.communicate(timeout=300) for p in procs]
+    check_exit_codes([p.returncode for p in procs], [err[-3000:] for _, err in logs])
+    reference, multi = losses(one), losses(two)
+    assert [r["step"] for r in multi] == [1, 2, 3]  # one writer: no line twice
+    assert multi[0]["loss"] != multi[2]["loss"]  # it trains
+    for mine, theirs in zip(multi, reference[:3]):
+        assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5, abs=1e-5)
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed_from"] is None
+    # The two-process checkpoint, resumed by one process for one more step.
+    result = subprocess.run(job(two, 4), cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((two / "summary.json").read_text())["resumed_from"] == 3
+    resumed = losses(two)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for key in ("loss", "eval/loss"):
+        assert resumed[3][key] == pytest.approx(reference[3][key], rel=1e-5, abs=1e-5), key

@@ -104,10 +104,19 @@ class RunCheckpoints:
 class MetricsWriter:
     """``metrics.jsonl`` (one JSON object per logged step) and TensorBoard
     scalars under ``tensorboard/`` (when the ``tensorboard`` package, extra
-    ``.[train]``, is installed; otherwise a note says so once)."""
+    ``.[train]``, is installed; otherwise a note says so once).
 
-    def __init__(self, workdir: str | os.PathLike, *, resume_from_step: int = 0):
+    In a multi-process run only process 0 writes (``enabled=False`` on the
+    others): their ``read`` returns the records of this invocation, kept in
+    memory, which is all the last record needs."""
+
+    def __init__(self, workdir: str | os.PathLike, *, resume_from_step: int = 0,
+                 enabled: bool = True):
         self.path = pathlib.Path(workdir) / "metrics.jsonl"
+        self._in_memory: list[dict] | None = None if enabled else []
+        self._events = None
+        if not enabled:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # A run killed after its last checkpoint logged steps it will redo: drop them.
         kept = [r for r in self.read() if r["step"] <= resume_from_step]
@@ -123,9 +132,11 @@ class MetricsWriter:
             self._events = EventFileWriter(str(pathlib.Path(workdir) / "tensorboard"))
             self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
 
-
     def write(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        if self._in_memory is not None:
+            self._in_memory.append(record)
+            return
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         if self._events is not None:
@@ -138,6 +149,8 @@ class MetricsWriter:
     def read(self) -> list[dict]:
         """The logged records (a line torn by a kill mid-write is skipped: that
         step is redone after the resume)."""
+        if self._in_memory is not None:
+            return list(self._in_memory)
         if not self.path.exists():
             return []
         records = []

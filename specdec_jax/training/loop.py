@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax import sharding
+from specdec_jax import distributed, sharding
 from specdec_jax.progress import tqdm
 from specdec_jax.training import steps as steps_lib
 from specdec_jax.training.checkpointing import MetricsWriter, RunCheckpoints
@@ -60,7 +60,9 @@ def batch_sharding(mesh: Mesh, batch: Batch) -> Any:
 
 
 def place_batch(batch: Batch, mesh: Mesh) -> Batch:
-    return jax.device_put(batch, batch_sharding(mesh, batch))
+    """Every process holds the whole batch (a pure function of the seed and
+    the index) and fills only its own devices' rows (``sharding.place``)."""
+    return jax.tree_util.tree_map(sharding.place, batch, batch_sharding(mesh, batch))
 
 
 def check_batch_size(batch_size: int, mesh: Mesh) -> None:
@@ -101,6 +103,10 @@ def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_
     ``mesh`` defaults to every device on the ``data`` axis (data parallel);
     parameters are placed by ``rules`` (default: the model family's partition
     rules of ``specdec_jax.sharding``), batches are split along ``data``.
+    Across processes (``specdec_jax.distributed``) every process calls this
+    with the same arguments: each fills its own devices' rows of a batch,
+    every process writes its shards of a checkpoint (orbax), and process 0
+    alone writes the metrics and shows the progress bar.
     Writes ``workdir/checkpoints``, ``workdir/metrics.jsonl`` and
     ``workdir/tensorboard``. ``callbacks`` run after every step with the step
     and its logged metrics (empty between logging steps). ``loss_extras`` are
@@ -131,13 +137,16 @@ def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_
         if position["next_batch"] != start:
             raise ValueError(f"checkpoint {start} stores data position {position}, not batch "
                              f"{start}; it was not written by this loop.")
-    metrics_writer = MetricsWriter(workdir, resume_from_step=start)
-    train_step = jax.jit(steps_lib.make_train_step(model, tx, loss_fn), donate_argnums=0)
-    eval_step = jax.jit(steps_lib.make_eval_step(model, loss_fn))
+    writer = distributed.is_writer()
+    metrics_writer = MetricsWriter(workdir, resume_from_step=start, enabled=writer)
+    # in_step: across processes, every new program starts on all of them together.
+    train_step = distributed.in_step(
+        jax.jit(steps_lib.make_train_step(model, tx, loss_fn), donate_argnums=0))
+    eval_step = distributed.in_step(jax.jit(steps_lib.make_eval_step(model, loss_fn)))
     eval_batches = eval_data.batches(eval_batch_size) if eval_data is not None else []
     began = time.perf_counter()
     bar = tqdm(range(start, num_steps), initial=start, total=num_steps, desc="train",
-               disable=not progress, unit="step")
+               disable=not (progress and writer), unit="step")
     tokens_seen = 0.0
     try:
         for index in bar:

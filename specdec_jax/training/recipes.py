@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from specdec_jax import timing
+from specdec_jax import distributed, timing
 from specdec_jax.checkpoints import fetch
 from specdec_jax.data import pretraining, span_corruption, tasks
 from specdec_jax.data.vocabulary import SentencePieceVocabulary, train_sentencepiece
@@ -76,7 +76,10 @@ def vocabulary(*, sources: Sequence[str] = DEFAULT_VOCAB_SOURCES, vocab_size: in
                 "chars_per_source": VOCAB_CHARS_PER_SOURCE}
     name = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     final = fetch.cache_dir() / VOCAB_SUBDIR / f"spm-{vocab_size}-{name}.model"
-    if not final.exists():
+
+    def build() -> None:
+        if final.exists():
+            return
         texts, budget = [], {s: VOCAB_CHARS_PER_SOURCE for s in sources}
         for source, text in tqdm(pretraining.documents(sources), desc="vocabulary text",
                                  unit="doc"):
@@ -87,6 +90,9 @@ def vocabulary(*, sources: Sequence[str] = DEFAULT_VOCAB_SOURCES, vocab_size: in
                                    vocab_size=vocab_size, seed=seed)
         final.with_suffix(".json").write_text(json.dumps(settings, indent=1))
         path.replace(final)  # complete files only, under their name
+
+    # Across processes, process 0 trains it and the others read its file.
+    distributed.writer_first("specdec_jax/vocabulary", build)
     return SentencePieceVocabulary(final, extra_ids=extra_ids)
 
 
@@ -228,7 +234,8 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
         **notes}
     summary["epochs"] = num_steps * batch_size / len(data)
     summary["eval_perplexity"] = final.get("eval/perplexity", math.nan)
-    pathlib.Path(workdir, "summary.json").write_text(json.dumps(summary, indent=1))
+    if distributed.is_writer():
+        pathlib.Path(workdir, "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -238,7 +245,10 @@ def _export_params(workdir, step: int, params) -> pathlib.Path:
     from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
 
     path = pathlib.Path(workdir).absolute() / f"params_{step}"
-    if not path.exists():
+    exists = path.exists()
+    # Every process must agree on whether to save (each writes its own shards).
+    distributed.barrier("specdec_jax/export_params")
+    if not exists:
         orbax_io.save_params(path, params)
     return path
 
