@@ -5,6 +5,7 @@ Import is cheap: no model is built and nothing is compiled at import time.
 
 from specdec_jax.api import (
     VERIFIERS,
+    decode_layout,
     generate,
     get_verifier,
     make_decoder,
@@ -40,6 +41,7 @@ __all__ = [
     "METHODS", "VERIFIERS", "DecoderCache", "DecoderConfig", "DecoderOnlyLM",
     "GenerationOutput", "GenerationStats", "HorizontalCascade", "LanguageModel",
     "MaxGramDrafter", "ModelDrafter", "Prompt", "SamplingParams", "StepOutput", "T5Config",
-    "T5EncoderDecoderLM", "VerticalCascade", "cs_drafter", "generate", "get_verifier",
-    "make_decoder", "make_drafter", "make_generate_fn", "make_prompt", "sampling_params",
+    "T5EncoderDecoderLM", "VerticalCascade", "cs_drafter", "decode_layout", "generate",
+    "get_verifier", "make_decoder", "make_drafter", "make_generate_fn", "make_prompt",
+    "sampling_params",
 ]

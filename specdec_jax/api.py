@@ -54,6 +54,23 @@ def get_verifier(name: str):
     raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}.")
 
 
+def decode_layout(model: LanguageModel, params: Any) -> tuple[LanguageModel, Any]:
+    """``(model, params)`` in the layout decoding runs fastest with: a
+    decoder-only model's dense kernels stored ``[out, in]``
+    (``models.decoder.with_kernel_layout``; on 2 CPU cores a 6-token scoring
+    call of the 1.5B model costs about 1.7x less); other models as they are.
+    Same outputs; call it once after loading, before decoding::
+
+        target, target_params = sj.decode_layout(*load_model("qwen2.5-coder-1.5b")[:2])
+    """
+    from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout  # noqa: PLC0415
+    from specdec_jax.models.layers import OUT_IN  # noqa: PLC0415
+
+    if isinstance(model, DecoderOnlyLM):
+        return with_kernel_layout(model, params, OUT_IN)
+    return model, params
+
+
 def _check_pair(target: LanguageModel, drafter) -> None:
     if drafter is None:
         return

@@ -32,6 +32,11 @@ DECODER_RULES: tuple[tuple[str, PartitionSpec], ...] = (
     (r"logits_dense/kernel$", PartitionSpec(None, MODEL)),
     (r".*", PartitionSpec()),
 )
+# The same rules for decoder kernels stored [out, in] (the decode layout,
+# ``models.decoder.with_kernel_layout``): each kernel's spec transposed with it.
+DECODER_RULES_OUT_IN: tuple[tuple[str, PartitionSpec], ...] = tuple(
+    (pattern, PartitionSpec(*reversed(spec)) if pattern.endswith("kernel$") else spec)
+    for pattern, spec in DECODER_RULES)
 T5_RULES: tuple[tuple[str, PartitionSpec], ...] = (
     (r"token_embedder/embedding$", PartitionSpec(MODEL, None)),
     (r"attention/(query|key|value)/kernel$", PartitionSpec(None, MODEL)),
@@ -41,6 +46,17 @@ T5_RULES: tuple[tuple[str, PartitionSpec], ...] = (
     (r"logits_dense/kernel$", PartitionSpec(None, MODEL)),
     (r".*", PartitionSpec()),
 )
+
+
+def rules_for(model) -> tuple[tuple[str, PartitionSpec], ...]:
+    """The partition rules of ``model``'s family and kernel layout."""
+    from specdec_jax.models.interface import is_encoder_decoder  # noqa: PLC0415
+    from specdec_jax.models.layers import OUT_IN  # noqa: PLC0415
+
+    if is_encoder_decoder(model):
+        return T5_RULES
+    layout = getattr(getattr(model, "config", None), "kernel_layout", None)
+    return DECODER_RULES_OUT_IN if layout == OUT_IN else DECODER_RULES
 
 
 def make_mesh(data: int | None = None, model: int = 1,

@@ -94,6 +94,48 @@ def test_ragged_batch_equals_rows_alone(pair):
                                    atol=1e-5, rtol=0)
 
 
+def test_decode_layout_keeps_transformers_parity_and_converts_back(pair):
+    """Kernels stored [out, in] (``sj.decode_layout``): same names, every kernel
+    transposed, the logits of prefill and mixed extends with a rollback still
+    those of transformers; converting back restores the tree bit for bit. A
+    config that claims the layout without transposing the kernels is wrong
+    (caught: the logits move)."""
+    import dataclasses
+
+    import specdec_jax as sj
+    from specdec_jax.models.decoder import with_kernel_layout
+    hf_model, model, params = pair
+    laid_model, laid = sj.decode_layout(model, params)
+    assert laid_model.config.kernel_layout == "out_in"
+    flat, laid_flat = (dict(jax.tree_util.tree_flatten_with_path(t)[0]) for t in (params, laid))
+    assert flat.keys() == laid_flat.keys()
+    kernels = [k for k in flat if k[-1].key == "kernel"]
+    assert len(kernels) >= 7 * model.config.num_layers
+    for key, value in flat.items():
+        expected = value.T if key in kernels else value
+        np.testing.assert_array_equal(np.asarray(laid_flat[key]), np.asarray(expected))
+    tokens = [3, 17, 42, 5, 9, 60, 1, 33]
+    cache = laid_model.init_cache(1, 16)
+    first = laid_model.extend(laid, jnp.asarray([tokens[:5]]), cache)
+    rolled = first.cache.replace(lengths=first.cache.lengths - 2)  # reject two
+    second = laid_model.extend(laid, jnp.asarray([tokens[3:]]), rolled)
+    reference = hf_logits(hf_model, tokens)
+    np.testing.assert_allclose(np.asarray(first.logits[0, :3]), reference[:3], atol=TOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(second.logits[0]), reference[3:], atol=TOL, rtol=0)
+    back_model, back = with_kernel_layout(laid_model, laid, "in_out")
+    assert back_model == model
+    jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
+    claimed = DecoderOnlyLM(dataclasses.replace(model.config, kernel_layout="out_in"))
+    square = {k: v for k, v in flat.items() if k in kernels and v.shape[0] == v.shape[1]}
+    if square:  # untransposed square kernels run, and give other logits
+        only_square = jax.tree_util.tree_map_with_path(
+            lambda k, v: v if k in square else laid_flat[k], params)
+        wrong = claimed.extend(only_square, jnp.asarray([tokens]), claimed.init_cache(1, 16))
+        assert np.abs(np.asarray(wrong.logits[0]) - reference).max() > 1e-2
+    with pytest.raises(ValueError, match="kernel_layout='sideways'"):
+        dataclasses.replace(model.config, kernel_layout="sideways")
+
+
 def test_extend_under_jit_matches_eager(pair):
     _, model, params = pair
     cache = model.init_cache(2, 8)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     import specdec_jax as sj
@@ -29,6 +31,14 @@ SCRIPT = textwrap.dedent("""
     np.testing.assert_array_equal(np.asarray(plain.tokens), np.asarray(sharded.tokens))
     np.testing.assert_array_equal(np.asarray(plain.lengths), np.asarray(sharded.lengths))
     assert np.asarray(plain.stats.rejections).sum() > 0, "drafter must disagree sometimes"
+    # The decode layout ([out, in] kernels), sharded by its own rules.
+    (lm, ltp), (ld, ldp) = sj.decode_layout(model, tp), sj.decode_layout(drafter, dp)
+    laid_fn = sj.make_generate_fn(target=lm, drafter=ld, method="specdecode", gamma=3,
+                                  max_new_tokens=12)
+    laid = laid_fn(sharding.shard_params(ltp, mesh, sharding.rules_for(lm)),
+                   sharding.shard_params(ldp, mesh, sharding.rules_for(ld)),
+                   sharding.shard_prompt(prompt, mesh), jax.random.PRNGKey(0), sp)
+    np.testing.assert_array_equal(np.asarray(plain.tokens), np.asarray(laid.tokens))
     print("IDENTICAL")
 """)
 
@@ -55,10 +65,13 @@ NO_GATHER_SCRIPT = textwrap.dedent("""
         intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=2))
     tp = target.init_params(jax.random.PRNGKey(0))
     dp = drafter.init_params(jax.random.PRNGKey(1))
+    if LAYOUT == "out_in":
+        (target, tp), (drafter, dp) = sj.decode_layout(target, tp), sj.decode_layout(drafter, dp)
     mesh = sharding.make_mesh(data=2, model=4)
     prompt = sharding.shard_prompt(sj.make_prompt([[1, 2, 3]] * 8), mesh)
     fn = sj.make_generate_fn(target=target, drafter=drafter, gamma=3, max_new_tokens=16)
-    text = fn.lower(sharding.shard_params(tp, mesh), sharding.shard_params(dp, mesh), prompt,
+    text = fn.lower(sharding.shard_params(tp, mesh, sharding.rules_for(target)),
+                    sharding.shard_params(dp, mesh, sharding.rules_for(drafter)), prompt,
                     jax.random.PRNGKey(0), sj.sampling_params(temperature=1.0)
                     ).compile().as_text()
     gathered = [tuple(int(d) for d in dims.split(",") if d)
@@ -76,13 +89,16 @@ NO_GATHER_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_model_sharded_loop_gathers_no_weight_and_no_cache():
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+def test_model_sharded_loop_gathers_no_weight_and_no_cache(layout):
     """The compiled program of a target sharded over ``model`` (2 x 4 mesh)
     never all-gathers a full weight matrix or a layer's whole KV cache: only
-    per-step activations and the sampled distributions move."""
+    per-step activations and the sampled distributions move. In both kernel
+    layouts, each sharded by its own rules."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", NO_GATHER_SCRIPT], env=env,
+    script = NO_GATHER_SCRIPT.replace("LAYOUT ==", f"{layout!r} ==")
+    result = subprocess.run([sys.executable, "-c", script], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "NO FULL GATHERS" in result.stdout

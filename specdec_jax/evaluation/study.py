@@ -49,11 +49,9 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
     if mesh is None or pair.mesh is not None:  # real models come placed, read slice by slice
         return pair
     from specdec_jax import sharding  # noqa: PLC0415
-    from specdec_jax.models.interface import is_encoder_decoder  # noqa: PLC0415
 
     def place(model, params):
-        rules = sharding.T5_RULES if is_encoder_decoder(model) else sharding.DECODER_RULES
-        return sharding.shard_params(params, mesh, rules)
+        return sharding.shard_params(params, mesh, sharding.rules_for(model))
 
     return dataclasses.replace(pair, target_params=place(pair.target, pair.target_params),
                                drafter_params=place(pair.drafter, pair.drafter_params),

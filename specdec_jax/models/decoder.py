@@ -26,7 +26,15 @@ import jax.numpy as jnp
 
 from specdec_jax.models import interface
 from specdec_jax.models.interface import Prompt, StepOutput
-from specdec_jax.models.layers import RMSNorm, masked_softmax_attention, rotary_embedding
+from specdec_jax.models.layers import (
+    IN_OUT,
+    KERNEL_LAYOUTS,
+    OUT_IN,
+    Linear,
+    RMSNorm,
+    masked_softmax_attention,
+    rotary_embedding,
+)
 
 Array = jax.Array
 
@@ -51,8 +59,14 @@ class DecoderConfig:
     # jax.lax.Precision name for every matmul ("highest" keeps float32 exact on GPUs,
     # whose default is TF32); None: the backend's default. See specdec_jax.precision.
     matmul_precision: str | None = None
+    # How dense kernels are stored: "in_out" (the documented tree) or "out_in"
+    # (the decode layout, faster for few-row products; see decode_layout).
+    kernel_layout: str = IN_OUT
 
     def __post_init__(self):
+        if self.kernel_layout not in KERNEL_LAYOUTS:
+            raise ValueError(f"DecoderConfig: kernel_layout={self.kernel_layout!r}; choose one "
+                             f"of {', '.join(KERNEL_LAYOUTS)}.")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"DecoderConfig: num_heads={self.num_heads} is not a multiple of "
@@ -76,19 +90,23 @@ class DecoderCache:
         return self.keys[0].shape[1]
 
 
+def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = False) -> Linear:
+    return Linear(features, use_bias=use_bias, kernel_layout=cfg.kernel_layout,
+                  dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+                  precision=cfg.matmul_precision, name=name)
+
+
 class _Attention(nn.Module):
     config: DecoderConfig
 
     @nn.compact
     def __call__(self, x_BxKxD, positions_BxK, mask_BxKxS, keys, values, lengths_B):
         cfg = self.config
-        dtype, pdtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         head_dim, groups = cfg.dims_per_head, cfg.num_heads // cfg.num_kv_heads
         batch, k = x_BxKxD.shape[:2]
 
         def proj(name, heads, bias):
-            dense = nn.Dense(heads * head_dim, use_bias=bias, dtype=dtype, param_dtype=pdtype,
-                             precision=cfg.matmul_precision, name=name)
+            dense = _linear(cfg, heads * head_dim, name, use_bias=bias)
             return dense(x_BxKxD).reshape(batch, k, heads, head_dim)
 
         q = rotary_embedding(proj("query", cfg.num_heads, cfg.qkv_bias), positions_BxK,
@@ -103,8 +121,7 @@ class _Attention(nn.Module):
         out = masked_softmax_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
                                        precision=cfg.matmul_precision)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
-        out = nn.Dense(cfg.hidden_size, use_bias=False, dtype=dtype, param_dtype=pdtype,
-                       precision=cfg.matmul_precision, name="out")(out)
+        out = _linear(cfg, cfg.hidden_size, "out")(out)
         return out, keys, values
 
 
@@ -114,12 +131,9 @@ class _SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=jnp.dtype(cfg.dtype),  # noqa: E731
-                                         param_dtype=jnp.dtype(cfg.param_dtype),
-                                         precision=cfg.matmul_precision, name=name)
-        gate = dense(cfg.intermediate_size, "wi_0")(x)
-        up = dense(cfg.intermediate_size, "wi_1")(x)
-        return dense(cfg.hidden_size, "wo")(nn.silu(gate) * up)
+        gate = _linear(cfg, cfg.intermediate_size, "wi_0")(x)
+        up = _linear(cfg, cfg.intermediate_size, "wi_1")(x)
+        return _linear(cfg, cfg.hidden_size, "wo")(nn.silu(gate) * up)
 
 
 class _DecoderNet(nn.Module):
@@ -159,6 +173,11 @@ class _DecoderNet(nn.Module):
         if cfg.tie_embeddings:
             logits = jnp.matmul(h32, embedder.embedding.astype(jnp.float32).T,
                                 precision=cfg.matmul_precision)
+        elif cfg.kernel_layout == OUT_IN:  # [V, D], like the tied embedding
+            kernel = self.param("logits_dense_kernel",
+                                nn.initializers.lecun_normal(in_axis=-1, out_axis=-2),
+                                (cfg.vocab_size, cfg.hidden_size), jnp.dtype(cfg.param_dtype))
+            logits = jnp.matmul(h32, kernel.astype(jnp.float32).T, precision=cfg.matmul_precision)
         else:
             kernel = self.param("logits_dense_kernel", nn.initializers.lecun_normal(),
                                 (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
@@ -252,3 +271,32 @@ class DecoderOnlyLM:
         interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
         logits, hidden, new_cache = self._apply(params, tokens, cache)
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
+
+
+def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN
+                       ) -> tuple[DecoderOnlyLM, dict]:
+    """The same network with its dense kernels stored in ``layout``: the model
+    (its config says the layout) and the parameters (the same names, every
+    ``kernel`` transposed; embeddings, norms and biases as they were).
+
+    ``OUT_IN`` is the decode layout. A decode step multiplies 1 to G + 1 rows
+    by every kernel; stored ``[out, in]`` the product reduces along the
+    kernel's contiguous minor dimension (a dot product of rows, as in a
+    matrix-vector kernel), while ``[in, out]`` makes XLA reduce strided
+    columns or materialise the elementwise product (``eval/bench_scoring.py
+    --kernel-layouts`` measures both). Checkpoints and training keep the
+    documented ``[in, out]`` tree; this converts once, after loading, and
+    converts back just as well. Sharded parameters stay sharded (a kernel's
+    spec is transposed with it; ``sharding.rules_for`` gives the rules).
+    """
+    if layout not in KERNEL_LAYOUTS:
+        raise ValueError(f"kernel layout {layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
+    if layout == model.config.kernel_layout:
+        return model, params
+    transpose = jax.jit(jnp.transpose)
+
+    def convert(path, leaf):
+        return transpose(leaf) if getattr(path[-1], "key", None) == "kernel" else leaf
+
+    new_params = jax.tree_util.tree_map_with_path(convert, params)
+    return DecoderOnlyLM(dataclasses.replace(model.config, kernel_layout=layout)), new_params

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -66,3 +68,44 @@ def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxS
     scores = jnp.where(mask_BxKxS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(values_BxSxHxD.dtype)
     return jnp.einsum("bhgks,bshd->bkhgd", weights, values_BxSxHxD, precision=precision)
+
+
+# How a dense layer's kernel is stored. "in_out" ([in, out]) is the t5x/Flax
+# tree every checkpoint loader returns and training uses; "out_in" ([out, in],
+# what Hugging Face and GGUF files hold) is the decode layout: a product with
+# few rows (M = 1 decode steps, M = G + 1 scoring calls) then reduces along the
+# kernel's minor dimension, which XLA runs as a dot of contiguous rows instead
+# of a strided column reduction (see ``models.decoder.decode_layout``).
+IN_OUT, OUT_IN = "in_out", "out_in"
+KERNEL_LAYOUTS = (IN_OUT, OUT_IN)
+
+
+class Linear(nn.Module):
+    """``y = x W (+ b)`` with ``W`` stored in ``kernel_layout`` (names and
+    initialisation of ``nn.Dense`` in the default layout: ``kernel``,
+    ``bias``)."""
+
+    features: int
+    use_bias: bool = False
+    kernel_layout: str = IN_OUT
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    precision: str | None = None
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        fan_in = x.shape[-1]
+        if self.kernel_layout == OUT_IN:
+            init = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2)
+            kernel = self.param("kernel", init, (self.features, fan_in), self.param_dtype)
+            equation = "...i,oi->...o"
+        else:
+            kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                                (fan_in, self.features), self.param_dtype)
+            equation = "...i,io->...o"
+        y = jnp.einsum(equation, x.astype(self.dtype), kernel.astype(self.dtype),
+                       precision=self.precision)
+        if self.use_bias:
+            bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y

@@ -28,7 +28,7 @@ from specdec_jax.progress import tqdm
 from specdec_jax.training import steps as steps_lib
 from specdec_jax.training.checkpointing import MetricsWriter, RunCheckpoints
 from specdec_jax.training.data import ArrayDataset
-from specdec_jax.training.forward import Batch, is_encoder_decoder, lm_loss
+from specdec_jax.training.forward import Batch, lm_loss
 from specdec_jax.training.optimizers import OptimizerConfig, make_optimizer
 
 Callback = Callable[[int, dict], None]
@@ -122,7 +122,7 @@ def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_
     if eval_data is not None:
         check_batch_size(eval_batch_size, mesh)
     if rules is None:
-        rules = sharding.T5_RULES if is_encoder_decoder(model) else sharding.DECODER_RULES
+        rules = sharding.rules_for(model)
     tx = make_optimizer(optimizer)
     workdir = pathlib.Path(workdir)
     state = steps_lib.init_state(sharding.shard_params(params, mesh, rules), tx,
