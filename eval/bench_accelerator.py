@@ -104,10 +104,10 @@ def parse_args(argv=None):
 
 def build_models(args, dtype: str) -> dict:
     """name -> (model, params): the target and the drafter (independent weights)."""
-    if args.random_weights:
-        return {"target": load.random_model(args.target, dtype, seed=0),
-                "drafter": load.random_model(args.drafter, dtype, seed=1)}
-    return {role: load.load_model(name, dtype)[:2]
+    if args.random_weights:  # in the layout the library decodes with, as loads give it
+        return {"target": api.decode_layout(*load.random_model(args.target, dtype, seed=0)),
+                "drafter": api.decode_layout(*load.random_model(args.drafter, dtype, seed=1))}
+    return {role: load.load_for_decoding(name, dtype)[:2]
             for role, name in (("target", args.target), ("drafter", args.drafter))}
 
 

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from specdec_jax import api, batching, timing
-from specdec_jax.checkpoints.load import load_model
+from specdec_jax.checkpoints.load import load_for_decoding
 from specdec_jax.data import humaneval
 from specdec_jax.progress import tqdm
 
@@ -117,8 +117,8 @@ def decode_all(fn, params, prompts, batch_size, width_bucket, compiled_by_width,
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
-    target, target_params, tok = load_model(args.target, dtype=args.dtype)
-    drafter, drafter_params, _ = load_model(args.drafter, dtype=args.dtype)
+    target, target_params, tok = load_for_decoding(args.target, dtype=args.dtype)
+    drafter, drafter_params, _ = load_for_decoding(args.drafter, dtype=args.dtype)
     load_s = time.perf_counter() - start
     texts = humaneval.load_prompts(max(max(args.batch_sizes), args.min_prompts))
     prompts = [tok.encode(t) for t in texts]

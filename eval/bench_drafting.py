@@ -39,7 +39,7 @@ import numpy as np
 from bench_verifiers import mean_ci, wallclock
 
 from specdec_jax import api, drafting, timing
-from specdec_jax.checkpoints.load import load_model
+from specdec_jax.checkpoints.load import load_for_decoding
 from specdec_jax.data import humaneval
 from specdec_jax.decoding import Prefilled, SpeculativeDecoder, initial_history
 from specdec_jax.drafting import bigram
@@ -314,8 +314,8 @@ def main(argv=None) -> int:
         "num_prompts", "max_new_tokens", "batch_size", "wallclock_prompts")}
     save = lambda: timing.write_report(report, args.out)
 
-    target, target_params, tok = load_model(args.target)
-    drafter_model, drafter_params, _ = load_model(DRAFTER)
+    target, target_params, tok = load_for_decoding(args.target)
+    drafter_model, drafter_params, _ = load_for_decoding(DRAFTER)
     table = jnp.asarray(bigram.load_table("qwen2.5-coder", target.vocab_size))
     models = {DRAFTER: drafter_model}
     named = {DRAFTER: drafter_params, "mag": table}

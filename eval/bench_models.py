@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import psutil
 
-from specdec_jax import timing
+from specdec_jax import api, timing
 from specdec_jax.checkpoints import registry
 from specdec_jax.checkpoints.load import load_model
 
@@ -41,6 +41,7 @@ def ours(name):
     jax.block_until_ready(params)
     load_s, mem = time.perf_counter() - start, rss() - before
     row = {"load_s": load_s, "rss_gb": mem / 2**30}
+    model, params = api.decode_layout(model, params)  # as the decoders run it (after the load)
     fn = jax.jit(lambda p, t, c: model.extend(p, t, c).logits)
     for k in (1, 6):
         cache = model.init_cache(1, FILL + 8).replace(lengths=jnp.array([FILL], jnp.int32))

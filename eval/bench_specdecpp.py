@@ -304,7 +304,8 @@ def main(argv=None):
     args = parse_args(argv)
     pair = study.load_pair(target=args.target, drafter=args.drafter)
     head, head_params, meta = load_head(args.head, drafter_name=args.drafter,
-                                        drafter_params=pair.drafter_params)
+                                        drafter_params=pair.drafter_params,
+                                        drafter=pair.drafter)
     prompts = [pair.encode(p) for p in humaneval.load_prompts(args.num_prompts)]
     runner = Runner(pair, head, head_params, args)
     configs = configurations(args)

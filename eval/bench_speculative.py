@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from specdec_jax import api, timing
-from specdec_jax.checkpoints.load import load_model
+from specdec_jax.checkpoints.load import load_for_decoding
 from specdec_jax.data import humaneval
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.progress import tqdm
@@ -117,8 +117,8 @@ def peer_assisted(target_path, drafter_path, prompts, gamma, max_new_tokens):
 
 def main(argv=None):
     args = parse_args(argv)
-    target, target_params, tok = load_model(args.target)
-    drafter, drafter_params, _ = load_model(args.drafter)
+    target, target_params, tok = load_for_decoding(args.target)
+    drafter, drafter_params, _ = load_for_decoding(args.drafter)
     prompts = [tok.encode(p) for p in humaneval.load_prompts(args.num_prompts)]
     width = max(len(p) for p in prompts)
     params = (target_params, drafter_params)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import api, timing
-from specdec_jax.checkpoints.load import load_model
+from specdec_jax.checkpoints.load import load_for_decoding
 from specdec_jax.data import humaneval
 from specdec_jax.decoding import required_cache_length
 from specdec_jax.models.interface import make_prompt
@@ -145,8 +145,8 @@ def verifier_kernel_seconds(name, gamma, vocab, repeats=50):
 
 def main(argv=None):
     args = parse_args(argv)
-    target, target_params, tok = load_model(args.target)
-    drafter, drafter_params, _ = load_model(args.drafter)
+    target, target_params, tok = load_for_decoding(args.target)
+    drafter, drafter_params, _ = load_for_decoding(args.drafter)
     prompts = [tok.encode(p) for p in humaneval.load_prompts(args.num_prompts)]
     width = max(len(p) for p in prompts)
     params = (target_params, drafter_params)

@@ -130,7 +130,7 @@ def check_spec(spec: str, k_matrix: str | None) -> None:
 
 def _load_drafter(args, spec: str, names, target, tokenizer):
     """Loads every model a draft spec names; returns (strategy, its params)."""
-    from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415 (heavy import)
+    from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415 (heavy import)
     from specdec_jax.drafting import bigram  # noqa: PLC0415
 
     models, named = {}, {}
@@ -138,7 +138,7 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
         if name == drafting.spec.MAG:
             named[name] = bigram.load_table(args.bigram, target.vocab_size)
             continue
-        model, params, tok = load_model(name)
+        model, params, tok = load_for_decoding(name)
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
@@ -151,7 +151,7 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
 
 
 def run(args) -> int:
-    from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415 (heavy import)
+    from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415 (heavy import)
 
     prompts = read_prompts(args)
     if args.method != "autoregressive":
@@ -161,7 +161,7 @@ def run(args) -> int:
     spec = args.draft or args.drafter
     check_spec(spec, args.k_matrix)
     names = drafting.parse_spec(spec)
-    target, target_params, tokenizer = load_model(args.target)
+    target, target_params, tokenizer = load_for_decoding(args.target)
     drafter = drafter_params = None
     if args.method != "autoregressive":
         drafter, drafter_params = _load_drafter(args, spec, names, target, tokenizer)

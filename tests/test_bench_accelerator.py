@@ -132,3 +132,17 @@ def test_bench_speculative_subtracts_prefills_and_counts_drafter_calls(tiny_arch
     assert 0 < row["prefill_s"] < row["seconds"]
     assert row["decode_s"] == pytest.approx(row["seconds"] - row["prefill_s"])
     assert row["drafter_calls"] >= 3 * row["target_calls"] and len(outputs) == 2
+
+
+def test_bench_scoring_times_both_kernel_layouts_in_one_process(tiny_architectures):
+    """bench_scoring measures each K in each kernel layout on the same random
+    weights, against the limits measured in the same process."""
+    import bench_scoring  # noqa: PLC0415
+
+    report = bench_scoring.measure("tiny-drafter", [1, 3], "", ["in_out", "out_in"], True)
+    assert list(report["steps"]) == ["in_out K=1", "in_out K=3", "out_in K=1", "out_in K=3"]
+    for row in report["steps"].values():
+        assert row["step_s"] > 0 and row["over_limit"] > 0
+    assert report["steps"]["out_in K=1"]["over_k1"] == 1.0 and report["random_weights"]
+    text = bench_scoring.markdown({"model": "tiny-drafter", "variants": [report]})
+    assert "| out_in | 3 |" in text and "random weights" in text

@@ -182,6 +182,23 @@ def test_head_saves_with_its_drafter_and_refuses_another(tmp_path):
     with pytest.raises(ValueError, match="not for 'qwen"):
         load_head(tmp_path / "head", drafter_name="qwen2.5-coder-0.5b",
                   drafter_params=DRAFTER_PARAMS)
+    # The same drafter in the decode layout ([out, in] kernels) is the same
+    # weights: its fingerprint, read through the model's layout, matches.
+    import specdec_jax as sj
+    decoder = sj.DecoderOnlyLM(sj.DecoderConfig(vocab_size=V, hidden_size=8,
+                                                intermediate_size=16, num_layers=1, num_heads=2,
+                                                num_kv_heads=1))
+    decoder_params = decoder.init_params(jax.random.PRNGKey(3))
+    save_head(tmp_path / "decoder-head", HEAD, params, drafter_name="toy",
+              fingerprint=drafter_fingerprint(decoder_params))
+    laid_model, laid = sj.decode_layout(decoder, decoder_params)
+    assert laid_model.config.kernel_layout == "out_in"
+    assert drafter_fingerprint(laid, laid_model) == drafter_fingerprint(decoder_params)
+    assert drafter_fingerprint(laid) != drafter_fingerprint(decoder_params)  # layout unread
+    load_head(tmp_path / "decoder-head", drafter_name="toy", drafter_params=laid,
+              drafter=laid_model)
+    with pytest.raises(ValueError, match="trained for drafter 'toy'"):
+        load_head(tmp_path / "decoder-head", drafter_name="toy", drafter_params=laid)
 
 
 def test_bad_settings_fail_with_the_fix():

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from specdec_jax.checkpoints.tree_paths import check_shapes, get_path, set_path
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.layers import IN_OUT
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -110,7 +111,10 @@ def decoder_params_from_hf(state: Mapping[str, Any], cfg: DecoderConfig) -> dict
 
 
 def decoder_params_to_hf(params: Mapping[str, Any], cfg: DecoderConfig) -> dict[str, np.ndarray]:
-    """Inverse of :func:`decoder_params_from_hf` (for exporting trained drafters)."""
+    """Inverse of :func:`decoder_params_from_hf` (for exporting trained drafters).
+    Parameters in the decode layout (``cfg.kernel_layout == "out_in"``) are
+    exported alike."""
+    _, params = with_kernel_layout(DecoderOnlyLM(cfg), params, IN_OUT)
     state = {"model.embed_tokens.weight": params["embedder"]["embedding"],
              "model.norm.weight": params["decoder_norm"]["scale"]}
     for i in range(cfg.num_layers):

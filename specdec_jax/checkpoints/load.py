@@ -65,6 +65,17 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
     return DecoderOnlyLM(cfg), params, tok
 
 
+def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None
+                      ) -> tuple[DecoderOnlyLM, Any, Any]:
+    """``load_model``, then the layout decoding runs fastest with
+    (``api.decode_layout``: dense kernels stored ``[out, in]``): what the
+    jobs, the CLI and the benchmarks decode with."""
+    from specdec_jax.api import decode_layout  # noqa: PLC0415
+
+    model, params, tok = load_model(name_or_path, dtype, mesh=mesh)
+    return (*decode_layout(model, params), tok)
+
+
 def random_model(name: str, dtype: str = "auto", seed: int = 0) -> tuple[DecoderOnlyLM, Any]:
     """A model of a named architecture's exact shapes with random weights.
 

@@ -59,16 +59,23 @@ def check_shapes(params: Mapping[str, Any], init_params: Callable) -> None:
                          "it is another architecture or the config is wrong.")
 
 
-def params_fingerprint(params: Any) -> str:
+def params_fingerprint(params: Any, kernel_layout: str = "in_out") -> str:
     """sha256 over every leaf's path, shape, dtype and its first and last
     ``FINGERPRINT_VALUES`` values: equal for the same weights, different for
     another checkpoint or architecture (what a SpecDec++ head or a stored
-    sweep records of the weights it was made with)."""
+    sweep records of the weights it was made with).
+
+    Parameters in the decode layout (``kernel_layout="out_in"``, every
+    ``kernel`` stored transposed) are fingerprinted as their documented
+    ``[in, out]`` form, so the fingerprint names the weights, not the layout."""
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         array = np.asarray(leaf)
-        flat = array.reshape(-1)
+        if kernel_layout == "out_in" and getattr(path[-1], "key", None) == "kernel":
+            array = array.T  # a view: only the values hashed below are read
+        size = array.size
         digest.update(f"{jax.tree_util.keystr(path)}|{array.shape}|{array.dtype}|".encode())
-        digest.update(np.ascontiguousarray(flat[:FINGERPRINT_VALUES]).tobytes())
-        digest.update(np.ascontiguousarray(flat[-FINGERPRINT_VALUES:]).tobytes())
+        digest.update(np.ascontiguousarray(array.flat[:FINGERPRINT_VALUES]).tobytes())
+        digest.update(np.ascontiguousarray(
+            array.flat[max(size - FINGERPRINT_VALUES, 0):]).tobytes())
     return digest.hexdigest()

@@ -86,11 +86,11 @@ def _load_pair(*, target: str, drafter: str, dtype: str, stop_at_block_end: bool
 
     if t5_pair.is_member(target) or t5_pair.is_member(drafter):
         return _t5_pair(target, drafter)
-    from specdec_jax.checkpoints.load import load_model  # noqa: PLC0415
+    from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415
     from specdec_jax.data.humaneval import end_of_block_stop  # noqa: PLC0415
 
-    t, tp, tok = load_model(target, dtype=dtype, mesh=mesh)
-    d, dp, drafter_tok = load_model(drafter, dtype=dtype, mesh=mesh)
+    t, tp, tok = load_for_decoding(target, dtype=dtype, mesh=mesh)
+    d, dp, drafter_tok = load_for_decoding(drafter, dtype=dtype, mesh=mesh)
     if t.vocab_size != d.vocab_size:
         raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
                          "do not share a vocabulary; pick a drafter of the target's family.")

@@ -105,9 +105,13 @@ def _batches(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], batch_siz
 
 
 def pair_record(*, target_name: str, target_params: Any, drafter_name: str,
-                drafter_params: Any) -> dict:
-    return {"target": target_name, "target_fingerprint": drafter_fingerprint(target_params),
-            "drafter": drafter_name, "drafter_fingerprint": drafter_fingerprint(drafter_params)}
+                drafter_params: Any, target: Any = None, drafter: Any = None) -> dict:
+    """Names and weight fingerprints of a pair (the models, when given, tell
+    their kernel layout)."""
+    return {"target": target_name,
+            "target_fingerprint": drafter_fingerprint(target_params, target),
+            "drafter": drafter_name,
+            "drafter_fingerprint": drafter_fingerprint(drafter_params, drafter)}
 
 
 def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.checkpoints.tree_paths import params_fingerprint as drafter_fingerprint
+from specdec_jax.checkpoints.tree_paths import params_fingerprint
 
 META_FILE = "head.json"
 PARAMS_DIR = "params"
@@ -102,12 +102,20 @@ def save_head(path: str | os.PathLike, head: AcceptanceHead, params: dict, *,
     return path
 
 
-def load_head(path: str | os.PathLike, *, drafter_name: str, drafter_params: Any
-              ) -> tuple[AcceptanceHead, dict, dict]:
+def drafter_fingerprint(params: Any, model: Any = None) -> str:
+    """The fingerprint of a model's weights, whatever their kernel layout
+    (``model``, when given, says it; see ``tree_paths.params_fingerprint``)."""
+    layout = getattr(getattr(model, "config", None), "kernel_layout", "in_out")
+    return params_fingerprint(params, layout)
+
+
+def load_head(path: str | os.PathLike, *, drafter_name: str, drafter_params: Any,
+              drafter: Any = None) -> tuple[AcceptanceHead, dict, dict]:
     """(head, params, metadata) of a saved head; an error if it was trained for
-    another drafter (by name or by weights) or the drafter's hidden size differs."""
+    another drafter (by name or by weights) or the drafter's hidden size differs.
+    ``drafter`` (the model) tells the kernel layout of ``drafter_params``."""
     return load_head_for(path, drafter_name=drafter_name,
-                         fingerprint=drafter_fingerprint(drafter_params))
+                         fingerprint=drafter_fingerprint(drafter_params, drafter))
 
 
 def load_head_for(path: str | os.PathLike, *, drafter_name: str, fingerprint: str

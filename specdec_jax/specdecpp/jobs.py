@@ -50,7 +50,8 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
     pair = study.load_pair(target=target, drafter=drafter, dtype=dtype)
     prompts = [pair.encode(prompt) for _, prompt, _ in chosen]
     identity = data_lib.pair_record(target_name=target, target_params=pair.target_params,
-                                    drafter_name=drafter, drafter_params=pair.drafter_params)
+                                    drafter_name=drafter, drafter_params=pair.drafter_params,
+                                    target=pair.target, drafter=pair.drafter)
     if source == "target":
         speculative = ({"drafter": pair.drafter, "drafter_params": pair.drafter_params}
                        if speculative_teacher else {})
