@@ -64,6 +64,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the autoregressive baseline (no speedup is printed)")
+    p.add_argument("--no-cost-model", action="store_true",
+                   help="skip timing the model steps that explain the speedup (saves "
+                        "three compilations)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.set_defaults(func=run)
 
@@ -98,6 +101,8 @@ def _summary(outputs, seconds: float, gamma: int, method: str,
                "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
                "block_efficiency": round(tokens / max(calls, 1), 3)}
     if gamma:
+        summary["drafter_calls"] = int(sum(int(np.asarray(o.stats.drafter_calls).sum())
+                                           for o in outputs))
         hist = sum(np.asarray(o.stats.accepted_histogram).sum(0) for o in outputs)
         mean_accepted = float((hist * np.arange(gamma + 1)).sum() / max(hist.sum(), 1))
         summary.update(mean_accepted=round(mean_accepted, 3),
@@ -107,6 +112,70 @@ def _summary(outputs, seconds: float, gamma: int, method: str,
         deferred = sum(float(np.asarray(o.stats.deferred_mass).sum()) for o in outputs)
         summary["deferral_rate"] = round(deferred / max(tokens, 1), 3)
     return summary
+
+
+# In-loop steps timed for the cost model: few, at a typical cache fill (a
+# step's cost barely moves with the fill at these lengths).
+COST_MODEL_STEPS, COST_MODEL_FILL = 4, 64
+
+
+def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
+               speculative: dict, batch_size: int) -> dict | None:
+    """Why the speedup is what it is: the target's step (K = 1) and scoring
+    call (K = G + 1) and the drafter's step, each timed inside a jitted loop
+    (``timing.in_loop_step``), combined with the run's counters into the
+    predicted speedup ``tokens per target call x t_target(1) / (t_target(G+1)
+    + drafter calls per round x t_drafter)``. None when the drafter is not a
+    single model (a cascade's calls have several prices)."""
+    drafter_calls = speculative.get("drafter_calls", 0)
+    if drafter_calls and not hasattr(drafter, "extend"):
+        return None
+
+    def step(model, params, k):
+        return timing.in_loop_step(model, params, k, batch=batch_size, fill=COST_MODEL_FILL,
+                                   steps=COST_MODEL_STEPS, repeats=1).median_s
+
+    rounds = max(speculative["target_calls"], 1)
+    model = {"target_step_s": step(target, target_params, 1),
+             "scoring_call_s": step(target, target_params, gamma + 1),
+             "drafter_step_s": step(drafter, drafter_params, 1) if drafter_calls else 0.0,
+             "tokens_per_target_call": speculative["tokens"] / rounds,
+             "drafter_calls_per_round": drafter_calls / rounds}
+    round_s = (model["scoring_call_s"]
+               + model["drafter_calls_per_round"] * model["drafter_step_s"])
+    model["round_s"] = round_s
+    model["predicted_speedup"] = (model["tokens_per_target_call"] * model["target_step_s"]
+                                  / round_s)
+    # Tokens per target call at which a round would just pay for itself.
+    model["break_even_tokens_per_call"] = round_s / model["target_step_s"]
+    return model
+
+
+def explain(model: dict, measured: float | None, gamma: int) -> str:
+    """The cost model as a small table, and plainly whether speculation pays here."""
+    m = model
+    step = m["target_step_s"]
+    measured_text = (f" (measured {measured}x: prefill and the loop included)"
+                     if measured is not None else "")
+    lines = [
+        "cost model (model steps timed inside jitted loops on this machine):",
+        f"  tokens per target call    {m['tokens_per_target_call']:.2f}",
+        f"  target step, 1 token      {1e3 * step:.0f} ms",
+        f"  scoring call, {gamma + 1} tokens    {1e3 * m['scoring_call_s']:.0f} ms "
+        f"({m['scoring_call_s'] / step:.2f}x a step)",
+        f"  drafter steps per round   {m['drafter_calls_per_round']:.2f} x "
+        f"{1e3 * m['drafter_step_s']:.0f} ms ({m['drafter_step_s'] / step:.2f}x a target step)",
+        f"  round                     {1e3 * m['round_s']:.0f} ms for "
+        f"{m['tokens_per_target_call']:.2f} tokens -> predicted speedup "
+        f"{m['predicted_speedup']:.2f}x{measured_text}"]
+    if m["predicted_speedup"] < 1 or (measured is not None and measured < 1):
+        lines.append(
+            f"speculative decoding does not pay on this machine in this configuration: a round "
+            f"would need {m['break_even_tokens_per_call']:.2f} tokens per target call to break "
+            f"even (it got {m['tokens_per_target_call']:.2f}). A cheaper drafter (--draft mag), "
+            "another --gamma, or an accelerator (where a scoring call costs about one step) "
+            "changes that.")
+    return "\n".join(lines)
 
 
 def check_spec(spec: str, k_matrix: str | None) -> None:
@@ -203,10 +272,16 @@ def run(args) -> int:
               "lenience": args.lenience, "method": args.method,
               "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier,
               "temperature": args.temperature, "results": results,
-              "environment": timing.environment(), "precision": "float32"}
+              "environment": timing.environment(),
+              "precision": str(getattr(getattr(target, "config", None), "dtype", "float32"))}
     if "autoregressive" in results and args.method != "autoregressive":
         report["speedup_vs_autoregressive"] = round(
             results["autoregressive"]["seconds"] / results[args.method]["seconds"], 3)
+    if gamma and not args.no_cost_model:
+        report["cost_model"] = cost_model(
+            target=target, target_params=target_params, drafter=drafter,
+            drafter_params=drafter_params, gamma=gamma, speculative=results[args.method],
+            batch_size=args.batch_size)
     if args.json:
         report["completions"] = texts_out
         json.dump(report, sys.stdout, indent=2)
@@ -220,6 +295,8 @@ def run(args) -> int:
     if "speedup_vs_autoregressive" in report:
         machine = report["environment"]["machine"]
         print(f"speedup over autoregressive {args.target}: "
-              f"{report['speedup_vs_autoregressive']}x (same run; {machine}, float32, "
-              "compile time excluded)")
+              f"{report['speedup_vs_autoregressive']}x (same run; {machine}, "
+              f"{report['precision']}, compile time excluded)")
+    if report.get("cost_model"):
+        print(explain(report["cost_model"], report.get("speedup_vs_autoregressive"), gamma))
     return 0

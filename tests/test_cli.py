@@ -73,3 +73,40 @@ def test_rows_that_pad_the_last_batch_are_not_counted():
         np.asarray(out.stats.accepted_histogram)[0].tolist()
     assert first_row["deferral_rate"] == round(
         float(np.asarray(out.stats.deferred_mass)[0]) / first_row["tokens"], 3)
+
+
+def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay():
+    """The printed cost model combines the run's counters with in-loop step
+    times; it says plainly when speculation cannot pay, and only then."""
+    import jax
+    import numpy as np
+    import pytest
+
+    from specdec_jax import api, cli_generate
+    from specdec_jax.models.toy import TableLM
+
+    model = TableLM(vocab_size=8, order=1)
+    target_params = model.init_params(jax.random.PRNGKey(0))
+    drafter_params = model.init_params(jax.random.PRNGKey(1))
+    out = api.generate(target=model, target_params=target_params, drafter=model,
+                       drafter_params=drafter_params, prompts=[[1, 2]], method="specdecode",
+                       gamma=3, max_new_tokens=12)
+    summary = cli_generate._summary([out], 1.0, 3, "specdecode")
+    assert summary["drafter_calls"] == int(np.asarray(out.stats.drafter_calls).sum()) > 0
+    costs = cli_generate.cost_model(target=model, target_params=target_params, drafter=model,
+                                    drafter_params=drafter_params, gamma=3,
+                                    speculative=summary, batch_size=1)
+    rounds = summary["target_calls"]
+    assert costs["tokens_per_target_call"] == pytest.approx(summary["tokens"] / rounds)
+    assert costs["drafter_calls_per_round"] == pytest.approx(summary["drafter_calls"] / rounds)
+    assert costs["predicted_speedup"] == pytest.approx(
+        costs["tokens_per_target_call"] * costs["target_step_s"]
+        / (costs["scoring_call_s"] + costs["drafter_calls_per_round"] * costs["drafter_step_s"]))
+    paying = dict(costs, predicted_speedup=1.4)
+    text = cli_generate.explain(paying, 1.2, 3)
+    assert "scoring call, 4 tokens" in text and "predicted speedup 1.40x" in text
+    assert "measured 1.2x" in text and "does not pay" not in text
+    losing = dict(costs, predicted_speedup=0.8, break_even_tokens_per_call=3.5)
+    assert "does not pay on this machine" in cli_generate.explain(losing, 0.9, 3)
+    assert "3.50 tokens per target call" in cli_generate.explain(losing, 0.9, 3)
+    assert "does not pay" in cli_generate.explain(paying, 0.95, 3)  # measured loses
