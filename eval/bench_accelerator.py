@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import time
 import warnings
 
@@ -56,6 +57,7 @@ import numpy as np
 
 from specdec_jax import api, precision, timing
 from specdec_jax.checkpoints import load
+from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.progress import tqdm
 
@@ -86,6 +88,12 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=32, help="steps per in-loop timing")
     p.add_argument("--repeats", type=int, default=5,
                    help="timed repeats (in-loop) and prompts (decoding)")
+    p.add_argument("--kernel-layout", default="out_in", choices=["out_in", "in_out"],
+                   help="dense kernels while decoding: out_in (sj.decode_layout, the "
+                        "library's way) or in_out (the checkpoint tree)")
+    p.add_argument("--matmul-kernel", default="xla", choices=["xla", "pallas"],
+                   help="few-row products of out_in kernels: XLA's dot or the Pallas "
+                        "program of specdec_jax.kernels (Triton on GPUs)")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(MEASURED_ACCEPTANCE))
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
                    help="transformers variants to time (none: skip the peer)")
@@ -98,17 +106,23 @@ def parse_args(argv=None):
         p.error("--prompt-len must be >= 2 and --max-new-tokens >= 1.")
     if not all(0 <= a < 1 for a in args.acceptance):
         p.error("--acceptance rates must lie in [0, 1).")
+    if args.matmul_kernel == "pallas" and args.kernel_layout != "out_in":
+        p.error("--matmul-kernel pallas multiplies out_in kernels; use --kernel-layout out_in.")
     args.dtypes = [precision.resolve_dtype(d) for d in args.dtypes]
     return args
 
 
 def build_models(args, dtype: str) -> dict:
-    """name -> (model, params): the target and the drafter (independent weights)."""
-    if args.random_weights:  # in the layout the library decodes with, as loads give it
-        return {"target": api.decode_layout(*load.random_model(args.target, dtype, seed=0)),
-                "drafter": api.decode_layout(*load.random_model(args.drafter, dtype, seed=1))}
-    return {role: load.load_for_decoding(name, dtype)[:2]
-            for role, name in (("target", args.target), ("drafter", args.drafter))}
+    """name -> (model, params): the target and the drafter (independent weights),
+    in ``--kernel-layout`` with ``--matmul-kernel``."""
+    models = {}
+    for role, name, seed in (("target", args.target, 0), ("drafter", args.drafter, 1)):
+        model, params = (load.random_model(name, dtype, seed=seed) if args.random_weights
+                         else load.load_model(name, dtype)[:2])
+        model, params = with_kernel_layout(model, params, args.kernel_layout)
+        config = dataclasses.replace(model.config, matmul_kernel=args.matmul_kernel)
+        models[role] = (DecoderOnlyLM(config), params)
+    return models
 
 
 def weight_bytes(params) -> int:
@@ -409,8 +423,9 @@ def markdown(report: dict) -> str:
     env, s = report["environment"], report["settings"]
     weights = "random weights of the exact shapes" if s["random_weights"] else "real weights"
     lines = [f"{s['target']} <- {s['drafter']} ({weights}); prompt {s['prompt_len']} tokens, "
-             f"{s['max_new_tokens']} new tokens, greedy; {env['machine']}, jax {env['jax']}.",
-             ""]
+             f"{s['max_new_tokens']} new tokens, greedy; kernels "
+             f"{s.get('kernel_layout', 'in_out')}, matmul {s.get('matmul_kernel', 'xla')}; "
+             f"{env['machine']}, jax {env['jax']}.", ""]
     for dtype, sec in report["by_dtype"].items():
         lim = sec["limits"]
         lines += [f"### {dtype} ({report['backend']})", "",

@@ -64,6 +64,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the autoregressive baseline (no speedup is printed)")
+    p.add_argument("--kernel-layout", default="out_in", choices=["out_in", "in_out"],
+                   help="how dense kernels are stored while decoding: out_in (default, "
+                        "faster) or in_out (the checkpoint tree; to measure the difference)")
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip timing the model steps that explain the speedup (saves "
                         "three compilations)")
@@ -207,7 +210,7 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
         if name == drafting.spec.MAG:
             named[name] = bigram.load_table(args.bigram, target.vocab_size)
             continue
-        model, params, tok = load_for_decoding(name)
+        model, params, tok = load_for_decoding(name, kernel_layout=args.kernel_layout)
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
@@ -230,7 +233,8 @@ def run(args) -> int:
     spec = args.draft or args.drafter
     check_spec(spec, args.k_matrix)
     names = drafting.parse_spec(spec)
-    target, target_params, tokenizer = load_for_decoding(args.target)
+    target, target_params, tokenizer = load_for_decoding(args.target,
+                                                         kernel_layout=args.kernel_layout)
     drafter = drafter_params = None
     if args.method != "autoregressive":
         drafter, drafter_params = _load_drafter(args, spec, names, target, tokenizer)
@@ -271,7 +275,8 @@ def run(args) -> int:
     report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
               "lenience": args.lenience, "method": args.method,
               "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier,
-              "temperature": args.temperature, "results": results,
+              "temperature": args.temperature, "kernel_layout": args.kernel_layout,
+              "results": results,
               "environment": timing.environment(),
               "precision": str(getattr(getattr(target, "config", None), "dtype", "float32"))}
     if "autoregressive" in results and args.method != "autoregressive":

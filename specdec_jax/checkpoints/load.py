@@ -65,15 +65,16 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
     return DecoderOnlyLM(cfg), params, tok
 
 
-def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None
-                      ) -> tuple[DecoderOnlyLM, Any, Any]:
-    """``load_model``, then the layout decoding runs fastest with
-    (``api.decode_layout``: dense kernels stored ``[out, in]``): what the
-    jobs, the CLI and the benchmarks decode with."""
-    from specdec_jax.api import decode_layout  # noqa: PLC0415
+def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None,
+                      kernel_layout: str = "out_in") -> tuple[DecoderOnlyLM, Any, Any]:
+    """``load_model``, then the kernel layout decoding runs fastest with
+    (``"out_in"``: ``api.decode_layout``); ``"in_out"`` keeps the loaded tree
+    (the switch that measures the difference). What the jobs, the CLI and the
+    benchmarks decode with."""
+    from specdec_jax.models.decoder import with_kernel_layout  # noqa: PLC0415
 
     model, params, tok = load_model(name_or_path, dtype, mesh=mesh)
-    return (*decode_layout(model, params), tok)
+    return (*with_kernel_layout(model, params, kernel_layout), tok)
 
 
 def random_model(name: str, dtype: str = "auto", seed: int = 0) -> tuple[DecoderOnlyLM, Any]:

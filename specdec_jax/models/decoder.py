@@ -24,6 +24,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import kernels
 from specdec_jax.models import interface
 from specdec_jax.models.interface import Prompt, StepOutput
 from specdec_jax.models.layers import (
@@ -62,11 +63,20 @@ class DecoderConfig:
     # How dense kernels are stored: "in_out" (the documented tree) or "out_in"
     # (the decode layout, faster for few-row products; see decode_layout).
     kernel_layout: str = IN_OUT
+    # Few-row products of out_in kernels: "xla" (XLA's dot) or "pallas"
+    # (specdec_jax.kernels.small_m_matmul; opt-in, written for GPUs).
+    matmul_kernel: str = kernels.XLA
 
     def __post_init__(self):
         if self.kernel_layout not in KERNEL_LAYOUTS:
             raise ValueError(f"DecoderConfig: kernel_layout={self.kernel_layout!r}; choose one "
                              f"of {', '.join(KERNEL_LAYOUTS)}.")
+        if self.matmul_kernel not in kernels.MATMUL_KERNELS:
+            raise ValueError(f"DecoderConfig: matmul_kernel={self.matmul_kernel!r}; choose one "
+                             f"of {', '.join(kernels.MATMUL_KERNELS)}.")
+        if self.matmul_kernel == kernels.PALLAS and self.kernel_layout != OUT_IN:
+            raise ValueError("DecoderConfig: matmul_kernel='pallas' multiplies kernels stored "
+                             "[out, in]; convert the model first (sj.decode_layout).")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"DecoderConfig: num_heads={self.num_heads} is not a multiple of "
@@ -93,7 +103,7 @@ class DecoderCache:
 def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = False) -> Linear:
     return Linear(features, use_bias=use_bias, kernel_layout=cfg.kernel_layout,
                   dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                  precision=cfg.matmul_precision, name=name)
+                  precision=cfg.matmul_precision, matmul_kernel=cfg.matmul_kernel, name=name)
 
 
 class _Attention(nn.Module):
@@ -177,7 +187,9 @@ class _DecoderNet(nn.Module):
             kernel = self.param("logits_dense_kernel",
                                 nn.initializers.lecun_normal(in_axis=-1, out_axis=-2),
                                 (cfg.vocab_size, cfg.hidden_size), jnp.dtype(cfg.param_dtype))
-            logits = jnp.matmul(h32, kernel.astype(jnp.float32).T, precision=cfg.matmul_precision)
+            logits = kernels.matmul_out_in(h32, kernel.astype(jnp.float32),
+                                           kernel=cfg.matmul_kernel,
+                                           precision=cfg.matmul_precision)
         else:
             kernel = self.param("logits_dense_kernel", nn.initializers.lecun_normal(),
                                 (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
@@ -299,4 +311,7 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN
         return transpose(leaf) if getattr(path[-1], "key", None) == "kernel" else leaf
 
     new_params = jax.tree_util.tree_map_with_path(convert, params)
-    return DecoderOnlyLM(dataclasses.replace(model.config, kernel_layout=layout)), new_params
+    # The Pallas kernel multiplies out_in kernels only: back in in_out, XLA's dot.
+    matmul_kernel = model.config.matmul_kernel if layout == OUT_IN else kernels.XLA
+    config = dataclasses.replace(model.config, kernel_layout=layout, matmul_kernel=matmul_kernel)
+    return DecoderOnlyLM(config), new_params

@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import kernels
+
 Array = jax.Array
 
 
@@ -91,6 +93,7 @@ class Linear(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     precision: str | None = None
+    matmul_kernel: str = kernels.XLA  # "pallas": kernels.small_m_matmul (out_in only)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -98,13 +101,13 @@ class Linear(nn.Module):
         if self.kernel_layout == OUT_IN:
             init = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2)
             kernel = self.param("kernel", init, (self.features, fan_in), self.param_dtype)
-            equation = "...i,oi->...o"
+            y = kernels.matmul_out_in(x.astype(self.dtype), kernel.astype(self.dtype),
+                                      kernel=self.matmul_kernel, precision=self.precision)
         else:
             kernel = self.param("kernel", nn.initializers.lecun_normal(),
                                 (fan_in, self.features), self.param_dtype)
-            equation = "...i,io->...o"
-        y = jnp.einsum(equation, x.astype(self.dtype), kernel.astype(self.dtype),
-                       precision=self.precision)
+            y = jnp.einsum("...i,io->...o", x.astype(self.dtype), kernel.astype(self.dtype),
+                           precision=self.precision)
         if self.use_bias:
             bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
             y = y + bias.astype(self.dtype)
