@@ -118,8 +118,9 @@ def _summary(outputs, seconds: float, gamma: int, method: str,
 
 
 # In-loop steps timed for the cost model: few, at a typical cache fill (a
-# step's cost barely moves with the fill at these lengths).
-COST_MODEL_STEPS, COST_MODEL_FILL = 4, 64
+# step's cost barely moves with the fill at these lengths), the median of a
+# few repeats (one sample on a shared machine can be off by 50%).
+COST_MODEL_STEPS, COST_MODEL_REPEATS, COST_MODEL_FILL = 4, 3, 64
 
 
 def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
@@ -136,7 +137,8 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
 
     def step(model, params, k):
         return timing.in_loop_step(model, params, k, batch=batch_size, fill=COST_MODEL_FILL,
-                                   steps=COST_MODEL_STEPS, repeats=1).median_s
+                                   steps=COST_MODEL_STEPS,
+                                   repeats=COST_MODEL_REPEATS).median_s
 
     rounds = max(speculative["target_calls"], 1)
     model = {"target_step_s": step(target, target_params, 1),
