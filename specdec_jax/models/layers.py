@@ -77,7 +77,7 @@ def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxS
 # what Hugging Face and GGUF files hold) is the decode layout: a product with
 # few rows (M = 1 decode steps, M = G + 1 scoring calls) then reduces along the
 # kernel's minor dimension, which XLA runs as a dot of contiguous rows instead
-# of a strided column reduction (see ``models.decoder.decode_layout``).
+# of a strided column reduction (see ``models.decoder.with_kernel_layout``).
 IN_OUT, OUT_IN = "in_out", "out_in"
 KERNEL_LAYOUTS = (IN_OUT, OUT_IN)
 
