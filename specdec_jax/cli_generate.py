@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from specdec_jax import api, batching, drafting, targets, timing
+from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
@@ -64,7 +65,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the autoregressive baseline (no speedup is printed)")
-    p.add_argument("--kernel-layout", default="out_in", choices=["out_in", "in_out"],
+    p.add_argument("--kernel-layout", default=OUT_IN, choices=KERNEL_LAYOUTS,
                    help="how dense kernels are stored while decoding: out_in (default, "
                         "faster) or in_out (the checkpoint tree; to measure the difference)")
     p.add_argument("--no-cost-model", action="store_true",

@@ -12,6 +12,7 @@ import numpy as np
 
 from specdec_jax.checkpoints import registry
 from specdec_jax.models.decoder import DecoderOnlyLM
+from specdec_jax.models.layers import OUT_IN
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None
@@ -66,7 +67,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
 
 
 def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None,
-                      kernel_layout: str = "out_in") -> tuple[DecoderOnlyLM, Any, Any]:
+                      kernel_layout: str = OUT_IN) -> tuple[DecoderOnlyLM, Any, Any]:
     """``load_model``, then the kernel layout decoding runs fastest with
     (``"out_in"``: ``api.decode_layout``); ``"in_out"`` keeps the loaded tree
     (the switch that measures the difference). What the jobs, the CLI and the

@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from specdec_jax.models.layers import IN_OUT, OUT_IN, is_kernel
+
 # Values of each leaf the fingerprint reads (from both ends): it tells weights apart
 # cheaply (a 0.5B model is hashed in milliseconds); it is not a tamper check.
 FINGERPRINT_VALUES = 4096
@@ -59,7 +61,7 @@ def check_shapes(params: Mapping[str, Any], init_params: Callable) -> None:
                          "it is another architecture or the config is wrong.")
 
 
-def params_fingerprint(params: Any, kernel_layout: str = "in_out") -> str:
+def params_fingerprint(params: Any, kernel_layout: str = IN_OUT) -> str:
     """sha256 over every leaf's path, shape, dtype and its first and last
     ``FINGERPRINT_VALUES`` values: equal for the same weights, different for
     another checkpoint or architecture (what a SpecDec++ head or a stored
@@ -71,7 +73,7 @@ def params_fingerprint(params: Any, kernel_layout: str = "in_out") -> str:
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         array = np.asarray(leaf)
-        if kernel_layout == "out_in" and getattr(path[-1], "key", None) == "kernel":
+        if kernel_layout == OUT_IN and is_kernel(path):
             array = array.T  # a view: only the values hashed below are read
         size = array.size
         digest.update(f"{jax.tree_util.keystr(path)}|{array.shape}|{array.dtype}|".encode())

@@ -33,6 +33,7 @@ from specdec_jax.models.layers import (
     OUT_IN,
     Linear,
     RMSNorm,
+    is_kernel,
     masked_softmax_attention,
     rotary_embedding,
 )
@@ -308,7 +309,7 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN
     transpose = jax.jit(jnp.transpose)
 
     def convert(path, leaf):
-        return transpose(leaf) if getattr(path[-1], "key", None) == "kernel" else leaf
+        return transpose(leaf) if is_kernel(path) else leaf
 
     new_params = jax.tree_util.tree_map_with_path(convert, params)
     # The Pallas kernel multiplies out_in kernels only: back in in_out, XLA's dot.

@@ -82,6 +82,12 @@ IN_OUT, OUT_IN = "in_out", "out_in"
 KERNEL_LAYOUTS = (IN_OUT, OUT_IN)
 
 
+def is_kernel(path) -> bool:
+    """Whether a ``tree_flatten_with_path`` path names a dense kernel (the
+    leaves a kernel layout transposes)."""
+    return getattr(path[-1], "key", None) == "kernel"
+
+
 class Linear(nn.Module):
     """``y = x W (+ b)`` with ``W`` stored in ``kernel_layout`` (names and
     initialisation of ``nn.Dense`` in the default layout: ``kernel``,

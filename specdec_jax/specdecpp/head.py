@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
+from specdec_jax.models.layers import IN_OUT
 
 META_FILE = "head.json"
 PARAMS_DIR = "params"
@@ -105,7 +106,7 @@ def save_head(path: str | os.PathLike, head: AcceptanceHead, params: dict, *,
 def drafter_fingerprint(params: Any, model: Any = None) -> str:
     """The fingerprint of a model's weights, whatever their kernel layout
     (``model``, when given, says it; see ``tree_paths.params_fingerprint``)."""
-    layout = getattr(getattr(model, "config", None), "kernel_layout", "in_out")
+    layout = getattr(getattr(model, "config", None), "kernel_layout", IN_OUT)
     return params_fingerprint(params, layout)
 
 
