@@ -68,8 +68,11 @@ def _program(x_ref, w_ref, out_ref, *, block_k: int, num_k: int):
 def small_m_matmul(x_MxK: jax.Array, w_NxK: jax.Array, *, interpret: bool | None = None
                    ) -> jax.Array:
     """``x @ w.T`` for few rows (``supports``); float32 accumulation, output in
-    ``x``'s dtype. ``interpret`` defaults to True off GPUs (Pallas has no CPU
-    compiler; interpret mode runs the same program with jax ops)."""
+    ``x``'s dtype. ``interpret`` defaults to True on CPU (Pallas has no CPU
+    compiler; interpret mode runs the same program with jax ops) and False on
+    GPU (Triton). Other backends must choose: the program has never been
+    lowered through Mosaic (TPU), and interpreting there would silently run
+    an emulation many times slower than XLA's dot."""
     from jax.experimental import pallas as pl  # noqa: PLC0415
 
     rows, k = x_MxK.shape
@@ -81,7 +84,13 @@ def small_m_matmul(x_MxK: jax.Array, w_NxK: jax.Array, *, interpret: bool | None
         raise ValueError(f"small_m_matmul covers 1..{MAX_ROWS} rows and dimensions divisible "
                          f"by 16; got [{rows}, {k}] x [{n}, {k}]^T (use the XLA path).")
     if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+        backend = jax.default_backend()
+        if backend not in ("cpu", "gpu"):
+            raise ValueError(f"the Pallas small-M matmul is written for GPUs (Triton) and runs "
+                             f"interpreted on CPU; on {backend!r} it is untested. Use "
+                             "matmul_kernel='xla' (XLA's dot), or pass interpret=True/False "
+                             "explicitly to try it.")
+        interpret = backend == "cpu"
     padded = _rows_padded(rows)
     x_pad = jnp.pad(x_MxK, ((0, padded - rows), (0, 0)))
     block_n, block_k = _block(n), _block(k)

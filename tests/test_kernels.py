@@ -64,3 +64,13 @@ def test_shapes_it_does_not_cover_take_the_xla_path_and_bad_input_is_named():
                               num_layers=1, num_heads=4, num_kv_heads=2)
     with pytest.raises(ValueError, match="convert the model first"):
         dataclasses.replace(config, matmul_kernel="pallas")
+
+
+def test_backends_other_than_cpu_and_gpu_must_choose_interpret_explicitly(monkeypatch):
+    """On a TPU the default would otherwise emulate the program silently."""
+    x, w = jnp.ones((2, 64)), jnp.ones((32, 64))
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    with pytest.raises(ValueError, match="on 'tpu' it is untested. Use matmul_kernel='xla'"):
+        kernels.small_m_matmul(x, w)
+    out = kernels.small_m_matmul(x, w, interpret=True)  # an explicit choice is honoured
+    np.testing.assert_allclose(np.asarray(out), np.full((2, 32), 64.0))
