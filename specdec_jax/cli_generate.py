@@ -127,11 +127,15 @@ COST_MODEL_STEPS, COST_MODEL_REPEATS, COST_MODEL_FILL = 4, 3, 64
 def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
                speculative: dict, batch_size: int) -> dict | None:
     """Why the speedup is what it is: the target's step (K = 1) and scoring
-    call (K = G + 1) and the drafter's step, each timed inside a jitted loop
-    (``timing.in_loop_step``), combined with the run's counters into the
-    predicted speedup ``tokens per target call x t_target(1) / (t_target(G+1)
-    + drafter calls per round x t_drafter)``. None when the drafter is not a
-    single model (a cascade's calls have several prices)."""
+    call (K = G + 1), the drafter's step and its 2-token catch-up call, each
+    timed inside a jitted loop (``timing.in_loop_step``), combined with the
+    run's counters into the predicted speedup ``tokens per target call x
+    t_target(1) / round``, ``round = t_target(G+1) + (drafter calls - catch-ups)
+    x t_drafter(1) + catch-ups x t_drafter(2)`` per round. A round after one that
+    accepted all G drafts opens with a 2-token drafter call (the last draft was
+    never fed; ``drafting.ModelDrafter``), which on a CPU costs about two steps;
+    the full-accept rounds of the run count them. None when the drafter is not
+    a single model (a cascade's calls have several prices)."""
     drafter_calls = speculative.get("drafter_calls", 0)
     if drafter_calls and not hasattr(drafter, "extend"):
         return None
@@ -142,13 +146,18 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
                                    repeats=COST_MODEL_REPEATS).median_s
 
     rounds = max(speculative["target_calls"], 1)
+    full_accepts = speculative["accepted_histogram"][gamma] if drafter_calls else 0
     model = {"target_step_s": step(target, target_params, 1),
              "scoring_call_s": step(target, target_params, gamma + 1),
              "drafter_step_s": step(drafter, drafter_params, 1) if drafter_calls else 0.0,
+             "drafter_catch_up_s": step(drafter, drafter_params, 2) if full_accepts else 0.0,
              "tokens_per_target_call": speculative["tokens"] / rounds,
-             "drafter_calls_per_round": drafter_calls / rounds}
+             "drafter_calls_per_round": drafter_calls / rounds,
+             "catch_ups_per_round": full_accepts / rounds}
     round_s = (model["scoring_call_s"]
-               + model["drafter_calls_per_round"] * model["drafter_step_s"])
+               + (model["drafter_calls_per_round"] - model["catch_ups_per_round"])
+               * model["drafter_step_s"]
+               + model["catch_ups_per_round"] * model["drafter_catch_up_s"])
     model["round_s"] = round_s
     model["predicted_speedup"] = (model["tokens_per_target_call"] * model["target_step_s"]
                                   / round_s)
@@ -169,8 +178,10 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
         f"  target step, 1 token      {1e3 * step:.0f} ms",
         f"  scoring call, {gamma + 1} tokens    {1e3 * m['scoring_call_s']:.0f} ms "
         f"({m['scoring_call_s'] / step:.2f}x a step)",
-        f"  drafter steps per round   {m['drafter_calls_per_round']:.2f} x "
-        f"{1e3 * m['drafter_step_s']:.0f} ms ({m['drafter_step_s'] / step:.2f}x a target step)",
+        f"  drafter calls per round   {m['drafter_calls_per_round']:.2f}, a step "
+        f"{1e3 * m['drafter_step_s']:.0f} ms ({m['drafter_step_s'] / step:.2f}x a target step)"
+        f"; {m['catch_ups_per_round']:.2f} of them 2-token catch-ups, "
+        f"{1e3 * m['drafter_catch_up_s']:.0f} ms each",
         f"  round                     {1e3 * m['round_s']:.0f} ms for "
         f"{m['tokens_per_target_call']:.2f} tokens -> predicted speedup "
         f"{m['predicted_speedup']:.2f}x{measured_text}"]

@@ -99,12 +99,33 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay():
     rounds = summary["target_calls"]
     assert costs["tokens_per_target_call"] == pytest.approx(summary["tokens"] / rounds)
     assert costs["drafter_calls_per_round"] == pytest.approx(summary["drafter_calls"] / rounds)
+    # Independent toy weights never accept a whole block: no catch-up to price.
+    assert summary["accepted_histogram"][3] == 0 and costs["catch_ups_per_round"] == 0
+    # The drafter = the target accepts every block: every round but the first catches up.
+    same = api.generate(target=model, target_params=target_params, drafter=model,
+                        drafter_params=target_params, prompts=[[1, 2]], method="specdecode",
+                        gamma=3, max_new_tokens=12)
+    same_summary = cli_generate._summary([same], 1.0, 3, "specdecode")
+    same_costs = cli_generate.cost_model(target=model, target_params=target_params,
+                                         drafter=model, drafter_params=target_params, gamma=3,
+                                         speculative=same_summary, batch_size=1)
+    same_rounds = same_summary["target_calls"]
+    assert same_summary["accepted_histogram"][3] == same_rounds > 1
+    assert same_costs["catch_ups_per_round"] == 1.0 and same_costs["drafter_catch_up_s"] > 0
+    assert same_costs["round_s"] == pytest.approx(
+        same_costs["scoring_call_s"]
+        + (same_costs["drafter_calls_per_round"] - 1) * same_costs["drafter_step_s"]
+        + same_costs["drafter_catch_up_s"])
     assert costs["predicted_speedup"] == pytest.approx(
         costs["tokens_per_target_call"] * costs["target_step_s"]
-        / (costs["scoring_call_s"] + costs["drafter_calls_per_round"] * costs["drafter_step_s"]))
+        / (costs["scoring_call_s"]
+           + (costs["drafter_calls_per_round"] - costs["catch_ups_per_round"])
+           * costs["drafter_step_s"]
+           + costs["catch_ups_per_round"] * costs["drafter_catch_up_s"]))
     paying = dict(costs, predicted_speedup=1.4)
     text = cli_generate.explain(paying, 1.2, 3)
     assert "scoring call, 4 tokens" in text and "predicted speedup 1.40x" in text
+    assert "2-token catch-ups" in text
     assert "measured 1.2x" in text and "does not pay" not in text
     losing = dict(costs, predicted_speedup=0.8, break_even_tokens_per_call=3.5)
     assert "does not pay on this machine" in cli_generate.explain(losing, 0.9, 3)
