@@ -133,9 +133,11 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
     t_target(1) / round``, ``round = t_target(G+1) + (drafter calls - catch-ups)
     x t_drafter(1) + catch-ups x t_drafter(2)`` per round. A round after one that
     accepted all G drafts opens with a 2-token drafter call (the last draft was
-    never fed; ``drafting.ModelDrafter``), which on a CPU costs about two steps;
-    the full-accept rounds of the run count them. None when the drafter is not
-    a single model (a cascade's calls have several prices)."""
+    never fed; ``drafting.ModelDrafter``), which on the 2-core CPU costs two to
+    three steps; the full-accept rounds of the run count them (a prompt's last
+    round has no successor, one too many; at batch > 1 the 2-token window runs
+    whenever any row lags, so more often than one row's count). None when the
+    drafter is not a single model (a cascade's calls have several prices)."""
     drafter_calls = speculative.get("drafter_calls", 0)
     if drafter_calls and not hasattr(drafter, "extend"):
         return None
