@@ -23,6 +23,9 @@ from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
+# The 0.5B drafter's tied head is 136 M of its 494 M parameters; 32,768 rows
+# cover every token of the ranking corpus (drafting.head_vocab).
+DEFAULT_HEAD_VOCAB = 32768
 # Code completions: the default pair is a code model pair.
 DEFAULT_PROMPTS = (
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -47,7 +50,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--lenience", type=float, default=1.0,
                    help="CS Drafting lenience between drafters (>= 1; never the target)")
     p.add_argument("--bigram", default="qwen2.5-coder",
-                   help="Max-Gram's bigram table: a packaged name or a .npz/.npy path")
+                   help="Max-Gram's bigram table: a packaged name or a .npz/.npy path "
+                        "(its corpus counts also rank --drafter-head-vocab)")
+    p.add_argument("--drafter-head-vocab", type=int, default=DEFAULT_HEAD_VOCAB,
+                   help="neural drafters score only this many of the most frequent tokens "
+                        "(FR-Spec; the output stays exact, a drafting step gets cheaper); 0 "
+                        f"keeps the full head (default {DEFAULT_HEAD_VOCAB})")
     p.add_argument("--method", default="specdecode", choices=targets.METHODS)
     p.add_argument("--alpha", type=float, default=0.0)
     p.add_argument("--beta", type=float, default=1.0, help="Lossy's beta")
@@ -142,17 +150,19 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
     if drafter_calls and not hasattr(drafter, "extend"):
         return None
 
-    def step(model, params, k):
+    def step(model, params, k, head_rows=None):
         return timing.in_loop_step(model, params, k, batch=batch_size, fill=COST_MODEL_FILL,
-                                   steps=COST_MODEL_STEPS,
-                                   repeats=COST_MODEL_REPEATS).median_s
+                                   steps=COST_MODEL_STEPS, repeats=COST_MODEL_REPEATS,
+                                   head_rows=head_rows).median_s
 
     rounds = max(speculative["target_calls"], 1)
     full_accepts = speculative["accepted_histogram"][gamma] if drafter_calls else 0
     model = {"target_step_s": step(target, target_params, 1),
              "scoring_call_s": step(target, target_params, gamma + 1),
              "drafter_step_s": step(drafter, drafter_params, 1) if drafter_calls else 0.0,
-             "drafter_catch_up_s": step(drafter, drafter_params, 2) if full_accepts else 0.0,
+             # The catch-up runs the output head at its last position only.
+             "drafter_catch_up_s": (step(drafter, drafter_params, 2, head_rows=1)
+                                    if full_accepts else 0.0),
              "tokens_per_target_call": speculative["tokens"] / rounds,
              "drafter_calls_per_round": drafter_calls / rounds,
              "catch_ups_per_round": full_accepts / rounds}
@@ -219,7 +229,7 @@ def check_spec(spec: str, k_matrix: str | None) -> None:
 def _load_drafter(args, spec: str, names, target, tokenizer):
     """Loads every model a draft spec names; returns (strategy, its params)."""
     from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415 (heavy import)
-    from specdec_jax.drafting import bigram  # noqa: PLC0415
+    from specdec_jax.drafting import bigram, head_vocab  # noqa: PLC0415
 
     models, named = {}, {}
     for name in names:
@@ -230,6 +240,14 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
+        try:
+            model, params = head_vocab.restrict(model, params, args.drafter_head_vocab,
+                                                eos_ids=tokenizer.eos_token_ids,
+                                                table=args.bigram)
+        except ValueError as error:
+            raise SystemExit(f"error: --drafter-head-vocab {args.drafter_head_vocab} for "
+                             f"{name}: {error} (--drafter-head-vocab 0 keeps its full "
+                             "head)") from error
         models[name], named[name] = model, params
     drafter = drafting.make_drafter(spec, models=models, vocab_size=target.vocab_size,
                                     k_matrix=args.k_matrix)
@@ -248,6 +266,9 @@ def run(args) -> int:
                              beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
     check_spec(spec, args.k_matrix)
+    if args.drafter_head_vocab < 0:
+        raise ValueError(f"--drafter-head-vocab {args.drafter_head_vocab}: pass a token count, "
+                         "or 0 for the full head.")
     names = drafting.parse_spec(spec)
     target, target_params, tokenizer = load_for_decoding(args.target,
                                                          kernel_layout=args.kernel_layout)
@@ -292,6 +313,7 @@ def run(args) -> int:
               "lenience": args.lenience, "method": args.method,
               "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier,
               "temperature": args.temperature, "kernel_layout": args.kernel_layout,
+              "drafter_head_vocab": args.drafter_head_vocab,
               "results": results,
               "environment": timing.environment(),
               "precision": str(getattr(getattr(target, "config", None), "dtype", "float32"))}

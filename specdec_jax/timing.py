@@ -70,9 +70,11 @@ def device_limits(dtype: str = "float32", nbytes: int = 2**30, matmul_n: int = 2
 
 
 def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: int = 32,
-                 repeats: int = 5) -> Timed:
+                 repeats: int = 5, head_rows: int | None = None) -> Timed:
     """Seconds of one ``extend`` of ``k`` tokens per row, measured as ``steps``
-    calls inside one jitted loop (``Timed.median_s`` is per step).
+    calls inside one jitted loop (``Timed.median_s`` is per step). With
+    ``head_rows`` only the last that many positions get logits (``logits_at``:
+    a drafter's catch-up call needs one).
 
     A host-dispatched single call carries the dispatch (1-2 ms on a GPU) that
     the decoding loop, itself one jitted program, never pays; so a round is
@@ -88,8 +90,11 @@ def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: 
     def run(params, tokens, cache):
         def body(_, carry):
             tokens, cache = carry
-            out = model.extend(params, tokens, cache)
-            return (jnp.argmax(out.logits, -1).astype(jnp.int32),
+            at = None if head_rows is None else jnp.broadcast_to(
+                jnp.arange(k - head_rows, k), (batch, head_rows))
+            out = model.extend(params, tokens, cache, logits_at=at)
+            chosen = jnp.argmax(out.logits, -1).astype(jnp.int32)
+            return (jnp.broadcast_to(chosen[:, -1:], (batch, k)),
                     out.cache.replace(lengths=cache.lengths))
         return jax.lax.fori_loop(0, steps, body, (tokens, cache))[0]
 

@@ -13,6 +13,7 @@ from specdec_jax import cli
      "upper-triangular"),
     (["--draft", "qwen2.5-coder-0.5b+mag", "--k-matrix", "[[2,-1],[0,10]]"], "negative"),
     (["--draft", "mag", "--lenience", "0.5"], "lenience must be >= 1"),
+    (["--drafter-head-vocab", "-1"], "--drafter-head-vocab -1: pass a token count"),
 ])
 def test_bad_draft_specs_exit_with_a_named_error(argv, message, capsys, monkeypatch):
     def no_loading(*args, **kwargs):

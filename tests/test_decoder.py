@@ -174,3 +174,23 @@ def test_bad_input_is_named(pair, bad, message):
             model.extend(params, jnp.asarray([[1, 64]]), cache)
         else:
             model.extend(params, jnp.asarray([[1], [2]]), cache)
+
+
+def test_logits_at_runs_the_head_on_the_chosen_positions_only(pair):
+    """``extend(..., logits_at)`` equals the full extend's rows at those
+    offsets, per row, with the same cache; N = 0 only fills the cache."""
+    _, model, params = pair
+    cache = model.prefill(params, make_prompt([[3, 17, 42], [5]]), model.init_cache(2, 16)).cache
+    tokens = jnp.asarray([[9, 60, 1, 33], [2, 8, 11, 4]])
+    full = model.extend(params, tokens, cache)
+    at = jnp.asarray([[3, 1], [0, 2]])
+    chosen = jax.jit(model.extend)(params, tokens, cache, logits_at=at)
+    for row in range(2):
+        np.testing.assert_allclose(np.asarray(chosen.logits[row]),
+                                   np.asarray(full.logits[row, at[row]]), atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(chosen.hidden[row]),
+                                   np.asarray(full.hidden[row, at[row]]), atol=TOL, rtol=0)
+    none = model.extend(params, tokens, cache, logits_at=jnp.zeros((2, 0), jnp.int32))
+    assert none.logits.shape == (2, 0, model.vocab_size)
+    for new, old in zip(jax.tree.leaves(none.cache), jax.tree.leaves(full.cache)):
+        np.testing.assert_allclose(np.asarray(new), np.asarray(old), atol=TOL, rtol=0)

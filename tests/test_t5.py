@@ -330,3 +330,18 @@ def test_accelerator_precision_reaches_every_t5_matmul(pair):
         dots = text.count("dot_general[")
         assert dots >= 4 * pair.model.config.num_encoder_layers
         assert text.count("Precision.HIGHEST") == (2 * dots if highest else 0)
+
+
+def test_logits_at_runs_the_head_on_the_chosen_positions_only(pair):
+    cache = pair.model.init_cache(2, MAX_LENGTH, MAX_INPUT_LENGTH)
+    cache = pair.prefill(pair.params, make_prompt([INPUT, [11, 12]]), cache).cache
+    tokens = jnp.asarray([[START, 9, 60, 1], [START, 8, 11, 4]])
+    full = pair.extend(pair.params, tokens, cache)
+    at = jnp.asarray([[3, 1], [0, 2]])
+    chosen = pair.extend(pair.params, tokens, cache, logits_at=at)
+    for row in range(2):
+        np.testing.assert_allclose(np.asarray(chosen.logits[row]),
+                                   np.asarray(full.logits[row, at[row]]), atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(chosen.hidden[row]),
+                                   np.asarray(full.hidden[row, at[row]]), atol=TOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(chosen.cache.lengths), [4, 4])

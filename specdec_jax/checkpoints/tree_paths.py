@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_jax.models.layers import IN_OUT, OUT_IN, is_kernel
+from specdec_jax.models.layers import HEAD_VOCAB, IN_OUT, OUT_IN, is_kernel
 
 # Values of each leaf the fingerprint reads (from both ends): it tells weights apart
 # cheaply (a 0.5B model is hashed in milliseconds); it is not a tamper check.
@@ -69,9 +69,13 @@ def params_fingerprint(params: Any, kernel_layout: str = IN_OUT) -> str:
 
     Parameters in the decode layout (``kernel_layout="out_in"``, every
     ``kernel`` stored transposed) are fingerprinted as their documented
-    ``[in, out]`` form, so the fingerprint names the weights, not the layout."""
+    ``[in, out]`` form, so the fingerprint names the weights, not the layout.
+    A restricted output head (``decoder.with_head_vocab``: rows copied from
+    the head) is skipped for the same reason."""
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if getattr(path[0], "key", None) == HEAD_VOCAB:
+            continue
         array = np.asarray(leaf)
         if kernel_layout == OUT_IN and is_kernel(path):
             array = array.T  # a view: only the values hashed below are read

@@ -185,7 +185,8 @@ def extend_from_history(model: LanguageModel, params, cache, context: Context,
         cache, calls_B = carry
         behind_B = length_B - cache.lengths > widest
         tokens = gather(cache.lengths[:, None] + jnp.arange(widest)[None, :])
-        out = model.extend(params, tokens, cache)
+        # Only the cache is kept: no position needs the output head.
+        out = model.extend(params, tokens, cache, logits_at=jnp.zeros((batch, 0), jnp.int32))
         lengths = jnp.where(behind_B, cache.lengths + widest, cache.lengths)
         return out.cache.replace(lengths=lengths), calls_B + behind_B.astype(jnp.int32)
 
@@ -199,11 +200,13 @@ def extend_from_history(model: LanguageModel, params, cache, context: Context,
             from_extra = jnp.clip(positions_BxW - length_B[:, None], 0, max(k - 1, 0))
             tokens = jnp.where(positions_BxW < length_B[:, None], gather(positions_BxW),
                                jnp.take_along_axis(extra_BxK, from_extra, axis=1) if k else 0)
-            out = model.extend(params, tokens.astype(jnp.int32), cache.replace(lengths=start_B))
             index_Bx1K = (length_B - 1 - start_B)[:, None] + jnp.arange(1 + k)[None, :]
-            logits = jnp.take_along_axis(out.logits, index_Bx1K[..., None], axis=1)
-            hidden = jnp.take_along_axis(out.hidden, index_Bx1K[..., None], axis=1)
-            return logits, hidden, out.cache.replace(lengths=length_B + k)
+            # The head runs on the 1 + K kept positions only: the re-fed tokens
+            # before the pending one only refill the cache (a catch-up call of
+            # width 2 would otherwise pay the 151,936-row Qwen head twice).
+            out = model.extend(params, tokens.astype(jnp.int32), cache.replace(lengths=start_B),
+                               logits_at=index_Bx1K)
+            return out.logits, out.hidden, out.cache.replace(lengths=length_B + k)
         return run
 
     sizes = sorted(set(widths))

@@ -1,6 +1,9 @@
 """Bigram tables for Max-Gram's no-match fallback: the most likely next token
 of every token id, counted over a real corpus.
 
+The same file stores the corpus's token counts (``load_unigram``), which rank
+the tokens a drafter's restricted output head keeps (``drafting.head_vocab``).
+
 Build (documented command; prints the sha256 to pin in ``TABLES``)::
 
     python -m specdec_jax.drafting.bigram --model qwen2.5-coder-0.5b \\
@@ -45,7 +48,7 @@ TABLES: dict[str, BigramSpec] = {spec.name: spec for spec in (
     BigramSpec(
         name="qwen2.5-coder",
         filename="qwen2.5-coder.stdlib.npz",
-        sha256="a1162d55f56d06a558679f42ee609f8eccf3cfbcff0f557234b8ce963205b783",
+        sha256="09032ff6e3bdfa7816b21a954a5e86200087e1a4dc174e09109461a86709f621",
         vocab_size=151936,
         tokenizer="qwen2.5-coder-0.5b",
         corpus="CPython 3.11.7 standard library, 734 *.py files outside site-packages and "
@@ -53,9 +56,12 @@ TABLES: dict[str, BigramSpec] = {spec.name: spec for spec in (
 )}
 
 
-def build_table(streams: Iterable[Iterable[int]], vocab_size: int) -> tuple[np.ndarray, int]:
-    """(table int32 [V], bigrams counted) from token streams (one per document)."""
-    pair_chunks, unigram = [], np.zeros(vocab_size, np.int64)
+def build_table(streams: Iterable[Iterable[int]], vocab_size: int,
+                unigram: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(table int32 [V], bigrams counted) from token streams (one per document).
+    ``unigram`` (int64 [V], optional) receives the token counts."""
+    pair_chunks = []
+    unigram = np.zeros(vocab_size, np.int64) if unigram is None else unigram
     for stream in streams:
         ids = np.asarray(list(stream), np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
@@ -81,17 +87,31 @@ def stdlib_sources() -> list[pathlib.Path]:
     return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
 
 
-def save_table(table: np.ndarray, path: os.PathLike) -> str:
-    """Writes the table (compressed) and returns the file's sha256."""
+def save_table(table: np.ndarray, path: os.PathLike, unigram: np.ndarray | None = None) -> str:
+    """Writes the table (and the corpus's token counts, when given; compressed)
+    and returns the file's sha256."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"table": table.astype(np.int32)}
+    if unigram is not None:
+        arrays["unigram"] = unigram.astype(np.int64)
     with open(path, "wb") as f:
-        np.savez_compressed(f, table=table.astype(np.int32))
+        np.savez_compressed(f, **arrays)
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load_table(name_or_path: str, vocab_size: int | None = None) -> np.ndarray:
     """A bigram table by registry name (sha256-checked) or path (.npz/.npy)."""
+    return _load(name_or_path, "table", vocab_size).astype(np.int32)
+
+
+def load_unigram(name_or_path: str, vocab_size: int | None = None) -> np.ndarray:
+    """The token counts of the table's corpus (int64 [V]), stored in the same
+    file (``drafting.head_vocab`` ranks a drafter's output head with them)."""
+    return _load(name_or_path, "unigram", vocab_size).astype(np.int64)
+
+
+def _load(name_or_path: str, key: str, vocab_size: int | None) -> np.ndarray:
     if name_or_path in TABLES:
         spec = TABLES[name_or_path]
         path = TABLE_DIR / spec.filename
@@ -111,12 +131,21 @@ def load_table(name_or_path: str, vocab_size: int | None = None) -> np.ndarray:
                                     f"({', '.join(TABLES)}) nor a file.")
         expected = None
     loaded = np.load(path)
-    table = loaded["table"] if isinstance(loaded, np.lib.npyio.NpzFile) else loaded
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        if key != "table":
+            raise ValueError(f"{path} holds a bare table without token counts; rebuild it "
+                             "with python -m specdec_jax.drafting.bigram.")
+        table = loaded
+    elif key not in loaded:
+        raise ValueError(f"{path} has no '{key}' array; rebuild it with python -m "
+                         "specdec_jax.drafting.bigram.")
+    else:
+        table = loaded[key]
     for want in (expected, vocab_size):
         if want is not None and table.shape != (want,):
             raise ValueError(f"bigram table {path} has shape {table.shape}, expected "
                              f"({want},) for this vocabulary.")
-    return table.astype(np.int32)
+    return table
 
 
 def main(argv=None) -> int:
@@ -138,8 +167,9 @@ def main(argv=None) -> int:
     files = stdlib_sources()
     streams = (tok.encode(f.read_text(encoding="utf-8", errors="replace"))
                for f in tqdm(files, desc="tokenize stdlib", unit="file"))
-    table, count = build_table(streams, vocab)
-    digest = save_table(table, args.out)
+    unigram = np.zeros(vocab, np.int64)
+    table, count = build_table(streams, vocab, unigram)
+    digest = save_table(table, args.out, unigram)
     print(f"{args.out}: vocab {vocab}, {len(files)} files, {count} bigrams, "
           f"Python {sys.version.split()[0]} stdlib, sha256 {digest}")
     return 0

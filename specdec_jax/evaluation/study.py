@@ -41,11 +41,27 @@ def _toy(name: str):
 
 
 def load_pair(*, target: str, drafter: str, dtype: str = "auto",
-              stop_at_block_end: bool = False, mesh=None) -> sweep.ModelPair:
+              stop_at_block_end: bool = False, mesh=None,
+              drafter_head_vocab: int = 0) -> sweep.ModelPair:
     """The two models of a study with their text interface; with a ``mesh``
-    (``job_mesh``), both models' params placed on it by the sharding rules."""
+    (``job_mesh``), both models' params placed on it by the sharding rules.
+    ``drafter_head_vocab`` > 0 cuts a decoder-only drafter's output head to
+    that many of the most frequent tokens (``drafting.head_vocab``: exact,
+    cheaper drafting steps; 0, the default, keeps the papers' full drafter)."""
+    if drafter_head_vocab < 0:
+        raise ValueError(f"drafter_head_vocab={drafter_head_vocab}: pass a token count, or 0 "
+                         "for the drafter's full head.")
+    if drafter_head_vocab and mesh is not None:
+        raise ValueError("drafter_head_vocab with a mesh: the restricted head has no sharding "
+                         "rule yet; pass drafter_head_vocab=0 for sharded jobs.")
     pair = _load_pair(target=target, drafter=drafter, dtype=dtype,
                       stop_at_block_end=stop_at_block_end, mesh=mesh)
+    if drafter_head_vocab:
+        from specdec_jax.drafting import head_vocab  # noqa: PLC0415
+
+        model, params = head_vocab.restrict(pair.drafter, pair.drafter_params,
+                                            drafter_head_vocab, eos_ids=pair.eos_ids)
+        pair = dataclasses.replace(pair, drafter=model, drafter_params=params)
     if mesh is None or pair.mesh is not None:  # real models come placed, read slice by slice
         return pair
     from specdec_jax import sharding  # noqa: PLC0415
@@ -132,7 +148,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
               dtype: str = "auto", wallclock_examples: int = 3, wallclock_trials: int = 1,
               calibration_context: int = 256,
               calibration_widths: Sequence[int] = cost_lib.CALIBRATION_WIDTHS,
-              progress: bool = True) -> dict:
+              progress: bool = True, drafter_head_vocab: int = 0) -> dict:
     """Runs the sweep and writes ``<out_dir>/<stem>.json``, ``.md`` and two PNGs.
 
     ``methods`` maps each method to its alpha grid (see ``sweep.plan_points``).
@@ -145,11 +161,14 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
         raise ValueError("max_new_tokens, batch_size and num_examples must all be >= 1.")
     examples = the_task.load(split, num_examples)
     pair = load_pair(target=target, drafter=drafter, dtype=dtype,
-                     stop_at_block_end=the_task.stop_at_block_end)
+                     stop_at_block_end=the_task.stop_at_block_end,
+                     drafter_head_vocab=drafter_head_vocab)
     settings = {"task": task, "split": split, "num_examples": num_examples,
                 "target": target, "drafter": drafter, "max_new_tokens": max_new_tokens,
                 "seed": seed, "dtype": dtype, "batch_size": batch_size,
                 "example_ids": [ex.id for ex in examples]}
+    if drafter_head_vocab:  # absent when 0: sweeps stored before the option still resume
+        settings["drafter_head_vocab"] = drafter_head_vocab
     if _is_t5_member(target):
         # Trained members change when retrained: a stored sweep of other weights
         # must not be resumed (registry checkpoints are pinned by sha256).
@@ -185,7 +204,7 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
                  temperature: float = 0.0, split: str = "test", num_examples: int = 3,
                  max_new_tokens: int = 160, batch_size: int = 3, seed: int = 0,
                  dtype: str = "auto", model_parallel: int | None = None,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, drafter_head_vocab: int = 0) -> dict:
     """One method on a task's first examples: outputs, scores and counters as
     one sweep record (JSON at ``out_path``), the outputs printed.
 
@@ -204,7 +223,7 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
     examples = the_task.load(split, num_examples)
     pair = load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
-                     mesh=job_mesh(model_parallel))
+                     mesh=job_mesh(model_parallel), drafter_head_vocab=drafter_head_vocab)
     rows = sweep.generate_point(pair, points[0], examples, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, width=sweep.prompt_width(pair, examples),
                                 seed=seed, progress=progress)
@@ -225,7 +244,7 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
                   gammas: Sequence[int] = (3, 5, 7), temperatures: Sequence[float] = (0.0,),
                   split: str = "test", num_examples: int = 5, max_new_tokens: int = 160,
                   trials: int = 1, seed: int = 0, dtype: str = "auto",
-                  progress: bool = True) -> dict:
+                  progress: bool = True, drafter_head_vocab: int = 0) -> dict:
     """Wall-clock speed at batch 1: every method against autoregressive target
     decoding on a task's first examples, timed interleaved (example by example,
     all methods in turn; compilation and one warm-up call excluded).
@@ -247,8 +266,10 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures)
     examples = the_task.load(split, num_examples)
     pair = load_pair(target=target, drafter=drafter, dtype=dtype,
-                     stop_at_block_end=the_task.stop_at_block_end)
+                     stop_at_block_end=the_task.stop_at_block_end,
+                     drafter_head_vocab=drafter_head_vocab)
     data = {"settings": {"task": task, "split": split, "target": target, "drafter": drafter,
+                         "drafter_head_vocab": drafter_head_vocab,
                          "max_new_tokens": max_new_tokens, "trials": trials, "dtype": dtype,
                          "example_ids": [ex.id for ex in examples]},
             "environment": timing.environment(), "wallclock": {},

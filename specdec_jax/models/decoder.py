@@ -23,11 +23,13 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import kernels
 from specdec_jax.models import interface
 from specdec_jax.models.interface import Prompt, StepOutput
 from specdec_jax.models.layers import (
+    HEAD_VOCAB,
     IN_OUT,
     KERNEL_LAYOUTS,
     OUT_IN,
@@ -67,6 +69,9 @@ class DecoderConfig:
     # Few-row products of out_in kernels: "xla" (XLA's dot) or "pallas"
     # (specdec_jax.kernels.small_m_matmul; opt-in, written for GPUs).
     matmul_kernel: str = kernels.XLA
+    # > 0: the output head scores only this many token ids (``with_head_vocab``;
+    # every other token gets probability 0). 0: the whole vocabulary.
+    head_vocab: int = 0
 
     def __post_init__(self):
         if self.kernel_layout not in KERNEL_LAYOUTS:
@@ -157,7 +162,7 @@ class _DecoderNet(nn.Module):
     config: DecoderConfig
 
     @nn.compact
-    def __call__(self, tokens_BxK, cache: DecoderCache, select_BxN=None):
+    def __call__(self, tokens_BxK, cache: DecoderCache, select_BxN=None, head=None):
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
         embedder = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
@@ -178,10 +183,15 @@ class _DecoderNet(nn.Module):
             new_keys.append(keys)
             new_values.append(values)
         hidden = RMSNorm(cfg.rms_norm_eps, dtype, name="decoder_norm")(x)
-        if select_BxN is not None:
-            hidden = jnp.take_along_axis(hidden, select_BxN[:, :, None], axis=1)
+        hidden = interface.select_positions(hidden, select_BxN)
         h32 = hidden.astype(jnp.float32)
-        if cfg.tie_embeddings:
+        if head is not None:  # (token ids [N], their head rows [N, D])
+            ids_N, rows_NxD = head
+            scores = jnp.matmul(h32, rows_NxD.astype(jnp.float32).T,
+                                precision=cfg.matmul_precision)
+            logits = jnp.full(scores.shape[:-1] + (cfg.vocab_size,), -jnp.inf,
+                              jnp.float32).at[..., ids_N].set(scores)
+        elif cfg.tie_embeddings:
             logits = jnp.matmul(h32, embedder.embedding.astype(jnp.float32).T,
                                 precision=cfg.matmul_precision)
         elif cfg.kernel_layout == OUT_IN:  # [V, D], like the tied embedding
@@ -258,7 +268,16 @@ class DecoderOnlyLM:
                             lengths=jnp.zeros((batch_size,), jnp.int32))
 
     def _apply(self, params, tokens, cache, select=None):
-        return self._net.apply({"params": _flatten(params)}, tokens, cache, select)
+        flat = _flatten(params)
+        head = flat.pop(HEAD_VOCAB, None)
+        if (head is None) != (self.config.head_vocab == 0):
+            raise ValueError(
+                f"DecoderOnlyLM: config.head_vocab={self.config.head_vocab} but the parameters "
+                f"{'lack' if head is None else 'carry'} a '{HEAD_VOCAB}' entry; build both "
+                "with decoder.with_head_vocab.")
+        if head is not None:
+            head = (head["token_ids"], head["rows"])
+        return self._net.apply({"params": flat}, tokens, cache, select, head)
 
     def prefill(self, params: dict, prompt: Prompt, cache: DecoderCache) -> StepOutput:
         """Feeds each row's prompt; returns logits at the row's last prompt token.
@@ -275,14 +294,17 @@ class DecoderOnlyLM:
         new_cache = new_cache.replace(lengths=cache.lengths + prompt.lengths)
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
 
-    def extend(self, params: dict, tokens: Array, cache: DecoderCache) -> StepOutput:
+    def extend(self, params: dict, tokens: Array, cache: DecoderCache,
+               logits_at: Array | None = None) -> StepOutput:
         """Feeds K tokens per row at positions lengths .. lengths + K - 1.
 
-        Returns logits [B, K, V] (next-token logits after each fed token) and a
-        cache with lengths + K. See the interface module for rollback.
+        Returns logits [B, K, V] (next-token logits after each fed token; [B,
+        N, V] at the offsets ``logits_at`` [B, N] when given: the output head
+        runs on those rows only) and a cache with lengths + K. See the
+        interface module for rollback.
         """
         interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
-        logits, hidden, new_cache = self._apply(params, tokens, cache)
+        logits, hidden, new_cache = self._apply(params, tokens, cache, logits_at)
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
 
 
@@ -316,3 +338,42 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN
     matmul_kernel = model.config.matmul_kernel if layout == OUT_IN else kernels.XLA
     config = dataclasses.replace(model.config, kernel_layout=layout, matmul_kernel=matmul_kernel)
     return DecoderOnlyLM(config), new_params
+
+
+def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[DecoderOnlyLM, dict]:
+    """The same network whose output head scores only ``token_ids``; every other
+    token gets logit -inf (probability 0).
+
+    For a *drafter* (FR-Spec, Zhao et al. 2025): a small model's step spends
+    much of its time in the output head (Qwen2.5-0.5B ties a 151,936 x 896
+    embedding: 136 M of its 494 M parameters, read every step), while the
+    tokens it drafts come from a far smaller set. The restricted drafter is
+    just another drafter: its law ``q`` is the full model's renormalised over
+    the subset, and verification against ``q`` keeps the target's output law
+    exact (a token outside the subset is never drafted; the target still emits
+    it through the residual). Acceptance drops only by the target's mass
+    outside the subset. The ids (sorted, unique) and their head rows are
+    stored under ``params['head_vocab']`` (``{'token_ids': int32 [N], 'rows':
+    [N, D]}``), so the jitted model stays hashable and the rows are read
+    contiguously; the full tree is kept (the embedding still embeds inputs).
+    """
+    if model.config.head_vocab:
+        raise ValueError("with_head_vocab: the model's head is already restricted to "
+                         f"{model.config.head_vocab} tokens; start from the full model.")
+    ids = np.asarray(token_ids)
+    vocab = model.config.vocab_size
+    if ids.ndim != 1 or not ids.size or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError("with_head_vocab: token_ids must be a non-empty 1-D array of ints.")
+    if ids.min() < 0 or ids.max() >= vocab or len(np.unique(ids)) != ids.size:
+        raise ValueError(f"with_head_vocab: token_ids must be unique ids in [0, {vocab}).")
+    ids = np.sort(ids).astype(np.int32)
+    if model.config.tie_embeddings:
+        full = params["embedder"]["embedding"]  # [V, D]
+    elif model.config.kernel_layout == OUT_IN:
+        full = params["logits_dense"]["kernel"]  # [V, D]
+    else:
+        full = params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
+    rows = jax.jit(lambda full, ids: jnp.take(full, ids, axis=0))(full, jnp.asarray(ids))
+    config = dataclasses.replace(model.config, head_vocab=int(ids.size))
+    return DecoderOnlyLM(config), {**params, HEAD_VOCAB: {"token_ids": jnp.asarray(ids),
+                                                         "rows": rows}}

@@ -80,6 +80,9 @@ def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxS
 # of a strided column reduction (see ``models.decoder.with_kernel_layout``).
 IN_OUT, OUT_IN = "in_out", "out_in"
 KERNEL_LAYOUTS = (IN_OUT, OUT_IN)
+# The parameters' entry of a decoder's restricted output head
+# (``decoder.with_head_vocab``): rows copied from the head, a decoding-time view.
+HEAD_VOCAB = "head_vocab"
 
 
 def is_kernel(path) -> bool:

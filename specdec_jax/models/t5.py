@@ -349,7 +349,7 @@ class _Decoder(nn.Module):
         pairs = [layer.cross_kv(encoded_BxPxD) for layer in self.layers]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
-    def __call__(self, x_BxKxD: Array, cache: T5Cache):
+    def __call__(self, x_BxKxD: Array, cache: T5Cache, select_BxN: Array | None = None):
         batch, k = x_BxKxD.shape[:2]
         query_pos_BxK = cache.lengths[:, None] + jnp.arange(k)[None, :]
         key_pos_S = jnp.arange(cache.max_length)
@@ -366,7 +366,7 @@ class _Decoder(nn.Module):
                 self_bias_BxHxKxS, cache.cross_keys[i], cache.cross_values[i], cross_mask_BxKxP)
             new_keys.append(keys)
             new_values.append(values)
-        hidden_BxKxD = self.decoder_norm(x_BxKxD)
+        hidden_BxKxD = interface.select_positions(self.decoder_norm(x_BxKxD), select_BxN)
         logits_BxKxV = self.logits_dense(hidden_BxKxD)
         new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
                                   lengths=cache.lengths + k)
@@ -392,8 +392,8 @@ class _T5Net(nn.Module):
         encoded_BxPxD = self.encoder(self.token_embedder(tokens_BxP), lengths_B)
         return self.decoder.cross_kv(encoded_BxPxD)
 
-    def decode(self, tokens_BxK: Array, cache: T5Cache):
-        return self.decoder(self.token_embedder(tokens_BxK), cache)
+    def decode(self, tokens_BxK: Array, cache: T5Cache, select_BxN: Array | None = None):
+        return self.decoder(self.token_embedder(tokens_BxK), cache, select_BxN)
 
     def __call__(self, tokens_BxP: Array, lengths_B: Array, tokens_BxK: Array,
                  cache: T5Cache):
@@ -454,8 +454,9 @@ class T5EncoderDecoderLM:
                        cross_values=buffers(max_input_length),
                        encoder_lengths=zeros_B, lengths=zeros_B)
 
-    def _decode(self, params, tokens_BxK, cache):
-        return self._net.apply({"params": params}, tokens_BxK, cache, method=_T5Net.decode)
+    def _decode(self, params, tokens_BxK, cache, select_BxN=None):
+        return self._net.apply({"params": params}, tokens_BxK, cache, select_BxN,
+                               method=_T5Net.decode)
 
     def prefill(self, params: dict, prompt: Prompt, cache: T5Cache) -> StepOutput:
         """Encodes the prompt into the cache and starts an empty decoder sequence.
@@ -499,13 +500,15 @@ class T5EncoderDecoderLM:
         logits, hidden, _ = self._decode(params, start_Bx1, cache)
         return StepOutput(logits=logits, hidden=hidden, cache=cache)
 
-    def extend(self, params: dict, tokens: Array, cache: T5Cache) -> StepOutput:
+    def extend(self, params: dict, tokens: Array, cache: T5Cache,
+               logits_at: Array | None = None) -> StepOutput:
         """Feeds K decoder tokens per row at positions lengths .. lengths + K - 1.
 
         Returns float32 logits [B, K, V] (next-token logits after each fed
-        token), final-normed hidden states [B, K, D], and the cache with
-        lengths + K. Roll back with ``cache.replace(lengths=...)``.
+        token), final-normed hidden states [B, K, D] (both at the offsets
+        ``logits_at`` [B, N] only, when given), and the cache with lengths +
+        K. Roll back with ``cache.replace(lengths=...)``.
         """
         interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
-        logits, hidden, new_cache = self._decode(params, tokens, cache)
+        logits, hidden, new_cache = self._decode(params, tokens, cache, logits_at)
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)

@@ -81,7 +81,10 @@ class TableLM:
                           hidden=jnp.take_along_axis(hidden, last, axis=1),
                           cache=new_cache.replace(lengths=cache.lengths + prompt.lengths))
 
-    def extend(self, params: dict, tokens: Array, cache: TableCache) -> StepOutput:
+    def extend(self, params: dict, tokens: Array, cache: TableCache,
+               logits_at: Array | None = None) -> StepOutput:
         interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
         logits, hidden, new_cache = self._run(params, tokens, cache)
-        return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
+        return StepOutput(logits=interface.select_positions(logits, logits_at),
+                          hidden=interface.select_positions(hidden, logits_at),
+                          cache=new_cache)
