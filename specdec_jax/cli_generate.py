@@ -140,15 +140,21 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
     run's counters into the predicted speedup ``tokens per target call x
     t_target(1) / round``, ``round = t_target(G+1) + (drafter calls - catch-ups)
     x t_drafter(1) + catch-ups x t_drafter(2)`` per round. A round after one that
-    accepted all G drafts opens with a 2-token drafter call (the last draft was
-    never fed; ``drafting.ModelDrafter``), which on the 2-core CPU costs two to
-    three steps; the full-accept rounds of the run count them (a prompt's last
-    round has no successor, one too many; at batch > 1 the 2-token window runs
-    whenever any row lags, so more often than one row's count). None when the
-    drafter is not a single model (a cascade's calls have several prices)."""
+    accepted all G drafts must first feed the last draft (never fed;
+    ``drafting.ModelDrafter``). On accelerators that rides in a 2-token call
+    (its head at one row), priced here; the full-accept rounds of the run count
+    them (a prompt's last round has no successor, one too many; at batch > 1
+    the 2-token window runs whenever any row lags, so more often than one row's
+    count). On CPU, where a 2-token call costs two to three steps, it is one
+    more 1-token call, already among the drafter's calls and priced as a step
+    (it skips the head, so slightly less). None when the drafter is not a
+    single model (a cascade's calls have several prices)."""
+    from specdec_jax.drafting.model import default_catch_up_widths  # noqa: PLC0415
+
     drafter_calls = speculative.get("drafter_calls", 0)
     if drafter_calls and not hasattr(drafter, "extend"):
         return None
+    two_token_catch_up = max(default_catch_up_widths()) >= 2
 
     def step(model, params, k, head_rows=None):
         return timing.in_loop_step(model, params, k, batch=batch_size, fill=COST_MODEL_FILL,
@@ -156,7 +162,8 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
                                    head_rows=head_rows).median_s
 
     rounds = max(speculative["target_calls"], 1)
-    full_accepts = speculative["accepted_histogram"][gamma] if drafter_calls else 0
+    full_accepts = (speculative["accepted_histogram"][gamma]
+                    if drafter_calls and two_token_catch_up else 0)
     model = {"target_step_s": step(target, target_params, 1),
              "scoring_call_s": step(target, target_params, gamma + 1),
              "drafter_step_s": step(drafter, drafter_params, 1) if drafter_calls else 0.0,
@@ -165,7 +172,8 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
                                     if full_accepts else 0.0),
              "tokens_per_target_call": speculative["tokens"] / rounds,
              "drafter_calls_per_round": drafter_calls / rounds,
-             "catch_ups_per_round": full_accepts / rounds}
+             "catch_ups_per_round": full_accepts / rounds,
+             "catch_up": "2-token call" if two_token_catch_up else "1-token call"}
     round_s = (model["scoring_call_s"]
                + (model["drafter_calls_per_round"] - model["catch_ups_per_round"])
                * model["drafter_step_s"]
@@ -192,8 +200,9 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
         f"({m['scoring_call_s'] / step:.2f}x a step)",
         f"  drafter calls per round   {m['drafter_calls_per_round']:.2f}, a step "
         f"{1e3 * m['drafter_step_s']:.0f} ms ({m['drafter_step_s'] / step:.2f}x a target step)"
-        f"; {m['catch_ups_per_round']:.2f} of them 2-token catch-ups, "
-        f"{1e3 * m['drafter_catch_up_s']:.0f} ms each",
+        + (f"; {m['catch_ups_per_round']:.2f} of them 2-token catch-ups, "
+           f"{1e3 * m['drafter_catch_up_s']:.0f} ms each" if m["catch_ups_per_round"] else
+           "; catch-ups are 1-token calls" if m.get("catch_up") == "1-token call" else ""),
         f"  round                     {1e3 * m['round_s']:.0f} ms for "
         f"{m['tokens_per_target_call']:.2f} tokens -> predicted speedup "
         f"{m['predicted_speedup']:.2f}x{measured_text}"]

@@ -278,3 +278,36 @@ def test_draft_specs_build_the_documented_strategies():
                                    k_matrix=[[2, 10], [0, 0]])
     assert isinstance(pure_horizontal.drafters[0], ModelDrafter)
     assert sj.make_decoder(target=G_TARGET, drafter=seed).gamma == 12
+
+
+def test_catch_up_by_two_one_token_calls_equals_one_two_token_call():
+    """``catch_up_widths=(1,)`` (the CPU default) feeds a lagging draft in a
+    headless 1-token call before the round's first call; the tokens are those
+    of the 2-token window (ragged batch, T = 1), the calls one more per
+    catch-up."""
+    from specdec_jax.drafting.model import default_catch_up_widths
+
+    assert default_catch_up_widths("cpu") == (1,) and default_catch_up_widths("gpu") == (1, 2)
+    prompts = [[1, 2], [3], [0, 1, 2]]
+    outs = {}
+    for widths in [(1,), (1, 2)]:
+        # "same": the drafter is the target, every block is accepted and every
+        # round catches up; "other": a weaker drafter, ragged acceptance.
+        for name, params in [("same", TARGET_PARAMS), ("other", DRAFTER_PARAMS)]:
+            model = TARGET if name == "same" else DRAFTER
+            drafter = ModelDrafter(model, catch_up_widths=widths)
+            decoder = SpeculativeDecoder(target=TARGET, drafter=drafter,
+                                         target_fn=targets.SpecDecode(), gamma=3,
+                                         max_new_tokens=10)
+            outs[widths, name] = jax.jit(decoder.generate)(
+                TARGET_PARAMS, params, make_prompt(prompts), jax.random.PRNGKey(3),
+                sampling_params(temperature=1.0))
+    for name in ["same", "other"]:
+        one, two = outs[(1,), name], outs[(1, 2), name]
+        np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(two.tokens))
+        full_accepts = np.asarray(two.stats.accepted_histogram)[:, 3].sum()
+        extra = (np.asarray(one.stats.drafter_calls).sum()
+                 - np.asarray(two.stats.drafter_calls).sum())
+        # A row's last full accept has no next round to catch up in.
+        assert full_accepts - len(prompts) <= extra <= full_accepts
+    assert np.asarray(outs[(1, 2), "same"].stats.accepted_histogram)[:, 3].sum() > 3
