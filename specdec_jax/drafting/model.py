@@ -33,9 +33,11 @@ def default_catch_up_widths(backend: str | None = None) -> tuple[int, ...]:
     On CPU a 2-token call of the 0.5B drafter costs 2.4x a 1-token one (XLA's
     CPU path for a few-row product streams the weights at half the rate of
     its matrix-vector path), so a row that must catch up on one token is fed
-    by two 1-token calls, the first without the output head: ``(1,)``
-    (interleaved on the README's first command: 1.13x -> 1.21x). On
-    accelerators a 2-token call costs about one step: ``(1, 2)``.
+    by two 1-token calls, the first without the output head: ``(1,)``. In-loop
+    costs predict 2-3% per round on the README's first command; two
+    interleaved runs gave +7% and -2%, inside that machine's noise
+    (``eval/bench_drafter_variants.py``). On accelerators a 2-token call
+    costs about one step: ``(1, 2)``.
     """
     return (1,) if (backend or jax.default_backend()) == "cpu" else (1, 2)
 
