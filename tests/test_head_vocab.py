@@ -147,3 +147,16 @@ def test_fingerprint_names_the_weights_not_the_restricted_view():
     assert params_fingerprint(small_params) == params_fingerprint(params)
     other = jax.tree_util.tree_map(lambda x: x + 1, params)
     assert params_fingerprint(other) != params_fingerprint(params)
+
+
+def test_jobs_name_a_bad_head_vocabulary():
+    from specdec_jax.evaluation import study
+
+    pair = dict(target="toy-bytes-large", drafter="toy-bytes-small")
+    with pytest.raises(ValueError, match="drafter_head_vocab=-1"):
+        study.load_pair(**pair, drafter_head_vocab=-1)
+    with pytest.raises(ValueError, match="no sharding rule"):
+        study.load_pair(**pair, drafter_head_vocab=8, mesh=object())
+    # The packaged ranking is for the Qwen vocabulary, not the toys' 256 bytes.
+    with pytest.raises(ValueError, match=r"shape \(151936,\), expected \(256,\)"):
+        study.load_pair(**pair, drafter_head_vocab=8)
