@@ -60,8 +60,9 @@ def test_restricted_head_is_the_full_law_renormalised_over_the_kept_tokens(tie, 
 def test_restricted_drafter_keeps_the_target_law(verifier):
     """Drafts only ever come from {0, 2}; the target still emits 1 and 3
     through the residual, and the sequences follow the target (64 cells).
-    Without the renormalisation (the full model's q reported for drafts drawn
-    from the subset) the test gives p < 1e-12 (checked once by hand)."""
+    What this guards is the zeros: -inf logits and q = 0 entries going through
+    every verifier (the chi-square machinery's separating power against
+    known-wrong verifiers is shown in tests/exactness.py's users)."""
     model, params = tiny_decoder(V, tie=True, seed=5)
     drafter, drafter_params = with_head_vocab(model, params, [0, 2])
     decoder = SpeculativeDecoder(target=TARGET, drafter=ModelDrafter(drafter),
