@@ -60,9 +60,11 @@ def test_restricted_head_is_the_full_law_renormalised_over_the_kept_tokens(tie, 
 def test_restricted_drafter_keeps_the_target_law(verifier):
     """Drafts only ever come from {0, 2}; the target still emits 1 and 3
     through the residual, and the sequences follow the target (64 cells).
-    What this guards is the zeros: -inf logits and q = 0 entries going through
-    every verifier (the chi-square machinery's separating power against
-    known-wrong verifiers is shown in tests/exactness.py's users)."""
+    It guards the zeros (-inf logits, q = 0 entries) through every verifier.
+    Known-wrong, run once (2026-11-25): drafts drawn from the cut law while
+    the full model's law is reported as q (``drafting.model.sample_from_weights``
+    patched to mask {1, 3}, the drafter unrestricted): p = 0.0 (below 1e-300)
+    with both verifiers, same seeds and sizes."""
     model, params = tiny_decoder(V, tie=True, seed=5)
     drafter, drafter_params = with_head_vocab(model, params, [0, 2])
     decoder = SpeculativeDecoder(target=TARGET, drafter=ModelDrafter(drafter),
