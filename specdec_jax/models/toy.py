@@ -76,9 +76,9 @@ class TableLM:
         interface.check_prompt(prompt, cache.lengths.shape[0], cache.max_length,
                                self.vocab_size)
         logits, hidden, new_cache = self._run(params, prompt.tokens, cache)
-        last = jnp.maximum(prompt.lengths - 1, 0)[:, None, None]
-        return StepOutput(logits=jnp.take_along_axis(logits, last, axis=1),
-                          hidden=jnp.take_along_axis(hidden, last, axis=1),
+        last_Bx1 = jnp.maximum(prompt.lengths - 1, 0)[:, None]
+        return StepOutput(logits=interface.select_positions(logits, last_Bx1),
+                          hidden=interface.select_positions(hidden, last_Bx1),
                           cache=new_cache.replace(lengths=cache.lengths + prompt.lengths))
 
     def extend(self, params: dict, tokens: Array, cache: TableCache,
