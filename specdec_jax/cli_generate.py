@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from specdec_jax import api, batching, drafting, targets, timing
+from specdec_jax.drafting import head_vocab
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -190,6 +191,13 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
     """The cost model as a small table, and plainly whether speculation pays here."""
     m = model
     step = m["target_step_s"]
+    if m["catch_ups_per_round"]:
+        catch_ups = (f"; {m['catch_ups_per_round']:.2f} of them 2-token catch-ups, "
+                     f"{1e3 * m['drafter_catch_up_s']:.0f} ms each")
+    elif m.get("catch_up") == "1-token call":
+        catch_ups = "; catch-ups are 1-token calls"
+    else:
+        catch_ups = ""
     measured_text = (f" (measured {measured}x: prefill and the loop included)"
                      if measured is not None else "")
     lines = [
@@ -200,9 +208,7 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
         f"({m['scoring_call_s'] / step:.2f}x a step)",
         f"  drafter calls per round   {m['drafter_calls_per_round']:.2f}, a step "
         f"{1e3 * m['drafter_step_s']:.0f} ms ({m['drafter_step_s'] / step:.2f}x a target step)"
-        + (f"; {m['catch_ups_per_round']:.2f} of them 2-token catch-ups, "
-           f"{1e3 * m['drafter_catch_up_s']:.0f} ms each" if m["catch_ups_per_round"] else
-           "; catch-ups are 1-token calls" if m.get("catch_up") == "1-token call" else ""),
+        f"{catch_ups}",
         f"  round                     {1e3 * m['round_s']:.0f} ms for "
         f"{m['tokens_per_target_call']:.2f} tokens -> predicted speedup "
         f"{m['predicted_speedup']:.2f}x{measured_text}"]
@@ -238,7 +244,7 @@ def check_spec(spec: str, k_matrix: str | None) -> None:
 def _load_drafter(args, spec: str, names, target, tokenizer):
     """Loads every model a draft spec names; returns (strategy, its params)."""
     from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415 (heavy import)
-    from specdec_jax.drafting import bigram, head_vocab  # noqa: PLC0415
+    from specdec_jax.drafting import bigram  # noqa: PLC0415
 
     models, named = {}, {}
     for name in names:
@@ -275,9 +281,8 @@ def run(args) -> int:
                              beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
     check_spec(spec, args.k_matrix)
-    if args.drafter_head_vocab < 0:
-        raise ValueError(f"--drafter-head-vocab {args.drafter_head_vocab}: pass a token count, "
-                         "or 0 for the full head.")
+    head_vocab.check_size(args.drafter_head_vocab,
+                          f"--drafter-head-vocab {args.drafter_head_vocab}")
     names = drafting.parse_spec(spec)
     target, target_params, tokenizer = load_for_decoding(args.target,
                                                          kernel_layout=args.kernel_layout)

@@ -31,6 +31,13 @@ import numpy as np
 from specdec_jax.drafting import bigram
 
 
+def check_size(size: int, label: str) -> None:
+    """Fails early (before any weights load) on a negative head size;
+    ``label`` names the setting as the caller spells it."""
+    if size < 0:
+        raise ValueError(f"{label}: pass a token count, or 0 for the drafter's full head.")
+
+
 def ranked_token_ids(counts_V: np.ndarray, always: Sequence[int] = ()) -> np.ndarray:
     """Every token id, ``always`` first, then by count (descending) and id."""
     vocab = counts_V.shape[0]

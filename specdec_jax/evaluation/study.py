@@ -48,17 +48,15 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
     ``drafter_head_vocab`` > 0 cuts a decoder-only drafter's output head to
     that many of the most frequent tokens (``drafting.head_vocab``: exact,
     cheaper drafting steps; 0, the default, keeps the papers' full drafter)."""
-    if drafter_head_vocab < 0:
-        raise ValueError(f"drafter_head_vocab={drafter_head_vocab}: pass a token count, or 0 "
-                         "for the drafter's full head.")
+    from specdec_jax.drafting import head_vocab  # noqa: PLC0415
+
+    head_vocab.check_size(drafter_head_vocab, f"drafter_head_vocab={drafter_head_vocab}")
     if drafter_head_vocab and mesh is not None:
         raise ValueError("drafter_head_vocab with a mesh: the restricted head has no sharding "
                          "rule yet; pass drafter_head_vocab=0 for sharded jobs.")
     pair = _load_pair(target=target, drafter=drafter, dtype=dtype,
                       stop_at_block_end=stop_at_block_end, mesh=mesh)
     if drafter_head_vocab:
-        from specdec_jax.drafting import head_vocab  # noqa: PLC0415
-
         model, params = head_vocab.restrict(pair.drafter, pair.drafter_params,
                                             drafter_head_vocab, eos_ids=pair.eos_ids)
         pair = dataclasses.replace(pair, drafter=model, drafter_params=params)
