@@ -212,3 +212,97 @@ def test_data_parallel_on_8_devices_matches_one_device():
                             text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SAME" in result.stdout
+
+
+# --- mixtures and length buckets ---
+
+def _ragged_seq2seq(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    inputs = [rng.integers(1, 30, rng.integers(1, 17)).tolist() for _ in range(n)]
+    targets = [rng.integers(1, 30, rng.integers(1, 9)).tolist() for _ in range(n)]
+    return training.seq2seq_dataset(inputs, targets, input_length=16, target_length=8)
+
+
+def test_length_buckets_keep_every_example_whole_in_its_first_fitting_bucket():
+    data = _ragged_seq2seq()
+    mixture = training.bucket_by_length(data, [(16, 8), (4, 8), (8, 8)], name="toy")
+    assert mixture.names == ("toy[4x8]", "toy[8x8]", "toy[16x8]")  # sorted by width
+    assert [c.inputs.shape[1] for c in mixture.components] == [4, 8, 16]
+    assert sum(len(c) for c in mixture.components) == len(data)
+    # rates are the buckets' sizes: an epoch visits each example about once
+    assert mixture.probabilities.tolist() == pytest.approx(
+        [len(c) / len(data) for c in mixture.components])
+    rows = {}
+    for width, bucket in zip((4, 8, 16), mixture.components):
+        assert np.all(bucket.input_lengths <= width)
+        if width > 4:  # each example sits in the first bucket that holds it
+            assert np.all(bucket.input_lengths > width // 2)
+        for i in range(len(bucket)):
+            key = (tuple(bucket.inputs[i, :bucket.input_lengths[i]]),
+                   tuple(bucket.targets[i][bucket.weights[i] > 0]))
+            rows[key] = rows.get(key, 0) + 1
+    whole = {}
+    for i in range(len(data)):
+        key = (tuple(data.inputs[i, :data.input_lengths[i]]),
+               tuple(data.targets[i][data.weights[i] > 0]))
+        whole[key] = whole.get(key, 0) + 1
+    assert rows == whole  # same examples, same tokens: nothing cut, nothing lost
+    assert mixture.mean_tokens() == pytest.approx(data.mean_tokens())
+    with pytest.raises(ValueError, match="fit none of the buckets"):
+        training.bucket_by_length(data, [(8, 8)])
+    with pytest.raises(ValueError, match="tokens beyond width 4"):
+        data.trim(input_width=4)
+
+
+def test_mixture_batches_are_a_function_of_seed_and_index():
+    data = _ragged_seq2seq()
+    make = lambda: training.bucket_by_length(data, [(4, 8), (8, 8), (16, 8)])  # noqa: E731
+    in_order, jumping = make(), make()
+    far = 3 * training.data.MIXTURE_BLOCK + 5  # past a few blocks of draws
+    first = jumping.batch(far, 4, seed=1)  # a fresh mixture asked out of order
+    for k in range(far):
+        in_order.batch(k, 4, seed=1)
+    again = in_order.batch(far, 4, seed=1)
+    for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(again)):
+        np.testing.assert_array_equal(a, b)
+    # components are drawn at their rates, and each walks its own epochs in order
+    picks = [in_order.locate(k, seed=1) for k in range(far)]
+    counts = np.bincount([c for c, _ in picks], minlength=3) / far
+    np.testing.assert_allclose(counts, in_order.probabilities, atol=0.03)
+    for c, component in enumerate(in_order.components):
+        local = [j for comp, j in picks if comp == c]
+        assert local == list(range(len(local)))
+        # at batch size 1, the first len(component) batches are exactly one epoch
+        seen = np.concatenate([component.indices(j, 1, seed=(1, c))
+                               for j in range(len(component))])
+        assert sorted(seen.tolist()) == list(range(len(component)))
+    other = make().batch(far, 4, seed=2)
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(first),
+                                                         jax.tree_util.tree_leaves(other)))
+
+
+def test_mixture_rejects_bad_settings():
+    data = _ragged_seq2seq()
+    with pytest.raises(ValueError, match="one rate per component"):
+        training.MixtureDataset(components=(data,), rates=(0.5, 0.5))
+    with pytest.raises(ValueError, match="rates must be positive"):
+        training.MixtureDataset(components=(data, data), rates=(1.0, 0.0))
+    lm = training.lm_dataset([[1, 2, 3]], length=4)
+    with pytest.raises(ValueError, match="cannot mix decoder-only and encoder-decoder"):
+        training.MixtureDataset(components=(data, lm), rates=(1.0, 1.0))
+
+
+def test_training_on_length_buckets_resumes_with_the_same_losses(tmp_path):
+    data = training.bucket_by_length(_ragged_seq2seq(), [(4, 8), (8, 8), (16, 8)])
+    optimizer = training.OptimizerConfig(name="adamw", learning_rate=1e-3, schedule="constant")
+    run = lambda workdir, steps: training.train(  # noqa: E731
+        model=T5, params=T5.init_params(jax.random.PRNGKey(0)), optimizer=optimizer,
+        data=data, num_steps=steps, batch_size=4, workdir=workdir, checkpoint_every=3,
+        progress=False)
+    whole = run(tmp_path / "whole", 8)
+    run(tmp_path / "split", 3)
+    resumed = run(tmp_path / "split", 8)
+    assert resumed.resumed_from == 3
+    losses = lambda result: [(r["step"], r["loss"]) for r in result.history]  # noqa: E731
+    assert losses(resumed) == losses(whole)
+    assert len({data.locate(k, 0)[0] for k in range(8)}) > 1  # batches of several shapes

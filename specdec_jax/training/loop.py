@@ -27,7 +27,7 @@ from specdec_jax import distributed, sharding
 from specdec_jax.progress import tqdm
 from specdec_jax.training import steps as steps_lib
 from specdec_jax.training.checkpointing import MetricsWriter, RunCheckpoints
-from specdec_jax.training.data import ArrayDataset
+from specdec_jax.training.data import ArrayDataset, MixtureDataset
 from specdec_jax.training.forward import Batch, lm_loss
 from specdec_jax.training.optimizers import OptimizerConfig, make_optimizer
 
@@ -90,8 +90,8 @@ def evaluate(eval_step, params, batches: Sequence[Batch], mesh: Mesh,
     return out
 
 
-def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset, num_steps: int,
-          batch_size: int, workdir: str | os.PathLike, seed: int = 0,
+def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset | MixtureDataset,
+          num_steps: int, batch_size: int, workdir: str | os.PathLike, seed: int = 0,
           loss_fn: steps_lib.LossFn = lm_loss, eval_data: ArrayDataset | None = None,
           eval_every: int = 0, eval_batch_size: int | None = None,
           checkpoint_every: int = 100, keep: int = 3, log_every: int = 1,
