@@ -183,3 +183,19 @@ def test_ratio_ci_is_a_ratio_of_totals():
     assert score == 2.5
     assert 1.0 <= low <= score <= high <= 3.0 and low < high
     assert metrics.ratio_ci([{"tokens": 0, "calls": 0}], "tokens", "calls")[0] == 0.0
+
+
+def test_ding_phrases_are_training_only_words_and_phrases(splits):
+    phrases = corpora.ding_phrase_pairs()
+    assert len(phrases) == corpora.DING_PHRASE_RECORDS
+    sentences = {en for en, _ in corpora.ding_pairs()}
+    assert not sentences & {en for en, _ in phrases}
+    assert ("the Romance languages", "die romanischen Sprachen") in phrases
+    assert not any(corpora._DING_TEMPLATE.search(en + " " + de) for en, de in phrases)
+    examples = text_tasks.auxiliary_examples("ding-phrases")
+    held_out = {e.prompt for split in ("validation", "test")
+                for e in splits[text_tasks.TRANSLATION_TASK][split]}
+    assert examples and not held_out & {e.prompt for e in examples}
+    assert all(e.prompt.startswith(text_tasks.TRANSLATION_PREFIX) for e in examples)
+    with pytest.raises(ValueError, match="unknown auxiliary corpus 'wmt'"):
+        text_tasks.auxiliary_examples("wmt")

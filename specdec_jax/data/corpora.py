@@ -136,6 +136,7 @@ _OPENERS = "\"'„“‚‘«»"
 
 HANDBOOK_RECORDS = 1635
 DING_RECORDS = 15904
+DING_PHRASE_RECORDS = 290841  # words and phrases (training-only data)
 DESCRIPTION_RECORDS = DESCRIPTIONS_SNAPSHOT["records"]
 GCIDE_RECORDS = 200519  # paragraphs of >= 8 words (pretraining.gcide_documents)
 LIBC_DE_RECORDS = 1423  # translated messages
@@ -161,6 +162,11 @@ CORPORA = {
         source=f"Debian package trans-de-en {TRANS_DE_EN.version} (Ding dictionary, "
                "/usr/share/trans/de-en)",
         licence=TRANS_DE_EN.licence, records=DING_RECORDS),
+    "ding-phrases": Corpus(
+        name="ding-phrases",
+        source=f"Debian package trans-de-en {TRANS_DE_EN.version} (Ding dictionary words and "
+               "phrases, /usr/share/trans/de-en)",
+        licence=TRANS_DE_EN.licence, records=DING_PHRASE_RECORDS),
     "debian-descriptions": Corpus(
         name="debian-descriptions",
         source=f"{DESCRIPTIONS_SOURCE['release']}, {DESCRIPTIONS_SOURCE['list']} "
@@ -365,18 +371,15 @@ def _has_end(text: str) -> bool:
     return "." in text or "!" in text or "?" in text
 
 
-def ding_pairs() -> list[tuple[str, str]]:
-    """(English, German) full-sentence pairs of the Ding dictionary, in file order.
+def _ding_entries():
+    """Every aligned (English, German) sub-entry of the Ding dictionary, in file order.
 
     A Ding line is ``German :: English``; `` | `` separates sub-entries that align between the
     two sides (the head word, then its forms and example phrases), ``; `` separates
-    alternatives. We pair sub-entries by position, take the first alternative, strip the
-    annotations ({m}, [coll.], <Abk.>, (optional words)) and keep a pair when both sides are
-    sentences: at least ``MIN_WORDS`` words, a capital or quote first, . ! or ? last, and no
-    template marks. Repeated English sentences keep their first pair.
+    alternatives. Sub-entries are paired by position; each side keeps its first alternative.
+    Yields the raw (English, German) texts; callers clean them with ``_ding_clean``.
     """
     path = fetch_deb(TRANS_DE_EN) / "usr/share/trans/de-en"
-    pairs, seen = [], set()
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.startswith("#") or " :: " not in line:
@@ -386,13 +389,43 @@ def ding_pairs() -> list[tuple[str, str]]:
             if len(de_parts) != len(en_parts):
                 continue
             for de, en in zip(de_parts, en_parts):
-                de, en = de.split("; ")[0], en.split("; ")[0]
-                if not (_has_end(de) and _has_end(en)):  # cheap pre-filter: most are words
-                    continue
-                de, en = _ding_clean(de), _ding_clean(en)
-                if en not in seen and _is_sentence(en) and _is_sentence(de):
-                    seen.add(en)
-                    pairs.append((en, de))
+                yield en.split("; ")[0], de.split("; ")[0]
+
+
+def ding_pairs() -> list[tuple[str, str]]:
+    """(English, German) full-sentence pairs of the Ding dictionary, in file order.
+
+    Sub-entries as ``_ding_entries`` gives them, annotations stripped ({m}, [coll.], <Abk.>,
+    (optional words)); a pair is kept when both sides are sentences: at least ``MIN_WORDS``
+    words, a capital or quote first, . ! or ? last, and no template marks. Repeated English
+    sentences keep their first pair.
+    """
+    pairs, seen = [], set()
+    for en, de in _ding_entries():
+        if not (_has_end(de) and _has_end(en)):  # cheap pre-filter: most are words
+            continue
+        de, en = _ding_clean(de), _ding_clean(en)
+        if en not in seen and _is_sentence(en) and _is_sentence(de):
+            seen.add(en)
+            pairs.append((en, de))
+    return pairs
+
+
+def ding_phrase_pairs() -> list[tuple[str, str]]:
+    """(English, German) pairs of the Ding dictionary's words and phrases: every cleaned
+    sub-entry that ``ding_pairs`` does not take as a sentence, without template marks
+    (sb./jdn., slashes, ellipses), whose English is not one of the sentence pairs'. Training
+    data only (the translation task's splits are the sentences); repeated English keeps its
+    first pair."""
+    sentences = {en for en, _ in ding_pairs()}
+    pairs, seen = [], set()
+    for en, de in _ding_entries():
+        de, en = _ding_clean(de), _ding_clean(en)
+        if (not en or not de or en in seen or en in sentences
+                or _DING_TEMPLATE.search(en) or _DING_TEMPLATE.search(de)):
+            continue
+        seen.add(en)
+        pairs.append((en, de))
     return pairs
 
 

@@ -145,6 +145,26 @@ def summarisation() -> tasks.Task:
 
 FACTORIES = {TRANSLATION_TASK: translation_en_de, SUMMARISATION_TASK: summarisation}
 
+# Training-only corpora that a recipe may mix into a task's train split, by the task they
+# serve. They never enter a split, and an auxiliary example whose prompt equals a validation
+# or test prompt of its task is left out.
+AUXILIARY = {"ding-phrases": TRANSLATION_TASK}
+
+
+@functools.lru_cache(maxsize=None)
+def auxiliary_examples(name: str) -> tuple[tasks.Example, ...]:
+    """The examples of an auxiliary training corpus, in the task's prompt format."""
+    if name not in AUXILIARY:
+        raise ValueError(f"unknown auxiliary corpus {name!r}; choose one of "
+                         f"{', '.join(AUXILIARY)}.")
+    pairs = corpora.ding_phrase_pairs()
+    _check_count(name, len(pairs))
+    held_out = {e.prompt for split in ("validation", "test")
+                for e in _splits(AUXILIARY[name])[split]}
+    examples = (tasks.Example(id=f"{name}:{i}", prompt=TRANSLATION_PREFIX + en, reference=de)
+                for i, (en, de) in enumerate(pairs))
+    return tuple(e for e in examples if e.prompt not in held_out)
+
 
 def register_all() -> None:
     """Registers both tasks with ``tasks.register`` (no corpus is read until a task is used)."""
