@@ -171,3 +171,41 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
     text = out.read_text()
     assert "t5-test-small-distilled:translation_en_de" in text
     assert f"{summary['before']['block_efficiency']:.3f}" in text
+
+
+def test_finetune_on_length_buckets_with_an_auxiliary_corpus(tmp_path):
+    assert train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'",
+                            "--gin.run_training.length_buckets=[(32, 32), (96, 96)]",
+                            "--gin.run_training.auxiliary={'ding-phrases': 0.25}"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    mixture = summary["mixture"]
+    share = lambda prefix: sum(m["rate"] for m in mixture  # noqa: E731
+                               if m["name"].startswith(prefix))
+    assert share("ding-phrases[") == pytest.approx(0.25)
+    assert share("translation_en_de[") == pytest.approx(0.75)
+    assert "ding-phrases[32x32]" in {m["name"] for m in mixture}  # short phrases, short rows
+    assert summary["task_examples"] + summary["train_dropped"] == 16
+    assert summary["auxiliary"] == {"ding-phrases": 0.25}
+    # passes over the task's own examples only
+    assert summary["epochs"] == pytest.approx(3 * 4 * 0.75 / summary["task_examples"])
+    assert summary["length_buckets"] == [[32, 32], [96, 96]]
+    # Another mixture is another run: its checkpoint is not resumed by a plain run.
+    with pytest.raises(ValueError, match="auxiliary"):
+        train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'", "--gin.run_training.num_steps=4"])
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("--gin.run_training.auxiliary={'ding-phrases': 1.0}", r"must be in \(0, 1\)"),
+    ("--gin.run_training.auxiliary={'wmt': 0.5}", "does not serve task"),
+    ("--gin.run_training.length_buckets=[(128, 32)]", "exceed input_length 96"),
+])
+def test_bad_mixtures_name_the_fix(tmp_path, binding, message):
+    with pytest.raises(ValueError, match=message):
+        train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'", binding])
+
+
+def test_span_corruption_refuses_length_buckets(tmp_path):
+    with pytest.raises(ValueError, match="objective='task' only"):
+        recipes.run_training(workdir=str(tmp_path), model_size="t5-tiny",
+                             objective="span_corruption", vocab_sources=["libc-de"],
+                             vocab_size=400, extra_ids=10, length_buckets=[(32, 32)])

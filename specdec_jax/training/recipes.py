@@ -25,12 +25,17 @@ import numpy as np
 
 from specdec_jax import distributed, timing
 from specdec_jax.checkpoints import fetch
-from specdec_jax.data import pretraining, span_corruption, tasks
+from specdec_jax.data import pretraining, span_corruption, tasks, text_tasks
 from specdec_jax.data.vocabulary import SentencePieceVocabulary, train_sentencepiece
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
 from specdec_jax.progress import tqdm
 from specdec_jax.training import loop
-from specdec_jax.training.data import ArrayDataset, seq2seq_dataset
+from specdec_jax.training.data import (
+    ArrayDataset,
+    MixtureDataset,
+    bucket_by_length,
+    seq2seq_dataset,
+)
 from specdec_jax.training.optimizers import OptimizerConfig
 
 # Shapes sized for the 2-core CPU machines (the "-cpu" pair is >= 4x apart in
@@ -101,12 +106,20 @@ def task_dataset(task_name: str, split: str, vocab: SentencePieceVocabulary, *,
                  ) -> tuple[ArrayDataset, int]:
     """(inputs + EOS, reference + EOS) pairs of a task split, and how many
     examples were left out for not fitting the lengths (reported, not cut)."""
-    examples = tasks.get_task(task_name).load(split, limit)
+    return examples_dataset(tasks.get_task(task_name).load(split, limit), vocab,
+                            input_length=input_length, target_length=target_length,
+                            what=f"{split} example of {task_name}")
+
+
+def examples_dataset(examples: Sequence[tasks.Example], vocab: SentencePieceVocabulary, *,
+                     input_length: int, target_length: int, what: str
+                     ) -> tuple[ArrayDataset, int]:
+    """``task_dataset`` for a list of examples (a split, an auxiliary corpus)."""
     inputs, targets, dropped = [], [], 0
     for example in examples:
         if not isinstance(example.reference, str):
-            raise ValueError(f"task {task_name!r} has non-text references; fine-tune on a "
-                             "text task (translation_en_de, summarisation_debian).")
+            raise ValueError(f"the {what} {example.id!r} has a non-text reference; fine-tune "
+                             "on a text task (translation_en_de, summarisation_debian).")
         source = vocab.encode(example.prompt) + [vocab.eos_id]
         target = vocab.encode(example.reference) + [vocab.eos_id]
         if len(source) > input_length or len(target) > target_length:
@@ -115,10 +128,59 @@ def task_dataset(task_name: str, split: str, vocab: SentencePieceVocabulary, *,
         inputs.append(source)
         targets.append(target)
     if not inputs:
-        raise ValueError(f"no {split} example of {task_name} fits input_length {input_length} "
-                         f"and target_length {target_length}; raise them.")
+        raise ValueError(f"no {what} fits input_length {input_length} and target_length "
+                         f"{target_length}; raise them.")
     return seq2seq_dataset(inputs, targets, input_length=input_length,
                            target_length=target_length), dropped
+
+
+def training_mixture(task_name: str, vocab: SentencePieceVocabulary, *, input_length: int,
+                     target_length: int, limit: int | None = None,
+                     length_buckets: Sequence[Sequence[int]] | None = None,
+                     auxiliary: dict[str, float] | None = None
+                     ) -> tuple[ArrayDataset | MixtureDataset, dict]:
+    """A task's training data, optionally in length buckets and mixed with
+    auxiliary corpora (``text_tasks.AUXILIARY``; ``{name: share of batches}``),
+    and notes for the run's summary (what was left out, the mixture)."""
+    data, dropped = task_dataset(task_name, "train", vocab, input_length=input_length,
+                                 target_length=target_length, limit=limit)
+    notes: dict = {"train_dropped": dropped, "task_examples": len(data)}
+    auxiliary = dict(auxiliary or {})
+    if not length_buckets and not auxiliary:
+        return data, notes
+    for name, share in auxiliary.items():
+        if text_tasks.AUXILIARY.get(name) != task_name:
+            serves = [n for n, t in text_tasks.AUXILIARY.items() if t == task_name]
+            raise ValueError(f"auxiliary corpus {name!r} does not serve task {task_name!r}; "
+                             f"it can take {serves or 'none'}.")
+        if not 0 < share < 1:
+            raise ValueError(f"auxiliary share of {name!r} must be in (0, 1), got {share}.")
+    task_share = 1.0 - sum(auxiliary.values())
+    if task_share <= 0:
+        raise ValueError(f"auxiliary shares {auxiliary} leave no batches for the task; "
+                         "keep their sum below 1.")
+    buckets = [tuple(b) for b in (length_buckets or [(input_length, target_length)])]
+    if any(i > input_length or t > target_length for i, t in buckets):
+        raise ValueError(f"length buckets {buckets} exceed input_length {input_length} / "
+                         f"target_length {target_length}; keep each bucket within them.")
+    parts = [(task_name, data, task_share)]
+    for name, share in auxiliary.items():
+        aux, notes[f"{name}_dropped"] = examples_dataset(
+            text_tasks.auxiliary_examples(name), vocab, input_length=input_length,
+            target_length=target_length, what=f"example of {name}")
+        parts.append((name, aux, share))
+    components, rates, names = [], [], []
+    for name, part, share in parts:
+        mix = bucket_by_length(part, buckets, name=name)
+        components += mix.components
+        names += mix.names
+        rates += [share * p for p in mix.probabilities]
+    mixture = MixtureDataset(components=tuple(components), rates=tuple(rates),
+                             names=tuple(names))
+    notes["mixture"] = [{"name": n, "examples": len(c), "rate": r}
+                        for n, c, r in zip(names, components, mixture.probabilities.tolist())]
+    notes["task_share"] = task_share
+    return mixture, notes
 
 
 def span_corruption_dataset(vocab: SentencePieceVocabulary, *, sources: Sequence[str],
@@ -170,7 +232,9 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                  vocab_size: int = 8000, extra_ids: int = 100, vocab_seed: int = 0,
                  init_checkpoint: str | None = None, num_steps: int = 1000,
                  batch_size: int = 32, input_length: int = 128, target_length: int = 128,
-                 train_limit: int | None = None, eval_examples: int = 256,
+                 train_limit: int | None = None,
+                 length_buckets: Sequence[Sequence[int]] | None = None,
+                 auxiliary: dict[str, float] | None = None, eval_examples: int = 256,
                  eval_every: int = 200, checkpoint_every: int = 200, keep: int = 2,
                  optimizer: str = "adafactor", learning_rate: float = 1e-2,
                  schedule: str = "rsqrt", warmup_steps: int = 100, clip_norm: float = 1.0,
@@ -178,7 +242,12 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
     """Pre-trains (``objective="span_corruption"``) or fine-tunes
     (``objective="task"``) a T5 v1.1 model; writes the run into ``workdir``
     and ``workdir/summary.json`` (parameter count, training tokens, seconds,
-    final losses). Killed runs resume from their last checkpoint."""
+    final losses). Killed runs resume from their last checkpoint.
+
+    ``length_buckets`` (``[(input_width, target_width), ...]``) batches task
+    examples by length so a batch of short ones pays for short rows;
+    ``auxiliary`` mixes training-only corpora in at a share of the batches
+    (e.g. ``{"ding-phrases": 0.5}`` for translation). Both are task-only."""
     objectives = ("task", "span_corruption")
     if objective not in objectives:
         raise ValueError(f"unknown objective {objective!r}; choose one of "
@@ -190,10 +259,13 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                        seed=vocab_seed)
     model = t5_model(model_size, vocab.vocab_size)
     notes: dict = {}
+    if objective != "task" and (length_buckets or auxiliary):
+        raise ValueError("length_buckets and auxiliary apply to objective='task' only; span "
+                         "corruption packs its rows to one length.")
     if objective == "task":
-        data, notes["train_dropped"] = task_dataset(
-            task, "train", vocab, input_length=input_length, target_length=target_length,
-            limit=train_limit)
+        data, notes = training_mixture(task, vocab, input_length=input_length,
+                                       target_length=target_length, limit=train_limit,
+                                       length_buckets=length_buckets, auxiliary=auxiliary)
         eval_data, notes["eval_dropped"] = task_dataset(
             task, "validation", vocab, input_length=input_length,
             target_length=target_length, limit=eval_examples)
@@ -208,6 +280,9 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                              "evaluation; lower eval_examples.")
         data, eval_data = both.subset(slice(0, cut)), both.subset(slice(cut, None))
     params = init_params(model, vocab, init_checkpoint=init_checkpoint, seed=seed)
+    mixing = {"length_buckets": [list(b) for b in length_buckets]} if length_buckets else {}
+    if auxiliary:
+        mixing["auxiliary"] = dict(auxiliary)
     if notes.get("train_dropped"):
         print(f"note: {notes['train_dropped']} training examples do not fit input_length "
               f"{input_length} / target_length {target_length} and are left out.")
@@ -217,7 +292,8 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                         checkpoint_every=checkpoint_every, keep=keep, progress=progress,
                         fingerprint_extra={"vocabulary": vocab.fingerprint,
                                            "objective": objective, "task": task,
-                                           "init_checkpoint": init_checkpoint or ""})
+                                           "init_checkpoint": init_checkpoint or "",
+                                           **mixing})
     final = result.history[-1]
     params_dir = _export_params(workdir, num_steps, result.state.params)
     summary = {
@@ -226,13 +302,15 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
         "vocabulary": vocab.fingerprint, "vocabulary_path": str(vocab.path),
         "extra_ids": vocab.extra_ids, "params": str(params_dir),
         "train_examples": len(data), "eval_examples": len(eval_data),
-        "tokens_per_epoch": float(data.weights.sum()),
-        "training_tokens": float(data.weights.sum()) * num_steps * batch_size / len(data),
+        "tokens_per_epoch": data.mean_tokens() * len(data),
+        "training_tokens": data.mean_tokens() * num_steps * batch_size, **mixing,
         "steps": num_steps, "batch_size": batch_size, "optimizer": dataclasses.asdict(opt),
         "seconds_this_invocation": result.seconds, "resumed_from": result.resumed_from,
         "final": final, "environment": timing.environment(),
         **notes}
-    summary["epochs"] = num_steps * batch_size / len(data)
+    # Passes over the task's own training examples (auxiliary corpora take their share).
+    summary["epochs"] = (num_steps * batch_size * notes.get("task_share", 1.0)
+                         / notes.get("task_examples", len(data)))
     summary["eval_perplexity"] = final.get("eval/perplexity", math.nan)
     if distributed.is_writer():
         pathlib.Path(workdir, "summary.json").write_text(json.dumps(summary, indent=1))
