@@ -185,6 +185,24 @@ def test_ratio_ci_is_a_ratio_of_totals():
     assert metrics.ratio_ci([{"tokens": 0, "calls": 0}], "tokens", "calls")[0] == 0.0
 
 
+def test_paired_difference_sees_what_overlapping_intervals_hide():
+    """System a beats b by exactly 1 point on every example of a wide spread:
+    their own intervals overlap, the paired interval is [1, 1]. Two systems
+    that differ only by noise get a paired interval around 0."""
+    spread = [float(x) for x in range(0, 100, 5)]
+    better = [x + 1.0 for x in spread]
+    _, low_a, high_a = metrics.bootstrap_ci(better, metrics.ROUGE2.aggregate)
+    _, low_b, high_b = metrics.bootstrap_ci(spread, metrics.ROUGE2.aggregate)
+    assert low_a < high_b and low_b < high_a  # overlapping intervals
+    diff, low, high = metrics.paired_difference_ci(better, spread, metrics.ROUGE2.aggregate)
+    assert (diff, low, high) == pytest.approx((1.0, 1.0, 1.0))
+    noise = [x + (3.0 if i % 2 else -3.0) for i, x in enumerate(spread)]
+    diff, low, high = metrics.paired_difference_ci(noise, spread, metrics.ROUGE2.aggregate)
+    assert low < 0.0 < high
+    with pytest.raises(ValueError, match="same examples on both sides"):
+        metrics.paired_difference_ci(better, spread[:-1], metrics.ROUGE2.aggregate)
+
+
 def test_ding_phrases_are_training_only_words_and_phrases(splits):
     phrases = corpora.ding_phrase_pairs()
     assert len(phrases) == corpora.DING_PHRASE_RECORDS

@@ -168,7 +168,14 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
         quality = row["quality"]
         assert quality["metric"] == "bleu" and quality["num_examples"] == 3
         assert 0.0 <= quality["low"] <= quality["score"] <= quality["high"] <= 100.0
+    for role in ("small", "small-distilled"):  # paired against the large model
+        d = rows[role]["large_minus_this"]
+        assert d["low"] <= d["difference"] <= d["high"]
+        assert d["clearly_ahead"] == (d["low"] > 0)
+        assert d["difference"] == pytest.approx(rows["large"]["quality"]["score"]
+                                                - rows[role]["quality"]["score"])
     text = out.read_text()
+    assert "Large minus small:" in text and "Large minus small-distilled:" in text
     assert "t5-test-small-distilled:translation_en_de" in text
     assert f"{summary['before']['block_efficiency']:.3f}" in text
 

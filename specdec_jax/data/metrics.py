@@ -24,14 +24,36 @@ def bootstrap_ci(items: list, aggregate, *, num_samples: int = BOOTSTRAP_SAMPLES
     """
     if not items:
         raise ValueError("cannot score an empty set of examples.")
-    score = float(aggregate(items))
+    return _bootstrap(len(items), lambda rows: float(aggregate([items[i] for i in rows])),
+                      num_samples=num_samples, seed=seed, level=level)
+
+
+def paired_difference_ci(items_a: list, items_b: list, aggregate, *,
+                         num_samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED,
+                         level: float = 0.95) -> tuple[float, float, float]:
+    """(difference, low, high) of ``aggregate(a) - aggregate(b)`` for two systems
+    scored on the same examples (``items_a[i]`` and ``items_b[i]`` are one
+    example's items): a paired bootstrap, both resampled with the same indices,
+    which is what "a is better than b" needs (two separate intervals that
+    overlap can still differ)."""
+    if len(items_a) != len(items_b) or not items_a:
+        raise ValueError(f"a paired comparison needs the same examples on both sides; got "
+                         f"{len(items_a)} and {len(items_b)} items.")
+
+    def difference(rows):
+        return (float(aggregate([items_a[i] for i in rows]))
+                - float(aggregate([items_b[i] for i in rows])))
+    return _bootstrap(len(items_a), difference, num_samples=num_samples, seed=seed, level=level)
+
+
+def _bootstrap(n: int, statistic, *, num_samples: int, seed: int, level: float
+               ) -> tuple[float, float, float]:
+    """``statistic`` of all ``n`` rows and its percentile interval over resamples."""
     rng = np.random.default_rng(seed)
-    n = len(items)
-    draws = [float(aggregate([items[i] for i in rng.integers(0, n, n)]))
-             for _ in range(num_samples)]
+    draws = [statistic(rng.integers(0, n, n)) for _ in range(num_samples)]
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(draws, [tail, 1.0 - tail])
-    return score, float(low), float(high)
+    return statistic(np.arange(n)), float(low), float(high)
 
 
 def ratio_ci(rows: list[dict], numerator: str, denominator: str, **kwargs
