@@ -149,20 +149,24 @@ FACTORIES = {TRANSLATION_TASK: translation_en_de, SUMMARISATION_TASK: summarisat
 # serve. They never enter a split, and an auxiliary example whose prompt equals a validation
 # or test prompt of its task is left out.
 AUXILIARY = {"ding-phrases": TRANSLATION_TASK}
+_AUXILIARY_PAIRS = {"ding-phrases": corpora.ding_phrase_pairs}  # name -> (source, reference)
+_PREFIXES = {TRANSLATION_TASK: TRANSLATION_PREFIX, SUMMARISATION_TASK: SUMMARISATION_PREFIX}
 
 
 @functools.lru_cache(maxsize=None)
 def auxiliary_examples(name: str) -> tuple[tasks.Example, ...]:
-    """The examples of an auxiliary training corpus, in the task's prompt format."""
+    """The examples of an auxiliary training corpus, in its task's prompt format."""
     if name not in AUXILIARY:
         raise ValueError(f"unknown auxiliary corpus {name!r}; choose one of "
                          f"{', '.join(AUXILIARY)}.")
-    pairs = corpora.ding_phrase_pairs()
+    task_name = AUXILIARY[name]
+    pairs = _AUXILIARY_PAIRS[name]()
     _check_count(name, len(pairs))
     held_out = {e.prompt for split in ("validation", "test")
-                for e in _splits(AUXILIARY[name])[split]}
-    examples = (tasks.Example(id=f"{name}:{i}", prompt=TRANSLATION_PREFIX + en, reference=de)
-                for i, (en, de) in enumerate(pairs))
+                for e in _splits(task_name)[split]}
+    examples = (tasks.Example(id=f"{name}:{i}", prompt=_PREFIXES[task_name] + source,
+                              reference=reference)
+                for i, (source, reference) in enumerate(pairs))
     return tuple(e for e in examples if e.prompt not in held_out)
 
 
