@@ -32,6 +32,16 @@ class _LineTqdm(_terminal_tqdm):
         kwargs["ncols"] = 100
         super().__init__(*args, **kwargs)
 
+    # tqdm redraws on every postfix change by default; in a log that is a line per
+    # training step. The postfix shows on the next rate-limited line instead.
+    def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+        del refresh
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+    def set_postfix_str(self, s="", refresh=True):
+        del refresh
+        super().set_postfix_str(s, refresh=False)
+
     def display(self, msg=None, pos=None):
         del pos
         line = (self.__str__() if msg is None else msg).strip()

@@ -32,3 +32,15 @@ def test_a_terminal_gets_tqdm_and_the_switch_turns_bars_off(monkeypatch):
     for _ in progress.tqdm(range(3), desc="work", file=log):
         pass
     assert log.getvalue() == ""
+
+
+def test_postfix_changes_wait_for_the_rate_limited_line():
+    log = io.StringIO()
+    bar = progress.tqdm(range(100), desc="train", file=log)  # 30 s interval
+    for step in bar:
+        bar.set_postfix(loss=f"{1.0 / (step + 1):.4f}")
+        bar.set_postfix_str(f"point {step}")
+    lines = log.getvalue().strip().split("\n")
+    # The opening line and the final one; a redraw per postfix would give 200 more.
+    assert len(lines) <= 3, lines
+    assert "100/100" in lines[-1] and "point 99" in lines[-1]
