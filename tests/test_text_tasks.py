@@ -217,3 +217,19 @@ def test_ding_phrases_are_training_only_words_and_phrases(splits):
     assert all(e.prompt.startswith(text_tasks.TRANSLATION_PREFIX) for e in examples)
     with pytest.raises(ValueError, match="unknown auxiliary corpus 'wmt'"):
         text_tasks.auxiliary_examples("wmt")
+
+
+def test_ui_messages_are_clean_training_only_message_pairs(splits):
+    messages = corpora.ui_message_pairs()
+    assert len(messages) == corpora.UI_MESSAGE_RECORDS
+    # LibreOffice's "STR_MACNAME\x04~Macro name" -> "~Makroname": context and accelerator go.
+    assert ("Macro name", "Makroname") in messages
+    assert ("Page background", "Seitenhintergrund") in messages
+    assert ("can't write superblock", "der Superblock kann nicht geschrieben werden") in messages
+    assert not any(corpora._MESSAGE_CODE.search(en + de) or corpora._ACCELERATOR.search(en + de)
+                   or "\x04" in en or en == de for en, de in messages)
+    assert len({en for en, _ in messages}) == len(messages)
+    examples = text_tasks.auxiliary_examples("ui-messages")
+    held_out = {e.prompt for split in ("validation", "test")
+                for e in splits[text_tasks.TRANSLATION_TASK][split]}
+    assert examples and not held_out & {e.prompt for e in examples}

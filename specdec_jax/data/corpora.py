@@ -6,7 +6,9 @@ archive is. Three corpora come from it (see ``CORPORA`` for source, licence and 
 * ``debian-handbook`` (EN->DE): *The Debian Administrator's Handbook* ships the same HTML book
   in en-US and de-DE; paragraphs (``<div class="para">``) align 1:1 page by page.
 * ``trans-de-en`` (EN->DE): the Ding German-English dictionary; we keep its full-sentence
-  example pairs only.
+  example pairs only (its words and phrases are the training-only ``ding-phrases``).
+* ``ui-messages`` (EN->DE, training only): the German gettext catalogues (``de/LC_MESSAGES``
+  ``.mo`` files) of a pinned set of system and desktop packages, English message -> German.
 * ``debian-descriptions`` (summarisation): package long description -> one-line synopsis,
   from the archive's ``Translation-en`` list.
 
@@ -49,6 +51,7 @@ carrying its own hash).
 from __future__ import annotations
 
 import dataclasses
+import gettext
 import hashlib
 import html.parser
 import io
@@ -85,7 +88,8 @@ class DebPin:
 
     @property
     def filename(self) -> str:
-        return f"{self.package}_{self.version}_all.deb"
+        # apt writes a version's epoch colon as %3a ("4:7.4.7" -> "4%3a7.4.7").
+        return f"{self.package}_{self.version.replace(':', '%3a')}_all.deb"
 
 
 DEBIAN_HANDBOOK = DebPin(
@@ -108,8 +112,30 @@ PYTHON_TESTSUITE = DebPin(
     package="libpython3.11-testsuite", version="3.11.2-6+deb12u9",
     sha256="5dd0f85e950b344a51374e0ef68089e808f73c6c594c80e5232936b5c7ea4a28",
     pool="pool/main/p/python3.11", licence="PSF-2.0")
+# German message catalogues (ui-messages): system tools whose vocabulary the handbook shares
+# (disks, file systems, keys), the GTK/GLib desktop stack, and LibreOffice's UI strings.
+UI_MESSAGE_DEBS = (
+    DebPin(package="util-linux-locales", version="2.38.1-5+deb12u3",
+           sha256="2cb091d6fdc2f38d3ce414102877dcc7434e4d42f18b58e73708219c2b9ec18e",
+           pool="pool/main/u/util-linux", licence="GPL-2+"),
+    DebPin(package="e2fsprogs-l10n", version="1.47.0-2",
+           sha256="30830c185a0d02d444ad7b900ee5353d13f442dc5479847ce700ba34136a2df8",
+           pool="pool/main/e/e2fsprogs", licence="GPL-2"),
+    DebPin(package="gnupg-l10n", version="2.2.40-1.1+deb12u2",
+           sha256="c985452d06cc7b3b1044cd1eb3f2acac773836d34cafb35b5a4bebae02c1caa0",
+           pool="pool/main/g/gnupg2", licence="GPL-3+"),
+    DebPin(package="libglib2.0-data", version="2.74.6-2+deb12u9",
+           sha256="d98434e097009dedd2f2382c48b7debab5b14261966c0e0506a991b2496bea5f",
+           pool="pool/main/g/glib2.0", licence="LGPL-2.1+"),
+    DebPin(package="libgtk-3-common", version="3.24.38-2~deb12u3",
+           sha256="f2642d127d85440acbfc2ed404d3932d8b2fbe8a576ead7f93f35ac1fa999c92",
+           pool="pool/main/g/gtk+3.0", licence="LGPL-2+"),
+    DebPin(package="libreoffice-l10n-de", version="4:7.4.7-1+deb12u14",
+           sha256="aee22c8e3b3c0431f6e1b0bc66f757ba36c860e2651a05eb050fde4897f06548",
+           pool="pool/main/libr/libreoffice", licence="MPL-2.0"),
+)
 DEBS = {pin.package: pin for pin in (DEBIAN_HANDBOOK, TRANS_DE_EN, DICT_GCIDE, LIBC_L10N,
-                                     PYTHON_TESTSUITE)}
+                                     PYTHON_TESTSUITE, *UI_MESSAGE_DEBS)}
 
 # Debian 12.15 (bookworm) main, InRelease "Date: Sat, 11 Jul 2026 10:16:37 UTC".
 DESCRIPTIONS_SOURCE = {
@@ -137,6 +163,7 @@ _OPENERS = "\"'„“‚‘«»"
 HANDBOOK_RECORDS = 1635
 DING_RECORDS = 15904
 DING_PHRASE_RECORDS = 290841  # words and phrases (training-only data)
+UI_MESSAGE_RECORDS = 21455  # message pairs (training-only data)
 DESCRIPTION_RECORDS = DESCRIPTIONS_SNAPSHOT["records"]
 GCIDE_RECORDS = 200519  # paragraphs of >= 8 words (pretraining.gcide_documents)
 LIBC_DE_RECORDS = 1423  # translated messages
@@ -167,6 +194,12 @@ CORPORA = {
         source=f"Debian package trans-de-en {TRANS_DE_EN.version} (Ding dictionary words and "
                "phrases, /usr/share/trans/de-en)",
         licence=TRANS_DE_EN.licence, records=DING_PHRASE_RECORDS),
+    "ui-messages": Corpus(
+        name="ui-messages",
+        source="German gettext catalogues (de/LC_MESSAGES/*.mo) of the Debian 12 packages "
+               + ", ".join(f"{pin.package} {pin.version}" for pin in UI_MESSAGE_DEBS),
+        licence="; ".join(f"{pin.package}: {pin.licence}" for pin in UI_MESSAGE_DEBS),
+        records=UI_MESSAGE_RECORDS),
     "debian-descriptions": Corpus(
         name="debian-descriptions",
         source=f"{DESCRIPTIONS_SOURCE['release']}, {DESCRIPTIONS_SOURCE['list']} "
@@ -426,6 +459,39 @@ def ding_phrase_pairs() -> list[tuple[str, str]]:
             continue
         seen.add(en)
         pairs.append((en, de))
+    return pairs
+
+
+# Messages that are code or markup rather than prose: printf/format fields, mnemonic and
+# markup characters, gnupg's |ARG| option tables, e2fsprogs' @-abbreviations, escapes, and
+# multi-line help text.
+_MESSAGE_CODE = re.compile(r"[%_&@<>{}|$\\\n\t]")
+_ACCELERATOR = re.compile(r"~(?=\w)")  # LibreOffice's accelerator mark: "~Open", "Op~en"
+
+
+def ui_message_pairs() -> list[tuple[str, str]]:
+    """(English, German) pairs of the German message catalogues of ``UI_MESSAGE_DEBS``, in
+    package and file order. A message's context (msgctxt) is dropped, LibreOffice's ``~``
+    accelerators removed and white space collapsed; plural forms, untranslated messages
+    (German empty or equal to the English) and messages that are code or markup
+    (``_MESSAGE_CODE``) are left out. Training data only; repeated English keeps its first
+    pair."""
+    pairs, seen = [], set()
+    for pin in UI_MESSAGE_DEBS:
+        root = fetch_deb(pin)
+        for path in sorted(root.rglob("de/LC_MESSAGES/*.mo")):
+            with path.open("rb") as handle:
+                catalog = gettext.GNUTranslations(handle)._catalog  # msgid -> msgstr
+            for msgid, msgstr in catalog.items():
+                if not isinstance(msgid, str) or not isinstance(msgstr, str):
+                    continue  # plural forms: (msgid, n) keys
+                msgid = msgid.rsplit("\x04", 1)[-1]  # "context\x04message"
+                en, de = (" ".join(_ACCELERATOR.sub("", text).split())
+                          for text in (msgid, msgstr))
+                if (en and de and en != de and en not in seen
+                        and not _MESSAGE_CODE.search(msgid + msgstr)):
+                    seen.add(en)
+                    pairs.append((en, de))
     return pairs
 
 

@@ -148,8 +148,9 @@ FACTORIES = {TRANSLATION_TASK: translation_en_de, SUMMARISATION_TASK: summarisat
 # Training-only corpora that a recipe may mix into a task's train split, by the task they
 # serve. They never enter a split, and an auxiliary example whose prompt equals a validation
 # or test prompt of its task is left out.
-AUXILIARY = {"ding-phrases": TRANSLATION_TASK}
-_AUXILIARY_PAIRS = {"ding-phrases": corpora.ding_phrase_pairs}  # name -> (source, reference)
+AUXILIARY = {"ding-phrases": TRANSLATION_TASK, "ui-messages": TRANSLATION_TASK}
+_AUXILIARY_PAIRS = {"ding-phrases": corpora.ding_phrase_pairs,  # name -> (source, reference)
+                    "ui-messages": corpora.ui_message_pairs}
 _PREFIXES = {TRANSLATION_TASK: TRANSLATION_PREFIX, SUMMARISATION_TASK: SUMMARISATION_PREFIX}
 
 
