@@ -11,6 +11,7 @@ class _Terminal(io.StringIO):
 
 
 def test_a_log_gets_whole_lines_and_the_final_count(monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)  # a user's switch must not hide the bar
     monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.0)
     log = io.StringIO()
     for _ in progress.tqdm(range(5), desc="work", file=log, leave=False):
@@ -23,6 +24,7 @@ def test_a_log_gets_whole_lines_and_the_final_count(monkeypatch):
 
 
 def test_a_terminal_gets_tqdm_and_the_switch_turns_bars_off(monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)
     terminal = _Terminal()
     for _ in progress.tqdm(range(3), desc="work", file=terminal):
         pass
@@ -34,7 +36,8 @@ def test_a_terminal_gets_tqdm_and_the_switch_turns_bars_off(monkeypatch):
     assert log.getvalue() == ""
 
 
-def test_postfix_changes_wait_for_the_rate_limited_line():
+def test_postfix_changes_wait_for_the_rate_limited_line(monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)
     log = io.StringIO()
     bar = progress.tqdm(range(100), desc="train", file=log)  # 30 s interval
     for step in bar:

@@ -1,6 +1,7 @@
 """The training core: the teacher-forced forward, resume after ``kill -9``,
 data parallelism, checkpoints from another configuration, bad configs."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -75,6 +76,36 @@ def test_training_forward_equals_decoding_logits():
                                    _decode_step_by_step(T5, params, targets[i], inputs[i]),
                                    atol=1e-5)
         assert np.asarray(weights[i]).sum() == n
+
+
+def test_t5_dropout_is_on_in_training_steps_only():
+    """A T5 config with dropout decodes exactly like one without (decoding passes
+    no dropout RNG); a training step's loss depends on its key and repeats with
+    it; evaluation is deterministic; a rate outside [0, 1) is named."""
+    dropped = T5EncoderDecoderLM(dataclasses.replace(T5.config, dropout_rate=0.3))
+    params = T5.init_params(jax.random.PRNGKey(1))
+    data = training.seq2seq_dataset([[4, 8, 15, 16, 23], [2, 3]], [[7, 1, 9], [6]],
+                                    input_length=6, target_length=4)
+    batch = training.Batch(targets=data.targets, weights=data.weights, inputs=data.inputs,
+                           input_lengths=data.input_lengths)
+    plain = np.asarray(training.teacher_forced(T5, params, batch)[0])
+    np.testing.assert_array_equal(np.asarray(training.teacher_forced(dropped, params, batch)[0]),
+                                  plain)
+    loss = lambda model, rng: float(training.lm_loss(model, params, batch, rng)[0])  # noqa: E731
+    key_a, key_b = jax.random.PRNGKey(5), jax.random.PRNGKey(6)
+    assert loss(dropped, key_a) == loss(dropped, key_a)
+    assert loss(dropped, key_a) != loss(dropped, key_b)
+    assert loss(dropped, key_a) != loss(dropped, None) == loss(T5, key_a)  # rate 0: no dropout
+    eval_step = training.make_eval_step(dropped)
+    assert float(eval_step(params, batch)["loss_sum"]) == float(
+        training.make_eval_step(T5)(params, batch)["loss_sum"])
+    with pytest.raises(ValueError, match=r"dropout_rate must be in \[0, 1\), got 1.0"):
+        dataclasses.replace(T5.config, dropout_rate=1.0)
+    with pytest.raises(ValueError, match="dropout is implemented for T5"):
+        rows = training.lm_dataset([[3, 9, 4]], length=4)
+        training.teacher_forced(DECODER, DECODER.init_params(jax.random.PRNGKey(0)),
+                                training.Batch(targets=rows.targets, weights=rows.weights),
+                                jax.random.PRNGKey(0))
 
 
 def test_training_forward_rejects_the_wrong_batch_kind():

@@ -91,6 +91,8 @@ class T5Config:
     dtype: str = "float32"  # activations and caches; logits are always float32
     param_dtype: str = "float32"
     matmul_precision: str | None = None  # as DecoderConfig.matmul_precision
+    # Training only: applied when prefill/extend get a dropout_rng (decoding never does).
+    dropout_rate: float = 0.0
 
     def __post_init__(self):
         sizes = {name: getattr(self, name) for name in (
@@ -111,6 +113,9 @@ class T5Config:
                 "T5Config: relative_attention_max_distance "
                 f"({self.relative_attention_max_distance}) must exceed the exact-bucket range "
                 f"({self.relative_attention_num_buckets // 2}).")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"T5Config: dropout_rate must be in [0, 1), got "
+                             f"{self.dropout_rate}.")
         if not 0 <= self.decoder_start_token_id < self.vocab_size:
             raise ValueError(
                 f"T5Config: decoder_start_token_id {self.decoder_start_token_id} is outside "
@@ -184,6 +189,18 @@ def _dense(config: T5Config, features: int, kernel_init=_kernel_init, **kwargs) 
     return nn.Dense(features, use_bias=False, dtype=jnp.dtype(config.dtype),
                     param_dtype=jnp.dtype(config.param_dtype), kernel_init=kernel_init,
                     precision=config.matmul_precision, **kwargs)
+
+
+def _dropout(module: nn.Module, x: Array) -> Array:
+    """T5's dropout, active only in a training forward: when the caller passed a
+    ``dropout`` RNG (``prefill``/``extend`` with ``dropout_rng``). Decoding never
+    does, so the decoding forward is deterministic whatever ``dropout_rate``."""
+    rate = module.config.dropout_rate
+    if rate == 0.0 or not module.has_rng("dropout"):
+        return x
+    # Inline rather than nn.Dropout: setup-style modules cannot create submodules in calls.
+    keep = jax.random.bernoulli(module.make_rng("dropout"), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
 def _norm(config: T5Config, **kwargs) -> RMSNorm:
@@ -261,7 +278,8 @@ class _GatedGeluMlp(nn.Module):
         gate = _dense(cfg, cfg.d_ff, name="wi_0")(x_BxKxD)
         linear = _dense(cfg, cfg.d_ff, name="wi_1")(x_BxKxD)
         # approximate=True is HF's "gelu_new" and t5x's gelu.
-        return _dense(cfg, cfg.d_model, name="wo")(nn.gelu(gate, approximate=True) * linear)
+        hidden = _dropout(self, nn.gelu(gate, approximate=True) * linear)
+        return _dense(cfg, cfg.d_model, name="wo")(hidden)
 
 
 class _EncoderLayer(nn.Module):
@@ -273,9 +291,10 @@ class _EncoderLayer(nn.Module):
         y = _norm(cfg, name="pre_attention_layer_norm")(x_BxPxD)
         attention = _Attention(cfg, name="attention")
         keys, values = attention.project_kv(y)
-        x_BxPxD = x_BxPxD + attention(y, keys, values, mask_BxPxP, bias_HxPxP)
+        x_BxPxD = x_BxPxD + _dropout(self, attention(y, keys, values, mask_BxPxP,
+                                                      bias_HxPxP))
         y = _norm(cfg, name="pre_mlp_layer_norm")(x_BxPxD)
-        return x_BxPxD + _GatedGeluMlp(cfg, name="mlp")(y)
+        return x_BxPxD + _dropout(self, _GatedGeluMlp(cfg, name="mlp")(y))
 
 
 class _Encoder(nn.Module):
@@ -293,9 +312,10 @@ class _Encoder(nn.Module):
             relative_PxP)
         valid_BxP = positions_P[None, :] < lengths_B[:, None]
         mask_BxPxP = jnp.broadcast_to(valid_BxP[:, None, :], (batch, width, width))
+        x_BxPxD = _dropout(self, x_BxPxD)
         for i in range(cfg.num_encoder_layers):
             x_BxPxD = _EncoderLayer(cfg, name=f"layers_{i}")(x_BxPxD, mask_BxPxP, bias_HxPxP)
-        return _norm(cfg, name="encoder_norm")(x_BxPxD)
+        return _dropout(self, _norm(cfg, name="encoder_norm")(x_BxPxD))
 
 
 class _DecoderLayer(nn.Module):
@@ -320,12 +340,12 @@ class _DecoderLayer(nn.Module):
         new_keys, new_values = self.self_attention.project_kv(y)
         keys = interface.write_at_lengths(keys, new_keys, lengths_B)
         values = interface.write_at_lengths(values, new_values, lengths_B)
-        x_BxKxD = x_BxKxD + self.self_attention(y, keys, values, self_mask_BxKxS,
-                                                self_bias_BxHxKxS)
+        x_BxKxD = x_BxKxD + _dropout(self, self.self_attention(
+            y, keys, values, self_mask_BxKxS, self_bias_BxHxKxS))
         y = self.pre_cross_attention_layer_norm(x_BxKxD)
-        x_BxKxD = x_BxKxD + self.encoder_decoder_attention(y, cross_keys, cross_values,
-                                                           cross_mask_BxKxP)
-        x_BxKxD = x_BxKxD + self.mlp(self.pre_mlp_layer_norm(x_BxKxD))
+        x_BxKxD = x_BxKxD + _dropout(self, self.encoder_decoder_attention(
+            y, cross_keys, cross_values, cross_mask_BxKxP))
+        x_BxKxD = x_BxKxD + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x_BxKxD)))
         return x_BxKxD, keys, values
 
 
@@ -360,13 +380,15 @@ class _Decoder(nn.Module):
         cross_mask_BxKxP = jnp.broadcast_to(valid_BxP[:, None, :],
                                             (batch, k, cache.max_input_length))
         new_keys, new_values = [], []
+        x_BxKxD = _dropout(self, x_BxKxD)
         for i, layer in enumerate(self.layers):
             x_BxKxD, keys, values = layer(
                 x_BxKxD, cache.lengths, cache.keys[i], cache.values[i], self_mask_BxKxS,
                 self_bias_BxHxKxS, cache.cross_keys[i], cache.cross_values[i], cross_mask_BxKxP)
             new_keys.append(keys)
             new_values.append(values)
-        hidden_BxKxD = interface.select_positions(self.decoder_norm(x_BxKxD), select_BxN)
+        hidden_BxKxD = interface.select_positions(_dropout(self, self.decoder_norm(x_BxKxD)),
+                                                  select_BxN)
         logits_BxKxV = self.logits_dense(hidden_BxKxD)
         new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
                                   lengths=cache.lengths + k)
@@ -402,6 +424,10 @@ class _T5Net(nn.Module):
         cache = cache.replace(cross_keys=cross_keys, cross_values=cross_values,
                               encoder_lengths=lengths_B)
         return self.decode(tokens_BxK, cache)
+
+
+def _dropout_rngs(dropout_rng: Array | None) -> dict:
+    return {} if dropout_rng is None else {"dropout": dropout_rng}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,11 +480,12 @@ class T5EncoderDecoderLM:
                        cross_values=buffers(max_input_length),
                        encoder_lengths=zeros_B, lengths=zeros_B)
 
-    def _decode(self, params, tokens_BxK, cache, select_BxN=None):
+    def _decode(self, params, tokens_BxK, cache, select_BxN=None, dropout_rng=None):
         return self._net.apply({"params": params}, tokens_BxK, cache, select_BxN,
-                               method=_T5Net.decode)
+                               method=_T5Net.decode, rngs=_dropout_rngs(dropout_rng))
 
-    def prefill(self, params: dict, prompt: Prompt, cache: T5Cache) -> StepOutput:
+    def prefill(self, params: dict, prompt: Prompt, cache: T5Cache, *,
+                dropout_rng: Array | None = None) -> StepOutput:
         """Encodes the prompt into the cache and starts an empty decoder sequence.
 
         Returns a cache with the cross-attention keys/values of this prompt,
@@ -467,7 +494,8 @@ class T5EncoderDecoderLM:
         ``extend``. ``logits`` [B, 1, V] and ``hidden`` [B, 1, D] preview that
         step (next-token logits after the start token) without committing it
         to the returned cache. A row with an empty prompt attends to padding;
-        its outputs are defined but meaningless.
+        its outputs are defined but meaningless. ``dropout_rng`` (training
+        only) turns on ``config.dropout_rate``.
         """
         batch = cache.lengths.shape[0]
         width = prompt.tokens.shape[1]
@@ -484,7 +512,8 @@ class T5EncoderDecoderLM:
                 f"prefill: prompt lengths {lengths.tolist()} exceed the token array's width "
                 f"{width}; lengths count the real tokens of each right-padded row.")
         cross_keys, cross_values = self._net.apply(
-            {"params": params}, prompt.tokens, prompt.lengths, method=_T5Net.encode)
+            {"params": params}, prompt.tokens, prompt.lengths, method=_T5Net.encode,
+            rngs=_dropout_rngs(dropout_rng))
 
         def store(buffer_BxPxHxDh, new_BxWxHxDh):
             # The input fills positions [0, width); the rest stays masked padding.
@@ -497,18 +526,21 @@ class T5EncoderDecoderLM:
             encoder_lengths=prompt.lengths.astype(jnp.int32),
             lengths=jnp.zeros_like(cache.lengths))
         start_Bx1 = jnp.full((batch, 1), self.decoder_start_token_id, jnp.int32)
-        logits, hidden, _ = self._decode(params, start_Bx1, cache)
+        preview_rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, 1)
+        logits, hidden, _ = self._decode(params, start_Bx1, cache, dropout_rng=preview_rng)
         return StepOutput(logits=logits, hidden=hidden, cache=cache)
 
     def extend(self, params: dict, tokens: Array, cache: T5Cache,
-               logits_at: Array | None = None) -> StepOutput:
+               logits_at: Array | None = None, *,
+               dropout_rng: Array | None = None) -> StepOutput:
         """Feeds K decoder tokens per row at positions lengths .. lengths + K - 1.
 
         Returns float32 logits [B, K, V] (next-token logits after each fed
         token), final-normed hidden states [B, K, D] (both at the offsets
         ``logits_at`` [B, N] only, when given), and the cache with lengths +
-        K. Roll back with ``cache.replace(lengths=...)``.
+        K. Roll back with ``cache.replace(lengths=...)``. ``dropout_rng``
+        (training only) turns on ``config.dropout_rate``.
         """
         interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
-        logits, hidden, new_cache = self._decode(params, tokens, cache, logits_at)
+        logits, hidden, new_cache = self._decode(params, tokens, cache, logits_at, dropout_rng)
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)

@@ -46,22 +46,35 @@ class Batch:
         return self.inputs is not None
 
 
-def teacher_forced(model, params, batch: Batch) -> tuple[Array, Array, Array, Array]:
+def uses_dropout(model) -> bool:
+    """Whether the model's config asks for dropout in training (T5's dropout_rate)."""
+    return getattr(getattr(model, "config", None), "dropout_rate", 0.0) > 0.0
+
+
+def teacher_forced(model, params, batch: Batch, dropout_rng: Array | None = None
+                   ) -> tuple[Array, Array, Array, Array]:
     """Logits [B, L, V] with the labels [B, L] and label weights [B, L] they
-    predict, and the final hidden states [B, L, D] (what a head on top reads)."""
+    predict, and the final hidden states [B, L, D] (what a head on top reads).
+    ``dropout_rng`` turns on the model's dropout (T5; a training forward only)."""
     if is_encoder_decoder(model) != batch.encoder_decoder:
         kind = "an encoder-decoder" if is_encoder_decoder(model) else "a decoder-only"
         raise ValueError(f"{kind} model needs batches "
                          f"{'with' if is_encoder_decoder(model) else 'without'} encoder "
                          "inputs; build them with the task's encoder_decoder setting.")
+    if dropout_rng is not None and not batch.encoder_decoder:
+        raise ValueError("dropout is implemented for T5 (encoder-decoder) models only; "
+                         "train decoder-only models with dropout_rate 0.")
     batch_size, length = batch.targets.shape
     if batch.encoder_decoder:
+        encoder_rng, decoder_rng = ((None, None) if dropout_rng is None
+                                    else tuple(jax.random.split(dropout_rng)))
+        dropout = lambda rng: {} if rng is None else {"dropout_rng": rng}  # noqa: E731
         cache = model.init_cache(batch_size, length, batch.inputs.shape[1])
-        cache = model.prefill(params, Prompt(tokens=batch.inputs,
-                                             lengths=batch.input_lengths), cache).cache
+        cache = model.prefill(params, Prompt(tokens=batch.inputs, lengths=batch.input_lengths),
+                              cache, **dropout(encoder_rng)).cache
         start_Bx1 = jnp.full((batch_size, 1), model.decoder_start_token_id, jnp.int32)
         fed_BxL = jnp.concatenate([start_Bx1, batch.targets[:, :-1]], axis=1)
-        out = model.extend(params, fed_BxL, cache)
+        out = model.extend(params, fed_BxL, cache, **dropout(decoder_rng))
         return out.logits, batch.targets, batch.weights, out.hidden
     out = model.extend(params, batch.targets, model.init_cache(batch_size, length))
     # [B, L] -> [B, L]: the label of position i is token i + 1; the last has none.
@@ -83,8 +96,10 @@ def cross_entropy(logits_BxLxV: Array, labels_BxL: Array, weights_BxL: Array
         "loss_sum": loss_sum, "nll_sum": loss_sum, "weight_sum": weight_sum, "correct": correct}
 
 
-def lm_loss(model, params, batch: Batch, rng: Array = None,  # noqa: ARG001
+def lm_loss(model, params, batch: Batch, rng: Array | None = None,
             extras: Any = None) -> tuple[Array, dict[str, Array]]:  # noqa: ARG001
-    """The language-modelling loss (pre-training and fine-tuning)."""
-    logits, labels, weights, _ = teacher_forced(model, params, batch)
+    """The language-modelling loss (pre-training and fine-tuning); with the
+    model's dropout when it has some and ``rng`` is given (training steps)."""
+    dropout_rng = rng if rng is not None and uses_dropout(model) else None
+    logits, labels, weights, _ = teacher_forced(model, params, batch, dropout_rng)
     return cross_entropy(logits, labels, weights)

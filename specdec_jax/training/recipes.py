@@ -64,10 +64,11 @@ def run_optimizer(num_steps: int, **settings) -> OptimizerConfig:
     return OptimizerConfig(total_steps=num_steps if decays else 0, **settings)
 
 
-def t5_model(size: str, vocab_size: int) -> T5EncoderDecoderLM:
+def t5_model(size: str, vocab_size: int, dropout_rate: float = 0.0) -> T5EncoderDecoderLM:
     if size not in T5_SIZES:
         raise ValueError(f"unknown T5 size {size!r}; choose one of {', '.join(T5_SIZES)}.")
-    return T5EncoderDecoderLM(T5Config(vocab_size=vocab_size, **T5_SIZES[size]))
+    return T5EncoderDecoderLM(T5Config(vocab_size=vocab_size, dropout_rate=dropout_rate,
+                                       **T5_SIZES[size]))
 
 
 def parameter_count(params) -> int:
@@ -238,7 +239,8 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                  eval_every: int = 200, checkpoint_every: int = 200, keep: int = 2,
                  optimizer: str = "adafactor", learning_rate: float = 1e-2,
                  schedule: str = "rsqrt", warmup_steps: int = 100, clip_norm: float = 1.0,
-                 weight_decay: float = 0.0, seed: int = 0, progress: bool = True) -> dict:
+                 weight_decay: float = 0.0, dropout_rate: float = 0.0, seed: int = 0,
+                 progress: bool = True) -> dict:
     """Pre-trains (``objective="span_corruption"``) or fine-tunes
     (``objective="task"``) a T5 v1.1 model; writes the run into ``workdir``
     and ``workdir/summary.json`` (parameter count, training tokens, seconds,
@@ -247,7 +249,9 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
     ``length_buckets`` (``[(input_width, target_width), ...]``) batches task
     examples by length so a batch of short ones pays for short rows;
     ``auxiliary`` mixes training-only corpora in at a share of the batches
-    (e.g. ``{"ding-phrases": 0.5}`` for translation). Both are task-only."""
+    (e.g. ``{"ding-phrases": 0.5}`` for translation). Both are task-only.
+    ``dropout_rate`` is T5's dropout in training steps (0.1 in t5x's fine-tuning);
+    evaluation and decoding run without it."""
     objectives = ("task", "span_corruption")
     if objective not in objectives:
         raise ValueError(f"unknown objective {objective!r}; choose one of "
@@ -257,7 +261,7 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
                         weight_decay=weight_decay)
     vocab = vocabulary(sources=vocab_sources, vocab_size=vocab_size, extra_ids=extra_ids,
                        seed=vocab_seed)
-    model = t5_model(model_size, vocab.vocab_size)
+    model = t5_model(model_size, vocab.vocab_size, dropout_rate)
     notes: dict = {}
     if objective != "task" and (length_buckets or auxiliary):
         raise ValueError("length_buckets and auxiliary apply to objective='task' only; span "

@@ -1,7 +1,8 @@
 """The train state and the pure train / eval steps (jitted once by the loop).
 
 A loss function has the signature ``loss_fn(model, params, batch, rng,
-extras) -> (loss, sums)`` where ``sums`` are per-step sums (``loss_sum``,
+extras) -> (loss, sums)`` where ``rng`` is the step's key in training and
+None in evaluation (so dropout, say, is off), ``sums`` are per-step sums (``loss_sum``,
 ``weight_sum``, ...) that add up exactly across steps and devices, and
 ``extras`` is a pytree of frozen inputs passed to every step as an argument
 (a distillation teacher's parameters: an argument, not a closure, so large
@@ -61,7 +62,7 @@ def make_eval_step(model, loss_fn: LossFn = lm_loss) -> Callable[..., dict]:
     """``eval_step(params, batch, extras=None) -> sums`` (add them up over the eval set)."""
 
     def eval_step(params, batch: Batch, extras: Any = None) -> dict:
-        _, sums = loss_fn(model, params, batch, jax.random.PRNGKey(0), extras)
+        _, sums = loss_fn(model, params, batch, None, extras)
         return sums
 
     return eval_step
