@@ -469,6 +469,12 @@ _MESSAGE_CODE = re.compile(r"[%_&@<>{}|$\\\n\t]")
 _ACCELERATOR = re.compile(r"~(?=\w)")  # LibreOffice's accelerator mark: "~Open", "Op~en"
 
 
+def message_catalog(path: pathlib.Path) -> dict:
+    """A gettext ``.mo`` file's messages: msgid -> msgstr (plural forms keyed (msgid, n))."""
+    with path.open("rb") as handle:
+        return gettext.GNUTranslations(handle)._catalog
+
+
 def ui_message_pairs() -> list[tuple[str, str]]:
     """(English, German) pairs of the German message catalogues of ``UI_MESSAGE_DEBS``, in
     package and file order. A message's context (msgctxt) is dropped, LibreOffice's ``~``
@@ -480,9 +486,7 @@ def ui_message_pairs() -> list[tuple[str, str]]:
     for pin in UI_MESSAGE_DEBS:
         root = fetch_deb(pin)
         for path in sorted(root.rglob("de/LC_MESSAGES/*.mo")):
-            with path.open("rb") as handle:
-                catalog = gettext.GNUTranslations(handle)._catalog  # msgid -> msgstr
-            for msgid, msgstr in catalog.items():
+            for msgid, msgstr in message_catalog(path).items():
                 if not isinstance(msgid, str) or not isinstance(msgstr, str):
                     continue  # plural forms: (msgid, n) keys
                 msgid = msgid.rsplit("\x04", 1)[-1]  # "context\x04message"

@@ -22,7 +22,6 @@ final partial row, whose size is reported).
 from __future__ import annotations
 
 import codecs
-import gettext
 import gzip
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -57,8 +56,7 @@ def gcide_documents() -> Iterator[str]:
 
 def libc_german_documents() -> Iterator[str]:
     root = corpora.fetch_deb(LIBC_L10N)
-    with (root / "usr/share/locale/de/LC_MESSAGES/libc.mo").open("rb") as handle:
-        catalog = gettext.GNUTranslations(handle)._catalog  # msgid -> msgstr
+    catalog = corpora.message_catalog(root / "usr/share/locale/de/LC_MESSAGES/libc.mo")
     for msgid, msgstr in sorted(catalog.items(), key=lambda item: str(item[0])):
         if msgid and isinstance(msgstr, str) and msgstr.strip():
             yield msgstr.strip()
