@@ -85,6 +85,36 @@ def test_span_corruption_pretraining_job(tmp_path):
     assert 4 <= summary["tokens_per_epoch"] / 16 <= 14
 
 
+def test_finetune_starts_from_our_own_pretraining_run(tmp_path):
+    """Span corruption, then fine-tuning from that run's directory: the fine-tune's
+    first loss is the pre-trained parameters' loss; another vocabulary is refused."""
+    pre = tmp_path / "pre"
+    assert train_main.main([
+        "--gin_file", "configs/runs/pretrain_t5.gin", f"--gin.WORKDIR='{pre}'",
+        "--gin.MODEL_SIZE='t5-tiny'", "--gin.run_training.vocab_sources=['libc-de']",
+        "--gin.run_training.pretraining_sources=['libc-de']",
+        "--gin.run_training.vocab_size=400", "--gin.run_training.extra_ids=10",
+        "--gin.run_training.num_steps=2", "--gin.run_training.batch_size=4",
+        "--gin.run_training.input_length=32", "--gin.run_training.train_limit=16",
+        "--gin.run_training.eval_examples=4", "--gin.run_training.progress=False"]) == 0
+    run = tmp_path / "run"
+    assert train_main.main([*TINY, f"--gin.WORKDIR='{run}'",
+                            f"--gin.INIT_CHECKPOINT='{pre}'"]) == 0
+    model, pretrained, _, _ = recipes.load_run(pre)
+    data, _ = recipes.task_dataset("translation_en_de", "train", vocab(), input_length=96,
+                                   target_length=96, limit=16)
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    expected, _ = forward.lm_loss(model, pretrained, data.batch(0, 4, seed=0), None)
+    assert first["loss"] == pytest.approx(float(expected), rel=1e-5)
+    random_init = forward.lm_loss(model, model.init_params(jax.random.PRNGKey(0)),
+                                  data.batch(0, 4, seed=0), None)[0]
+    assert first["loss"] != pytest.approx(float(random_init), rel=1e-3)
+    with pytest.raises(ValueError, match=r"was trained with the vocabulary .* fine-tune with "
+                                         r"the vocabulary settings"):
+        train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path / 'other'}'",
+                         "--gin.run_training.vocab_size=420", f"--gin.INIT_CHECKPOINT='{pre}'"])
+
+
 @pytest.mark.parametrize("binding, message", [
     ("--gin.run_training.objective='mlm'", "unknown objective 'mlm'"),
     ("--gin.MODEL_SIZE='t5-xxl'", "unknown T5 size 't5-xxl'"),
@@ -178,6 +208,26 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
     assert "Large minus small:" in text and "Large minus small-distilled:" in text
     assert "t5-test-small-distilled:translation_en_de" in text
     assert f"{summary['before']['block_efficiency']:.3f}" in text
+
+
+def test_a_pretrained_pair_member_fine_tunes_from_its_span_corruption_run(tmp_path,
+                                                                        monkeypatch):
+    import dataclasses  # noqa: PLC0415
+
+    from specdec_jax.training import pair  # noqa: PLC0415
+
+    monkeypatch.setattr(pair, "member_dir", lambda p, r, t: tmp_path / p / t / r)
+    monkeypatch.setitem(pair.PAIRS, "t5-test-pretrained", dataclasses.replace(
+        pair.PAIRS["t5-test"], pretraining_steps={"translation_en_de": {"small": 2}},
+        pretraining_sources={"translation_en_de": ["libc-de"]}))
+    small = pair.ensure_member("t5-test-pretrained-small:translation_en_de", progress=False)
+    pre = small.parent / "small-span-corruption"
+    assert json.loads((pre / "summary.json").read_text())["objective"] == "span_corruption"
+    summary = json.loads((small / "summary.json").read_text())
+    assert (summary["objective"], summary["init_checkpoint"]) == ("task", str(pre))
+    large = pair.ensure_member("t5-test-pretrained-large:translation_en_de", progress=False)
+    assert json.loads((large / "summary.json").read_text())["init_checkpoint"] == ""
+    assert not (large.parent / "large-span-corruption").exists()
 
 
 def test_finetune_on_length_buckets_with_an_auxiliary_corpus(tmp_path):

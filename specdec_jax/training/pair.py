@@ -27,6 +27,7 @@ from specdec_jax.training import recipes
 
 SUBDIR = "t5"
 ROLES = ("large", "small", "small-distilled")
+PRETRAINING_LENGTH = 128  # span-corruption rows: packed text, 15% noise (recipes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,10 @@ class PairRecipe:
     auxiliary: dict = dataclasses.field(default_factory=dict)
     # task -> T5 dropout rate in training (recipes.run_training)
     dropout_rate: dict = dataclasses.field(default_factory=dict)
+    # task -> role -> span-corruption steps before fine-tuning (none: from scratch)
+    pretraining_steps: dict = dataclasses.field(default_factory=dict)
+    # task -> pretraining.SOURCES names the span-corruption rows come from
+    pretraining_sources: dict = dataclasses.field(default_factory=dict)
 
 
 PAIRS: dict[str, PairRecipe] = {
@@ -93,6 +98,14 @@ PAIRS: dict[str, PairRecipe] = {
                  for task in ("translation_en_de", "summarisation_debian")},
         new_tokens={"translation_en_de": 8, "summarisation_debian": 8}),
 }
+# The t5-cpu recipe with T5's span-corruption pre-training before fine-tuning
+# (README: with and without). Text: the task's training side of both languages,
+# glibc's German messages and GCIDE's English definitions.
+PAIRS["t5-cpu-pretrained"] = dataclasses.replace(
+    PAIRS["t5-cpu"],
+    pretraining_steps={"translation_en_de": {"large": 2000, "small": 2000}},
+    pretraining_sources={"translation_en_de": ["translation-train", "libc-de", "gcide"]},
+    minutes={"translation_en_de": {"large": 120, "small": 25, "small-distilled": 5}})
 
 
 def parse_member(name: str) -> tuple[str, str, str]:
@@ -141,15 +154,36 @@ def ensure_member(name: str, *, progress: bool = True) -> pathlib.Path:
                                  input_length=input_length, target_length=target_length,
                                  **recipe.distillation)
         return workdir
+    init_checkpoint = _pretrained(recipe, role, task, workdir, progress)
     print(f"{name} is not in the cache: training it into {workdir} (about "
           f"{recipe.minutes[task][role]} minutes on 2 CPU cores; resumable).", file=sys.stderr)
     recipes.run_training(workdir=str(workdir), model_size=recipe.sizes[role], objective="task",
                          task=task, num_steps=recipe.steps[task][role], progress=progress,
+                         init_checkpoint=init_checkpoint,
                          input_length=input_length, target_length=target_length,
                          length_buckets=recipe.length_buckets.get(task),
                          auxiliary=recipe.auxiliary.get(task),
                          dropout_rate=recipe.dropout_rate.get(task, 0.0), **recipe.training)
     return workdir
+
+
+def _pretrained(recipe: PairRecipe, role: str, task: str, workdir: pathlib.Path,
+                progress: bool) -> str | None:
+    """The span-corruption run a member fine-tunes from (run first if absent),
+    or None when the recipe trains it from scratch."""
+    steps = recipe.pretraining_steps.get(task, {}).get(role)
+    if not steps:
+        return None
+    pre = workdir.parent / f"{role}-span-corruption"
+    if not (pre / "summary.json").exists():
+        print(f"pre-training {pre} by span corruption first ({steps} steps; resumable).",
+              file=sys.stderr)
+        recipes.run_training(workdir=str(pre), model_size=recipe.sizes[role],
+                             objective="span_corruption",
+                             pretraining_sources=recipe.pretraining_sources[task],
+                             num_steps=steps, input_length=PRETRAINING_LENGTH,
+                             progress=progress, **recipe.training)
+    return str(pre)
 
 
 def load_member(name: str, *, progress: bool = True):

@@ -205,13 +205,24 @@ def span_corruption_dataset(vocab: SentencePieceVocabulary, *, sources: Sequence
 
 def init_params(model: T5EncoderDecoderLM, vocab: SentencePieceVocabulary, *,
                 init_checkpoint: str | None, seed: int) -> dict:
-    """Random parameters, or a t5x / orbax checkpoint's (fine-tuning), checked
-    against this model's shapes and vocabulary."""
+    """Random parameters, or a checkpoint's, checked against this model's
+    shapes and vocabulary. ``init_checkpoint`` is a t5x checkpoint or one of
+    our own finished runs (a ``run_training`` workdir, e.g. a span-corruption
+    pre-training run to fine-tune from)."""
     if not init_checkpoint:
         return model.init_params(jax.random.PRNGKey(seed))
-    from specdec_jax.checkpoints.t5x_io import load_t5x  # noqa: PLC0415
+    if pathlib.Path(init_checkpoint, "summary.json").exists():
+        loaded, params, loaded_vocab, _ = load_run(init_checkpoint)
+        if loaded_vocab.fingerprint != vocab.fingerprint:
+            raise ValueError(
+                f"INIT_CHECKPOINT {init_checkpoint} was trained with the vocabulary "
+                f"{loaded_vocab.fingerprint}, this run uses {vocab.fingerprint}: fine-tune "
+                "with the vocabulary settings (vocab_size, vocab_sources, extra_ids, "
+                "vocab_seed) of the run it starts from.")
+    else:
+        from specdec_jax.checkpoints.t5x_io import load_t5x  # noqa: PLC0415
 
-    loaded, params = load_t5x(init_checkpoint)
+        loaded, params = load_t5x(init_checkpoint)
     stored, wanted = dataclasses.asdict(loaded.config), dataclasses.asdict(model.config)
     changed = {k: (stored[k], wanted[k]) for k in ("vocab_size", "d_model", "d_kv", "d_ff",
                                                     "num_heads", "num_encoder_layers",
@@ -220,7 +231,8 @@ def init_params(model: T5EncoderDecoderLM, vocab: SentencePieceVocabulary, *,
     if changed:
         detail = ", ".join(f"{k}: checkpoint {a}, this run {b}" for k, (a, b) in changed.items())
         fix = (" The vocabulary differs: fine-tune with the vocabulary the checkpoint was "
-               "trained with." if "vocab_size" in changed else "")
+               "trained with." if "vocab_size" in changed else
+               " Choose the model_size the checkpoint was trained with.")
         raise ValueError(f"INIT_CHECKPOINT {init_checkpoint} does not match the model: "
                          f"{detail}.{fix}")
     return params
@@ -308,6 +320,7 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
         "train_examples": len(data), "eval_examples": len(eval_data),
         "tokens_per_epoch": data.mean_tokens() * len(data),
         "training_tokens": data.mean_tokens() * num_steps * batch_size, **mixing,
+        "init_checkpoint": init_checkpoint or "",
         "steps": num_steps, "batch_size": batch_size, "optimizer": dataclasses.asdict(opt),
         "seconds_this_invocation": result.seconds, "resumed_from": result.resumed_from,
         "final": final, "environment": timing.environment(),
