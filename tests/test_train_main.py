@@ -21,6 +21,15 @@ TINY = ["--gin_file", "configs/runs/finetune_t5.gin",
         "--gin.run_training.input_length=96", "--gin.run_training.target_length=96",
         "--gin.run_training.warmup_steps=0", "--gin.run_training.progress=False"]
 
+TINY_PRETRAINING = [
+    "--gin_file", "configs/runs/pretrain_t5.gin",
+    "--gin.MODEL_SIZE='t5-tiny'", "--gin.run_training.vocab_sources=['libc-de']",
+    "--gin.run_training.pretraining_sources=['libc-de']",
+    "--gin.run_training.vocab_size=400", "--gin.run_training.extra_ids=10",
+    "--gin.run_training.num_steps=2", "--gin.run_training.batch_size=4",
+    "--gin.run_training.input_length=32", "--gin.run_training.train_limit=16",
+    "--gin.run_training.eval_examples=4", "--gin.run_training.progress=False"]
+
 
 def vocab():
     return recipes.vocabulary(sources=["libc-de"], vocab_size=400, extra_ids=10)
@@ -70,14 +79,7 @@ def test_checkpoint_with_another_vocabulary_is_refused(tmp_path):
 
 
 def test_span_corruption_pretraining_job(tmp_path):
-    assert train_main.main([
-        "--gin_file", "configs/runs/pretrain_t5.gin", f"--gin.WORKDIR='{tmp_path}'",
-        "--gin.MODEL_SIZE='t5-tiny'", "--gin.run_training.vocab_sources=['libc-de']",
-        "--gin.run_training.pretraining_sources=['libc-de']",
-        "--gin.run_training.vocab_size=400", "--gin.run_training.extra_ids=10",
-        "--gin.run_training.num_steps=2", "--gin.run_training.batch_size=4",
-        "--gin.run_training.input_length=32", "--gin.run_training.train_limit=16",
-        "--gin.run_training.eval_examples=4", "--gin.run_training.progress=False"]) == 0
+    assert train_main.main([*TINY_PRETRAINING, f"--gin.WORKDIR='{tmp_path}'"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["objective"] == "span_corruption"
     assert (summary["train_examples"], summary["eval_examples"]) == (16, 4)
@@ -89,14 +91,7 @@ def test_finetune_starts_from_our_own_pretraining_run(tmp_path):
     """Span corruption, then fine-tuning from that run's directory: the fine-tune's
     first loss is the pre-trained parameters' loss; another vocabulary is refused."""
     pre = tmp_path / "pre"
-    assert train_main.main([
-        "--gin_file", "configs/runs/pretrain_t5.gin", f"--gin.WORKDIR='{pre}'",
-        "--gin.MODEL_SIZE='t5-tiny'", "--gin.run_training.vocab_sources=['libc-de']",
-        "--gin.run_training.pretraining_sources=['libc-de']",
-        "--gin.run_training.vocab_size=400", "--gin.run_training.extra_ids=10",
-        "--gin.run_training.num_steps=2", "--gin.run_training.batch_size=4",
-        "--gin.run_training.input_length=32", "--gin.run_training.train_limit=16",
-        "--gin.run_training.eval_examples=4", "--gin.run_training.progress=False"]) == 0
+    assert train_main.main([*TINY_PRETRAINING, f"--gin.WORKDIR='{pre}'"]) == 0
     run = tmp_path / "run"
     assert train_main.main([*TINY, f"--gin.WORKDIR='{run}'",
                             f"--gin.INIT_CHECKPOINT='{pre}'"]) == 0
