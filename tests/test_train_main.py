@@ -223,6 +223,10 @@ def test_a_pretrained_pair_member_fine_tunes_from_its_span_corruption_run(tmp_pa
     large = pair.ensure_member("t5-test-pretrained-large:translation_en_de", progress=False)
     assert json.loads((large / "summary.json").read_text())["init_checkpoint"] == ""
     assert not (large.parent / "large-span-corruption").exists()
+    # The shipped pre-trained recipe covers translation only, and says so.
+    with pytest.raises(ValueError, match="pair t5-cpu-pretrained has no recipe for task "
+                                         "'summarisation_debian'"):
+        pair.ensure_member("t5-cpu-pretrained-small:summarisation_debian")
 
 
 def test_finetune_on_length_buckets_with_an_auxiliary_corpus(tmp_path):

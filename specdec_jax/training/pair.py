@@ -107,10 +107,12 @@ PAIRS: dict[str, PairRecipe] = {
         new_tokens={"translation_en_de": 8, "summarisation_debian": 8}),
 }
 # The t5-cpu recipe with T5's span-corruption pre-training before fine-tuning
-# (README: with and without). Text: the task's training side of both languages,
-# glibc's German messages and GCIDE's English definitions.
+# (README: with and without), for translation only: other tasks are refused by name
+# rather than retrained from scratch under this pair's name. Text: the task's
+# training side of both languages, glibc's German messages and GCIDE's English definitions.
 PAIRS["t5-cpu-pretrained"] = dataclasses.replace(
     PAIRS["t5-cpu"],
+    lengths={"translation_en_de": PAIRS["t5-cpu"].lengths["translation_en_de"]},
     pretraining_steps={"translation_en_de": {"large": 2000, "small": 2000}},
     pretraining_sources={"translation_en_de": ["translation-train", "libc-de", "gcide"]},
     minutes={"translation_en_de": {"large": 120, "small": 25, "small-distilled": 5}})
