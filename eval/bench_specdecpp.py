@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from specdec_jax import api, timing
+from specdec_jax.checkpoints import tree_paths
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import ratio_ci
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
@@ -154,12 +155,15 @@ def phase_counts(runner, configs, prompts, args, log: ResumeLog | None = None) -
     return results
 
 
-def counts_log(args, prompts, head_meta: dict) -> ResumeLog:
-    """Phase 1's log next to the report: a rerun with the same settings resumes."""
+def counts_log(args, prompts, head_meta: dict, head_params) -> ResumeLog:
+    """Phase 1's log next to the report: a rerun with the same settings resumes.
+    The head's weights are part of the settings (not only its path), so a head
+    retrained in place never inherits counts made with its predecessor."""
     names = ("target", "drafter", "head", "max_new_tokens", "thresholds", "ks", "k_max",
              "target_widths", "batch_size", "seed")
     settings = {k: getattr(args, k) for k in names}
     settings["head_config"] = head_meta["config"]
+    settings["head_params"] = tree_paths.params_fingerprint(head_params)
     settings["prompts_sha256"] = hashlib.sha256(repr(prompts).encode()).hexdigest()
     return ResumeLog(args.out.rsplit(".", 1)[0] + ".counts.jsonl", settings)
 
@@ -317,7 +321,7 @@ def main(argv=None):
               "timed_prompts": args.timed_prompts, "batch_size": args.batch_size}
 
     report["counts"] = phase_counts(runner, configs, prompts, args,
-                                    log=counts_log(args, prompts, meta))
+                                    log=counts_log(args, prompts, meta, head_params))
     timing.write_report(report, args.out)
     ar_config = {"name": "autoregressive", "kind": "autoregressive"}
     timed_prompts = prompts[:args.timed_prompts]

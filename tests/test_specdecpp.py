@@ -378,6 +378,17 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
 
     args = bench_specdecpp.parse_args(argv)
     prompts = [list(p.encode()) for p in humaneval.load_prompts(3)]
+    # The log names the head's weights, not just its path: counts made with a
+    # head that was since retrained in place are refused, not reused.
+    from specdec_jax.checkpoints import orbax_io, tree_paths  # noqa: PLC0415
+
+    header = json.loads(log_lines[0])["settings"]
+    trained = orbax_io.restore_params(head_dir / "head" / "params")
+    assert header["head_params"] == tree_paths.params_fingerprint(trained)
+    retrained = {**header, "head_params": tree_paths.params_fingerprint(
+        jax.tree_util.tree_map(lambda x: x + 1, trained))}
+    with pytest.raises(ValueError, match="other settings"):
+        ResumeLog(tmp_path / "bench.counts.jsonl", retrained)
     resumed = bench_specdecpp.phase_counts(
         lambda *_: pytest.fail("a logged batch ran again"), bench_specdecpp.configurations(args),
         prompts, args, log=ResumeLog(tmp_path / "bench.counts.jsonl",
