@@ -353,6 +353,13 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     summary = json.loads((head_dir / "summary.json").read_text())
     assert summary["depth"] == 0 and summary["train_examples"] > summary["held_out_examples"] > 0
     assert (head_dir / "head" / "head.json").exists()
+    # Scored on shards it trained on (either source: same prompts per shard): refused.
+    from specdec_jax.specdecpp.train import evaluate_head  # noqa: PLC0415
+
+    assert evaluate_head(str(head_dir / "head"), str(tmp_path / "corpus"), 1)["binary_kl"] >= 0
+    for source in ("target", "corpus"):
+        with pytest.raises(ValueError, match="trained on some of the last 2 shards"):
+            evaluate_head(str(head_dir / "head"), str(tmp_path / source), 2)
     with pytest.raises(FileExistsError, match="this run is finished"):  # before any training
         train_main.main(["--gin_file", "configs/runs/specdecpp_train.gin",
                          f"--gin.DATA_DIR='{tmp_path / 'target'}'", f"--gin.WORKDIR='{head_dir}'",

@@ -154,6 +154,7 @@ def train_head(*, workdir: str, data_dir: str, pair: dict, depth: int = 3,
     summary = {
         "depth": depth, "w_acc": w_acc, "w_rej": w_rej, "learning_rate": learning_rate,
         "epochs": epochs, "steps": num_steps, "batch_size": batch_size,
+        "held_out_shards": held_out_shards,
         "train_examples": len(train_set), "held_out_examples": len(held_out),
         "binary_kl": fit,
         "constant": best_constant(train_set.labels, w_acc=w_acc, w_rej=w_rej),
@@ -211,10 +212,11 @@ def evaluate_head(head_dir: str, data_dir: str, held_out_shards: int) -> dict:
     head, params, meta = load_head_for(head_dir, drafter_name=pair["drafter"],
                                        fingerprint=pair["drafter_fingerprint"])
     train_set, held_out, manifest = split_shards(data_dir, pair, held_out_shards)
+    training = meta.get("training", {})
+    _check_unseen(training, manifest["settings"], held_out_shards, len(train_set), head_dir)
     predictions = np.concatenate([
         np.asarray(jax.nn.sigmoid(head.logits(params, jnp.asarray(b.features))))[b.weights > 0]
         for b in held_out.batches(4096)])
-    training = meta.get("training", {})
     weights = {"w_acc": training.get("w_acc", 1.0), "w_rej": training.get("w_rej", 1.0)}
     return {"head": str(head_dir), "data": str(data_dir),
             "data_source": manifest["settings"]["source"],
@@ -225,3 +227,29 @@ def evaluate_head(head_dir: str, data_dir: str, held_out_shards: int) -> dict:
             "mean_prediction": float(predictions.mean()),
             "mean_label": float(held_out.labels.mean()), **weights,
             "depth": meta["config"]["depth"]}
+
+
+def _check_unseen(training: dict, settings: dict, held_out_shards: int, train_examples: int,
+                  head_dir: str) -> None:
+    """Refuses to score a head on shards it trained on. Builds from the same
+    prompts in the same shard layout (either source) share prompts shard by
+    shard, so the last ``held_out_shards`` are unseen only if the head held out
+    at least as many. Heads saved before ``held_out_shards`` was recorded are
+    checked by their training set's size when scored on their own build."""
+    trained_on = training.get("data", {})
+    layout = ("batch_size", "shard_batches", "sequences")
+    same_prompts = (trained_on.get("prompts", {}).get("sha256")
+                    == settings.get("prompts", {}).get("sha256")
+                    and all(trained_on.get(k) == settings.get(k) for k in layout))
+    if not same_prompts:
+        return
+    recorded = training.get("held_out_shards")
+    if recorded is not None:
+        seen = recorded < held_out_shards
+    else:
+        seen = trained_on == settings and training.get("train_examples", 0) > train_examples
+    if seen:
+        raise ValueError(
+            f"{head_dir} trained on some of the last {held_out_shards} shards of this build's "
+            f"prompts (it held out {recorded if recorded is not None else 'fewer'}); its score "
+            "there would not be held out. Pass held_out_shards no larger than the head's.")
