@@ -384,6 +384,12 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     from specdec_jax.data import humaneval  # noqa: PLC0415
     from specdec_jax.resume import ResumeLog  # noqa: PLC0415
 
+    # --counts-only: phase 1 alone (its own log here) and a Markdown of the rates only.
+    bench_specdecpp.main([*argv, "--counts-only", "--out", str(tmp_path / "counts.json"),
+                          "--markdown", str(tmp_path / "counts.md")])
+    counts_md = (tmp_path / "counts.md").read_text()
+    assert "| SpecDec K=3 | 36 |" in counts_md and "best h" not in counts_md
+    assert "wall_clock" not in json.loads((tmp_path / "counts.json").read_text())
     args = bench_specdecpp.parse_args(argv)
     prompts = [list(p.encode()) for p in humaneval.load_prompts(3)]
     # The log names the head's weights, not just its path: counts made with a
