@@ -94,14 +94,19 @@ def parse_args(argv=None):
     p.add_argument("--matmul-kernel", default="xla", choices=["xla", "pallas"],
                    help="few-row products of out_in kernels: XLA's dot or the Pallas "
                         "program of specdec_jax.kernels (Triton on GPUs)")
+    p.add_argument("--target-step-widths", type=int, nargs="*", default=[],
+                   help="more widths K for the target's in-loop step table (decoding runs "
+                        "only at --gammas): SpecDec++'s compiled target widths, say, whose "
+                        "costs eval/bench_specdecpp.py --device-steps turns into tokens/s")
     p.add_argument("--acceptance", type=float, nargs="+", default=list(MEASURED_ACCEPTANCE))
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
                    help="transformers variants to time (none: skip the peer)")
     p.add_argument("--out", default="results/bench_accelerator.json")
     p.add_argument("--markdown", default=None)
     args = p.parse_args(argv)
-    if min(args.gammas) < 1 or min(args.batch_sizes) < 1:
-        p.error("--gammas and --batch-sizes must be >= 1.")
+    if min(args.gammas) < 1 or min(args.batch_sizes) < 1 or min(args.target_step_widths,
+                                                                 default=1) < 1:
+        p.error("--gammas, --batch-sizes and --target-step-widths must be >= 1.")
     if args.prompt_len < 2 or args.max_new_tokens < 1:
         p.error("--prompt-len must be >= 2 and --max-new-tokens >= 1.")
     if not all(0 <= a < 1 for a in args.acceptance):
@@ -139,8 +144,9 @@ def random_prompts(vocab_size: int, batch: int, length: int, count: int, seed: i
 
 def measure_steps(models: dict, args, limits: dict) -> dict:
     """role -> batch -> K -> step figures."""
-    ks = sorted({1} | {g + 1 for g in args.gammas})
-    jobs = [(role, b, k) for role in models for b in args.batch_sizes for k in ks]
+    ks = {1} | {g + 1 for g in args.gammas}
+    jobs = [(role, b, k) for role in models for b in args.batch_sizes
+            for k in sorted(ks | (set(args.target_step_widths) if role == "target" else set()))]
     steps: dict = {}
     for role, batch, k in tqdm(jobs, desc="in-loop steps"):
         model, params = models[role]

@@ -15,10 +15,10 @@ Two phases, one process:
 
        T / N = t_draft + t_draft N_discarded / N + (t_target - t_draft) N_target / N
 
-   fitted by least squares over the timed runs (R² reported), which then
-   predicts every configuration's tokens/s from the phase-1 counts. Greedy
-   runs of the best ``h`` and the best ``K`` are timed too and checked token
-   for token against the greedy target.
+   fitted by least squares over the timed speculative runs (R² reported),
+   which then predicts every configuration's tokens/s from the phase-1
+   counts. Greedy runs of the best ``h`` and the best ``K`` are timed too and
+   checked token for token against the greedy target.
 
     python eval/bench_specdecpp.py --head /tmp/specdecpp/head-d3-w6/head \\
         --num-prompts 40 --max-new-tokens 128 --timed-prompts 5
@@ -26,12 +26,24 @@ Two phases, one process:
 Writes a JSON report and a Markdown summary (``--markdown``) with the plot.
 Phase 1 keeps each finished batch in ``<out>.counts.jsonl``: a rerun with the
 same settings resumes there (phase 2 always runs whole, being interleaved).
+
+**Another device** (no models loaded): ``--device-steps`` reads the in-loop
+step costs that ``eval/bench_accelerator.py --target-step-widths ...`` timed
+there (random weights of the real shapes) and adds to the report at ``--out``
+every configuration's predicted batch-1 tokens/s on that device, from the
+phase-1 counts (``device_predictions``):
+
+    python eval/bench_specdecpp.py --out eval/reports/bench_specdecpp_cpu.json \\
+        --markdown eval/reports/bench_specdecpp_cpu.md \\
+        --device-steps eval/reports/bench_accelerator_gpu_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import math
 import random
 
 import jax
@@ -54,7 +66,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--drafter", default="qwen2.5-coder-0.5b")
-    p.add_argument("--head", required=True, help="a head trained for the drafter (its dir)")
+    p.add_argument("--head", help="a head trained for the drafter (its dir); required "
+                   "unless --device-steps")
     p.add_argument("--num-prompts", type=int, default=40)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
@@ -72,7 +85,14 @@ def parse_args(argv=None):
     p.add_argument("--counts-only", action="store_true",
                    help="stop after phase 1 (the rates; batched, any machine, resumable); "
                         "phase 2 needs a quiet machine and can follow in a later run")
+    p.add_argument("--device-steps", default=None,
+                   help="a bench_accelerator.py report: add predictions for its device to "
+                        "the report at --out (no models loaded)")
+    p.add_argument("--device-dtype", default="bfloat16",
+                   help="which of that report's dtypes (--device-steps)")
     args = p.parse_args(argv)
+    if args.head is None and args.device_steps is None:
+        p.error("--head is required (unless --device-steps).")
     if not 0 < args.timed_prompts <= args.num_prompts:
         p.error("--timed-prompts must be in [1, --num-prompts].")
     if any(not 0 < h < 1 for h in args.thresholds):
@@ -217,7 +237,18 @@ def phase_wall_clock(runner, configs, prompts, args, temperature: float) -> dict
 
 def fit_latency_model(runs: list[dict]) -> dict:
     """Least squares for (t_draft, t_target) in the seed's model (no intercept):
-    T/N = t_draft (1 + D/N - Nt/N) + t_target Nt/N."""
+    T/N = t_draft (1 + D/N - Nt/N) + t_target Nt/N, over speculative runs.
+
+    The model has one ``t_target`` for every target call. The autoregressive
+    baseline's calls score 1 token, a verification call K + 1; where a call's
+    cost grows with its width (CPUs) the two differ severalfold, and the
+    baseline's runs would pull the fit off the speculative ones it is meant to
+    describe (on the README's CPU run: R² -0.12 with them, 0.92 without). So
+    callers pass speculative runs only; the baseline is measured, not modelled.
+    """
+    if any(r["target_calls"] == r["tokens"] and not r["drafted"] for r in runs):
+        raise ValueError("fit_latency_model takes speculative runs only: an autoregressive "
+                         "run's width-1 target calls are not the model's t_target.")
     a = np.array([[1 + r["discarded"] / r["tokens"] - r["target_calls"] / r["tokens"],
                    r["target_calls"] / r["tokens"]] for r in runs])
     y = np.array([r["decode_s"] / r["tokens"] for r in runs])
@@ -227,6 +258,72 @@ def fit_latency_model(runs: list[dict]) -> dict:
     return {"t_draft": float(t_draft), "t_target": float(t_target), "r2": r2, "runs": len(runs)}
 
 
+def summarise_wall_clock(report: dict) -> None:
+    """From the timed runs: the latency model's fit, every configuration's
+    predicted tokens/s over the phase-1 counts, and the best ``h`` and ``K``."""
+    speculative = [r for name, rows in report["wall_clock"].items()
+                   if name != "autoregressive" for r in rows["runs"]]
+    report["latency_model"] = fit_latency_model(speculative)
+    for counts in report["counts"].values():
+        counts["predicted_tokens_per_s"] = predicted_tokens_per_s(report["latency_model"],
+                                                                  counts)
+    report["best"] = {kind: max((name for name, c in report["counts"].items()
+                                 if c["config"]["kind"] == kind),
+                                key=lambda name: report["wall_clock"][name]["tokens_per_s"])
+                      for kind in ("fixed", "specdecpp")}
+
+
+def device_predictions(report: dict, steps_report: dict, dtype: str) -> dict:
+    """Batch-1 tokens/s of every configuration on the device that timed
+    ``steps_report`` (``eval/bench_accelerator.py``), from the phase-1 counts.
+
+    A speculative run costs one drafter step per drafted token and one target
+    call per round: ``T = t_draft D + t_target(w) N_target``, each term an
+    in-loop step (no per-round overhead; that benchmark measures it apart). The
+    width ``w`` is K + 1 for fixed K; for SpecDec++, whose rounds vary, the
+    mean draft per round plus one, rounded up to a measured width (exact where
+    ``t_target`` is flat in the width, as on a GPU at batch 1). The
+    autoregressive target costs one width-1 step per token.
+    """
+    if dtype not in steps_report["by_dtype"]:
+        raise ValueError(f"{dtype} is not in the steps report (it has "
+                         f"{sorted(steps_report['by_dtype'])}); pass --device-dtype.")
+    steps = steps_report["by_dtype"][dtype]["steps"]
+    if "1" not in steps["target"] or "1" not in steps["drafter"]:
+        raise ValueError("the steps report has no batch-1 steps; rerun bench_accelerator.py "
+                         "with --batch-sizes 1.")
+    target = {int(k): v["step_s"] for k, v in steps["target"]["1"].items()}
+    t_draft = steps["drafter"]["1"]["1"]["step_s"]
+
+    def t_target(width: int) -> tuple[int, float]:
+        covering = [w for w in target if w >= width]
+        if not covering:
+            raise ValueError(f"the steps report's widest target step is {max(target)}, "
+                             f"narrower than {width}; rerun bench_accelerator.py with "
+                             f"--target-step-widths ... {width}.")
+        return min(covering), target[min(covering)]
+
+    autoregressive = 1.0 / target[1]
+    rows = {}
+    for name, counts in report["counts"].items():
+        n, calls, drafted = (sum(r[key] for r in counts["rows"])
+                             for key in ("tokens", "target_calls", "drafted"))
+        config = counts["config"]
+        width, t = t_target(config["k"] + 1 if config["kind"] == "fixed"
+                            else math.ceil(drafted / calls) + 1)
+        tokens_per_s = n / (t_draft * drafted + t * calls)
+        rows[name] = {"target_width": width, "tokens_per_s": tokens_per_s,
+                      "speedup": tokens_per_s / autoregressive}
+    return {"device": steps_report["environment"]["machine"], "dtype": dtype,
+            "jax": steps_report["environment"]["jax"], "t_draft": t_draft,
+            "t_target": {str(w): t for w, t in sorted(target.items())},
+            "autoregressive_tokens_per_s": autoregressive, "configurations": rows,
+            "best": {kind: max((n for n, c in report["counts"].items()
+                                if c["config"]["kind"] == kind),
+                               key=lambda n: rows[n]["tokens_per_s"])
+                     for kind in ("fixed", "specdecpp")}}
+
+
 def predicted_tokens_per_s(fit: dict, counts: dict) -> float:
     n = sum(r["tokens"] for r in counts["rows"])
     seconds = sum(fit["t_draft"] * (r["tokens"] - r["target_calls"] + r["discarded"])
@@ -234,25 +331,41 @@ def predicted_tokens_per_s(fit: dict, counts: dict) -> float:
     return n / seconds
 
 
+def _run_line(report: dict) -> str:
+    """The sentence that says what ran: pair, head, prompts, settings."""
+    return (f"Pair: {report['drafter']} -> {report['target']}; head `{report['head']}` "
+            f"(D = {report['head_config']['depth']}). {report['num_prompts']} prompts x "
+            f"{report['max_new_tokens']} new tokens, T = 1, K_max = {report['k_max']}, "
+            f"SpecDec++ target widths {report['target_widths']}")
+
+
+def _ci(stat: dict, digits: int = 3) -> str:
+    low, high = stat["ci95"]
+    return f"{stat['value']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def _rates(counts: dict) -> str:
+    """Figure 4's two cells: verification and discard rates with their CIs."""
+    return f"{_ci(counts['verification_rate'])} | {_ci(counts['discard_rate'])}"
+
+
 def markdown(report: dict) -> str:
     if "wall_clock" not in report:
         return markdown_counts(report)
     env, fit = report["environment"], report["latency_model"]
     ar = report["wall_clock"]["autoregressive"]["tokens_per_s"]
+    measured = {name: {"value": w["tokens_per_s"], "ci95": w["ci95"]}
+                for name, w in report["wall_clock"].items()}
     lines = [
         "# SpecDec++ on HumanEval (seed 004, Table 1 and Figure 4 layout)",
         "",
-        f"Pair: {report['drafter']} -> {report['target']}; head `{report['head']}` "
-        f"(D = {report['head_config']['depth']}). {report['num_prompts']} prompts x "
-        f"{report['max_new_tokens']} new tokens, T = 1, K_max = {report['k_max']}, SpecDec++ "
-        f"target widths {report['target_widths']}; wall clock at batch 1 on the first "
-        f"{report['timed_prompts']} prompts, interleaved. Machine: {env['machine']}, "
-        f"{env['cpu_count']} CPUs, float32, Python {env['python']}, jax {env['jax']}, "
-        f"flax {env['flax']}.",
+        f"{_run_line(report)}; wall clock at batch 1 on the first {report['timed_prompts']} "
+        f"prompts, interleaved. Machine: {env['machine']}, {env['cpu_count']} CPUs, float32, "
+        f"Python {env['python']}, jax {env['jax']}, flax {env['flax']}.",
         "",
-        f"Latency model fit over {fit['runs']} timed runs: t_draft = {fit['t_draft']:.4f} s, "
-        f"t_target = {fit['t_target']:.4f} s, R² = {fit['r2']:.3f}. Autoregressive target: "
-        f"{ar:.2f} tokens/s.",
+        f"Latency model fit over {fit['runs']} timed speculative runs: t_draft = "
+        f"{fit['t_draft']:.4f} s, t_target = {fit['t_target']:.4f} s, R² = {fit['r2']:.3f}. "
+        f"Autoregressive target: {ar:.2f} tokens/s.",
         "",
         "## Table 1 layout: best throughput",
         "",
@@ -262,10 +375,10 @@ def markdown(report: dict) -> str:
     ]
     for label, name in (("SpecDec (best K)", report["best"]["fixed"]),
                         ("SpecDec++ (best h)", report["best"]["specdecpp"])):
-        wall, greedy = report["wall_clock"][name], report["greedy"].get(name, {})
+        greedy = report["greedy"].get(name, {})
         lines.append(
-            f"| {label}: {name} | {wall['tokens_per_s']:.2f} [{wall['ci95'][0]:.2f}, "
-            f"{wall['ci95'][1]:.2f}] | {wall['tokens_per_s'] / ar:.2f}x | "
+            f"| {label}: {name} | {_ci(measured[name], 2)} | "
+            f"{measured[name]['value'] / ar:.2f}x | "
             f"{report['counts'][name]['predicted_tokens_per_s']:.2f} | "
             f"{greedy.get('tokens_per_s', float('nan')):.2f} | "
             f"{greedy.get('identical_to_target', 'n/a')} |")
@@ -274,14 +387,36 @@ def markdown(report: dict) -> str:
               "N_discarded/N (95% CI) | measured tokens/s (95% CI) | predicted tokens/s |",
               "|---|---|---|---|---|"]
     for name, c in report["counts"].items():
-        v, d, w = c["verification_rate"], c["discard_rate"], report["wall_clock"][name]
-        lines.append(f"| {name} | {v['value']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}] | "
-                     f"{d['value']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}] | "
-                     f"{w['tokens_per_s']:.2f} [{w['ci95'][0]:.2f}, {w['ci95'][1]:.2f}] | "
+        lines.append(f"| {name} | {_rates(c)} | {_ci(measured[name], 2)} | "
                      f"{c['predicted_tokens_per_s']:.2f} |")
+    for device in report.get("device_predictions", []):
+        lines += ["", *markdown_device(report, device)]
     if report.get("plot"):
         lines += ["", f"![verification vs discard rate]({report['plot']})"]
     return "\n".join(lines) + "\n"
+
+
+def markdown_device(report: dict, device: dict) -> list[str]:
+    """Predicted batch-1 throughput on another device (``device_predictions``)."""
+    best = device["best"]
+    gain = (device["configurations"][best["specdecpp"]]["tokens_per_s"]
+            / device["configurations"][best["fixed"]]["tokens_per_s"] - 1)
+    lines = [f"## Predicted on {device['device']} ({device['dtype']}, jax {device['jax']})",
+             "",
+             f"From the counts above and that device's in-loop steps (random weights of the "
+             f"real shapes, `{device.get('source', 'eval/bench_accelerator.py')}`): t_draft = "
+             f"{1e3 * device['t_draft']:.2f} ms; t_target = "
+             + ", ".join(f"{1e3 * t:.2f}" for t in device["t_target"].values())
+             + f" ms at widths {', '.join(device['t_target'])}; autoregressive "
+             f"{device['autoregressive_tokens_per_s']:.0f} tokens/s. Best h "
+             f"({best['specdecpp']}) vs best K ({best['fixed']}): {100 * gain:+.1f}%.",
+             "",
+             "| Configuration | target call width | predicted tokens/s | vs autoregressive |",
+             "|---|---|---|---|"]
+    for name, row in device["configurations"].items():
+        lines.append(f"| {name} | {row['target_width']} | {row['tokens_per_s']:.0f} | "
+                     f"{row['speedup']:.2f}x |")
+    return lines
 
 
 def markdown_counts(report: dict) -> str:
@@ -290,22 +425,15 @@ def markdown_counts(report: dict) -> str:
     lines = [
         "# SpecDec++ on HumanEval: phase 1 (counts; Figure 4 data)",
         "",
-        f"Pair: {report['drafter']} -> {report['target']}; head `{report['head']}` "
-        f"(D = {report['head_config']['depth']}). {report['num_prompts']} prompts x "
-        f"{report['max_new_tokens']} new tokens, T = 1, K_max = {report['k_max']}, SpecDec++ "
-        f"target widths {report['target_widths']}, batch {report['batch_size']}. Rates per "
-        f"generated token with 95% bootstrap CIs over prompts; they do not depend on the "
-        f"machine. Wall clock (phase 2) not run yet. Machine: {env['machine']}, float32, "
-        f"jax {env['jax']}.",
+        f"{_run_line(report)}, batch {report['batch_size']}. Rates per generated token with "
+        f"95% bootstrap CIs over prompts; they do not depend on the machine. Wall clock "
+        f"(phase 2) not run yet. Machine: {env['machine']}, float32, jax {env['jax']}.",
         "",
         "| Configuration | tokens N | verification rate N_target/N (95% CI) | discard rate "
         "N_discarded/N (95% CI) |",
         "|---|---|---|---|"]
     for name, c in report["counts"].items():
-        v, d = c["verification_rate"], c["discard_rate"]
-        lines.append(f"| {name} | {c['tokens']} | {v['value']:.3f} [{v['ci95'][0]:.3f}, "
-                     f"{v['ci95'][1]:.3f}] | {d['value']:.3f} [{d['ci95'][0]:.3f}, "
-                     f"{d['ci95'][1]:.3f}] |")
+        lines.append(f"| {name} | {c['tokens']} | {_rates(c)} |")
     if report.get("plot"):
         lines += ["", f"![verification vs discard rate]({report['plot']})"]
     return "\n".join(lines) + "\n"
@@ -345,8 +473,33 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def add_device_predictions(args) -> None:
+    """``--device-steps``: the report at ``--out`` gains (or replaces) that
+    device's predictions; its Markdown is rewritten. No models are loaded."""
+    with open(args.out) as f:
+        report = json.load(f)
+    with open(args.device_steps) as f:
+        device = device_predictions(report, json.load(f), args.device_dtype)
+    device["source"] = args.device_steps
+    report["device_predictions"] = [d for d in report.get("device_predictions", [])
+                                    if (d["device"], d["dtype"]) != (device["device"],
+                                                                     device["dtype"])]
+    report["device_predictions"].append(device)
+    if args.markdown:
+        write_markdown(report, args.markdown)
+    timing.write_report(report, args.out)
+    best = device["best"]
+    for name in (best["fixed"], best["specdecpp"]):
+        row = device["configurations"][name]
+        print(f"{device['device']} ({device['dtype']}): {name} {row['tokens_per_s']:.0f} "
+              f"tokens/s predicted ({row['speedup']:.2f}x the autoregressive target)")
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.device_steps:
+        add_device_predictions(args)
+        return
     pair = study.load_pair(target=args.target, drafter=args.drafter)
     head, head_params, meta = load_head(args.head, drafter_name=args.drafter,
                                         drafter_params=pair.drafter_params,
@@ -374,17 +527,12 @@ def main(argv=None):
     timed_prompts = prompts[:args.timed_prompts]
     report["wall_clock"] = phase_wall_clock(runner, configs + [ar_config], timed_prompts, args,
                                             temperature=1.0)
-    all_runs = [r for rows in report["wall_clock"].values() for r in rows["runs"]]
-    report["latency_model"] = fit_latency_model(all_runs)
-    for counts in report["counts"].values():
-        counts["predicted_tokens_per_s"] = predicted_tokens_per_s(report["latency_model"],
-                                                                  counts)
-    best = lambda kind: max((c for c in configs if c["kind"] == kind),  # noqa: E731
-                            key=lambda c: report["wall_clock"][c["name"]]["tokens_per_s"])
-    report["best"] = {"fixed": best("fixed")["name"], "specdecpp": best("specdecpp")["name"]}
+    summarise_wall_clock(report)
     timing.write_report(report, args.out)
 
-    greedy_configs = [best("fixed"), best("specdecpp"), ar_config]
+    by_name = {c["name"]: c for c in configs}
+    greedy_configs = [by_name[report["best"]["fixed"]], by_name[report["best"]["specdecpp"]],
+                      ar_config]
     greedy = phase_wall_clock(runner, greedy_configs, timed_prompts, args, temperature=0.0)
     reference = [r["output"] for r in greedy["autoregressive"]["runs"]]
     for result in greedy.values():

@@ -91,11 +91,14 @@ def test_bench_accelerator_end_to_end(tiny_architectures, tmp_path):
         "--dtypes", "float32", "--batch-sizes", "2", "--gammas", "3",
         "--methods", "specdecode", "--prompt-len", "8", "--max-new-tokens", str(new_tokens),
         "--steps", "2", "--repeats", "2", "--peers", "eager", "assisted",
+        "--target-step-widths", "2", "4",
         "--out", str(out), "--markdown", str(tmp_path / "accel.md")])
     report = json.loads(out.read_text())
     section = report["by_dtype"]["float32"]
     assert set(section["steps"]) == {"target", "drafter"}
-    assert set(section["steps"]["target"]["2"]) == {"1", "4"}
+    # --target-step-widths adds widths to the target's table only (4 = G + 1 already there).
+    assert set(section["steps"]["target"]["2"]) == {"1", "2", "4"}
+    assert set(section["steps"]["drafter"]["2"]) == {"1", "4"}
     rows = {row["name"]: row for row in section["decoding"]}
     assert len(rows) == 3
     for row in rows.values():

@@ -414,11 +414,70 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
         assert counts["tokens"] == 3 * 12
         assert 1 / 7 <= counts["verification_rate"]["value"] <= 1.0
         assert counts["discard_rate"]["value"] >= 0.0
-    assert report["latency_model"]["runs"] == 2 * 4
+    assert report["latency_model"]["runs"] == 2 * 3  # speculative runs only
     assert "| SpecDec++ (best h)" in (tmp_path / "bench.md").read_text()
     assert report["target_widths"] == [3, 7]
     assert (tmp_path / "bench.png").exists()
+    # --device-steps: another device's step costs priced over these counts, no models.
+    steps = {"environment": {"machine": "some gpu", "jax": "0"}, "by_dtype": {"bfloat16": {
+        "steps": {"target": {"1": {str(w): {"step_s": 0.001 * w} for w in (1, 4, 7)}},
+                  "drafter": {"1": {"1": {"step_s": 0.0005}}}}}}}
+    (tmp_path / "steps.json").write_text(json.dumps(steps))
+    bench_specdecpp.main(["--out", str(report_path), "--markdown", str(tmp_path / "bench.md"),
+                          "--device-steps", str(tmp_path / "steps.json")])
+    device = json.loads(report_path.read_text())["device_predictions"][0]
+    assert set(device["configurations"]) == set(report["counts"])
+    assert device["configurations"]["SpecDec K=3"]["target_width"] == 4
+    assert "## Predicted on some gpu (bfloat16" in (tmp_path / "bench.md").read_text()
     with pytest.raises(ValueError, match="unknown data source"):
         train_main.main(["--gin_file", "configs/runs/specdecpp_data.gin", *toys,
                          f"--gin.OUT_DIR='{tmp_path / 'x'}'",
                          "--gin.run_specdecpp_data.source='web'"])
+
+
+def _bench_specdecpp():
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "eval"))
+    import bench_specdecpp  # noqa: PLC0415
+
+    return bench_specdecpp
+
+
+def test_latency_fit_refuses_autoregressive_runs():
+    fit_latency_model = _bench_specdecpp().fit_latency_model
+    # Runs made by T = 0.1 D + 0.3 N_target: the fit recovers both and R² = 1.
+    runs = [{"tokens": n, "target_calls": c, "drafted": d, "discarded": d + c - n,
+             "decode_s": 0.1 * d + 0.3 * c} for n, c, d in ((10, 4, 8), (12, 3, 11), (9, 5, 5))]
+    fit = fit_latency_model(runs)
+    assert fit["t_draft"] == pytest.approx(0.1) and fit["t_target"] == pytest.approx(0.3)
+    assert fit["r2"] == pytest.approx(1.0)
+    autoregressive = {"tokens": 10, "target_calls": 10, "drafted": 0, "discarded": 0,
+                      "decode_s": 1.0}
+    with pytest.raises(ValueError, match="speculative runs only"):
+        fit_latency_model([*runs, autoregressive])
+
+
+def test_device_predictions_price_rounds_at_the_device_steps():
+    bench = _bench_specdecpp()
+    counts = {"SpecDec K=2": {"config": {"kind": "fixed", "k": 2},
+                              "rows": [{"tokens": 10, "target_calls": 4, "drafted": 8}]},
+              "SpecDec++ h=0.5": {"config": {"kind": "specdecpp", "h": 0.5},
+                                  "rows": [{"tokens": 6, "target_calls": 3, "drafted": 2},
+                                           {"tokens": 4, "target_calls": 2, "drafted": 4}]}}
+    steps = {"environment": {"machine": "gpu", "jax": "0"}, "by_dtype": {"bfloat16": {"steps": {
+        "target": {"1": {"1": {"step_s": 0.002}, "3": {"step_s": 0.003}}},
+        "drafter": {"1": {"1": {"step_s": 0.001}}}}}}}
+    device = bench.device_predictions({"counts": counts}, steps, "bfloat16")
+    fixed, adaptive = device["configurations"]["SpecDec K=2"], device["configurations"][
+        "SpecDec++ h=0.5"]
+    # K = 2: 8 drafter steps + 4 calls of width 3 for 10 tokens; AR 500 tokens/s.
+    assert fixed["target_width"] == 3 and fixed["tokens_per_s"] == pytest.approx(10 / 0.020)
+    assert fixed["speedup"] == pytest.approx(1.0)
+    # SpecDec++: 6 drafts in 5 rounds -> mean 1.2 -> width 3 (rounded up to a measured one).
+    assert adaptive["target_width"] == 3
+    assert adaptive["tokens_per_s"] == pytest.approx(10 / (0.006 + 0.015))
+    assert device["best"] == {"fixed": "SpecDec K=2", "specdecpp": "SpecDec++ h=0.5"}
+    counts["SpecDec K=2"]["config"]["k"] = 4  # width 5: wider than any step measured
+    with pytest.raises(ValueError, match="--target-step-widths ... 5"):
+        bench.device_predictions({"counts": counts}, steps, "bfloat16")
+    with pytest.raises(ValueError, match="pass --device-dtype"):
+        bench.device_predictions({"counts": counts}, steps, "float32")
