@@ -328,12 +328,16 @@ def run_peers(models: dict, args, dtype: str, ours_greedy: list[list[int]]) -> d
     variants = {}
     if "eager" in args.peers:
         variants["eager autoregressive"] = {}
-    if "compiled" in args.peers:
-        variants["static cache + torch.compile autoregressive"] = {
-            "cache_implementation": "static", "compile_config": compile_config}
     if "assisted" in args.peers:
         variants[f"eager assisted G={gamma} all-accept"] = {"assistant_model": target}
         variants[f"eager assisted G={gamma} none-accepted"] = {"assistant_model": drafter}
+    # Last: compiling leaves a compiled forward on the model. On the H200 run the
+    # eager assisted variants, timed after it, did not finish in ~170 s (3 prompts
+    # x 128 tokens; eager decoding took 2.4 s a prompt); recompiling at every new
+    # shape is the suspect, not confirmed. Timed last, it cannot slow the others.
+    if "compiled" in args.peers:
+        variants["static cache + torch.compile autoregressive"] = {
+            "cache_implementation": "static", "compile_config": compile_config}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = {"transformers": transformers.__version__, "torch": torch.__version__,
                "gamma": gamma, "variants": {}}
