@@ -360,6 +360,15 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     for source in ("target", "corpus"):
         with pytest.raises(ValueError, match="trained on some of the last 2 shards"):
             evaluate_head(str(head_dir / "head"), str(tmp_path / source), 2)
+    # A head that does not say how many shards it held out is refused on its prompts.
+    meta_path = head_dir / "head" / "head.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["training"]["held_out_shards"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="does not record how many shards"):
+        evaluate_head(str(head_dir / "head"), str(tmp_path / "corpus"), 1)
+    meta["training"]["held_out_shards"] = 1
+    meta_path.write_text(json.dumps(meta))
     with pytest.raises(FileExistsError, match="this run is finished"):  # before any training
         train_main.main(["--gin_file", "configs/runs/specdecpp_train.gin",
                          f"--gin.DATA_DIR='{tmp_path / 'target'}'", f"--gin.WORKDIR='{head_dir}'",

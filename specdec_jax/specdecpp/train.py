@@ -213,7 +213,7 @@ def evaluate_head(head_dir: str, data_dir: str, held_out_shards: int) -> dict:
                                        fingerprint=pair["drafter_fingerprint"])
     train_set, held_out, manifest = split_shards(data_dir, pair, held_out_shards)
     training = meta.get("training", {})
-    _check_unseen(training, manifest["settings"], held_out_shards, len(train_set), head_dir)
+    _check_unseen(training, manifest["settings"], held_out_shards, head_dir)
     predictions = np.concatenate([
         np.asarray(jax.nn.sigmoid(head.logits(params, jnp.asarray(b.features))))[b.weights > 0]
         for b in held_out.batches(4096)])
@@ -229,13 +229,11 @@ def evaluate_head(head_dir: str, data_dir: str, held_out_shards: int) -> dict:
             "depth": meta["config"]["depth"]}
 
 
-def _check_unseen(training: dict, settings: dict, held_out_shards: int, train_examples: int,
-                  head_dir: str) -> None:
+def _check_unseen(training: dict, settings: dict, held_out_shards: int, head_dir: str) -> None:
     """Refuses to score a head on shards it trained on. Builds from the same
     prompts in the same shard layout (either source) share prompts shard by
     shard, so the last ``held_out_shards`` are unseen only if the head held out
-    at least as many. Heads saved before ``held_out_shards`` was recorded are
-    checked by their training set's size when scored on their own build."""
+    at least as many; a head that does not record how many is refused there."""
     trained_on = training.get("data", {})
     layout = ("batch_size", "shard_batches", "sequences")
     same_prompts = (trained_on.get("prompts", {}).get("sha256")
@@ -244,12 +242,13 @@ def _check_unseen(training: dict, settings: dict, held_out_shards: int, train_ex
     if not same_prompts:
         return
     recorded = training.get("held_out_shards")
-    if recorded is not None:
-        seen = recorded < held_out_shards
-    else:
-        seen = trained_on == settings and training.get("train_examples", 0) > train_examples
-    if seen:
+    if recorded is None:
+        raise ValueError(
+            f"{head_dir} does not record how many shards it held out, and this build shares "
+            "its prompts, so its score might not be held out. Retrain it (heads record "
+            "held_out_shards), or add the count it held out to head.json's training.")
+    if recorded < held_out_shards:
         raise ValueError(
             f"{head_dir} trained on some of the last {held_out_shards} shards of this build's "
-            f"prompts (it held out {recorded if recorded is not None else 'fewer'}); its score "
-            "there would not be held out. Pass held_out_shards no larger than the head's.")
+            f"prompts (it held out {recorded}); its score there would not be held out. Pass "
+            "held_out_shards no larger than the head's.")
