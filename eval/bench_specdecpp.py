@@ -339,14 +339,14 @@ def _run_line(report: dict) -> str:
             f"SpecDec++ target widths {report['target_widths']}")
 
 
-def _ci(stat: dict, digits: int = 3) -> str:
+def format_ci(stat: dict, digits: int = 3) -> str:
     low, high = stat["ci95"]
     return f"{stat['value']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def _rates(counts: dict) -> str:
     """Figure 4's two cells: verification and discard rates with their CIs."""
-    return f"{_ci(counts['verification_rate'])} | {_ci(counts['discard_rate'])}"
+    return f"{format_ci(counts['verification_rate'])} | {format_ci(counts['discard_rate'])}"
 
 
 def markdown(report: dict) -> str:
@@ -377,7 +377,7 @@ def markdown(report: dict) -> str:
                         ("SpecDec++ (best h)", report["best"]["specdecpp"])):
         greedy = report["greedy"].get(name, {})
         lines.append(
-            f"| {label}: {name} | {_ci(measured[name], 2)} | "
+            f"| {label}: {name} | {format_ci(measured[name], 2)} | "
             f"{measured[name]['value'] / ar:.2f}x | "
             f"{report['counts'][name]['predicted_tokens_per_s']:.2f} | "
             f"{greedy.get('tokens_per_s', float('nan')):.2f} | "
@@ -387,7 +387,7 @@ def markdown(report: dict) -> str:
               "N_discarded/N (95% CI) | measured tokens/s (95% CI) | predicted tokens/s |",
               "|---|---|---|---|---|"]
     for name, c in report["counts"].items():
-        lines.append(f"| {name} | {_rates(c)} | {_ci(measured[name], 2)} | "
+        lines.append(f"| {name} | {_rates(c)} | {format_ci(measured[name], 2)} | "
                      f"{c['predicted_tokens_per_s']:.2f} |")
     for device in report.get("device_predictions", []):
         lines += ["", *markdown_device(report, device)]

@@ -6,6 +6,7 @@ SpecDec++ equals greedy target decoding token for token.
 """
 
 import dataclasses
+import json
 import pathlib
 import sys
 
@@ -490,3 +491,35 @@ def test_device_predictions_price_rounds_at_the_device_steps():
         bench.device_predictions({"counts": counts}, steps, "bfloat16")
     with pytest.raises(ValueError, match="pass --device-dtype"):
         bench.device_predictions({"counts": counts}, steps, "float32")
+
+
+def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
+    _bench_specdecpp()  # puts eval/ on the path
+    import specdecpp_head_sources  # noqa: PLC0415
+
+    fixed = [{"tokens": 10, "target_calls": 4, "drafted": 8, "accepted": 6, "discarded": 2}]
+
+    def log(path, adaptive_calls, extra_batch):
+        # Consistent rows: tokens = accepted + target calls, drafted = accepted + discarded.
+        accepted = 10 - adaptive_calls
+        lines = [{"settings": {}},
+                 {"key": ["SpecDec K=2", 0], "value": fixed},
+                 {"key": ["SpecDec++ h=0.5", 0], "value": [
+                     {"tokens": 10, "target_calls": adaptive_calls, "drafted": accepted + 1,
+                      "accepted": accepted, "discarded": 1}]}]
+        if extra_batch:  # a batch only this log covers, with other fixed-K rows
+            lines.append({"key": ["SpecDec K=2", 1], "value": [{**fixed[0], "tokens": 12}]})
+        path.write_text("\n".join(json.dumps(x) for x in lines))
+        return str(path)
+
+    logs = {"corpus": log(tmp_path / "a.jsonl", 5, True),
+            "target": log(tmp_path / "b.jsonl", 3, False)}
+    fit = {"t_draft": 0.1, "t_target": 0.3}
+    result = specdecpp_head_sources.compare(logs, {0}, fit, None)
+    assert result["SpecDec++ h=0.5"]["corpus"]["verification_rate"]["value"] == 0.5
+    assert result["SpecDec++ h=0.5"]["target"]["verification_rate"]["value"] == 0.3
+    # 10 tokens: 8 drafts at 0.1 s and 3 target calls at 0.3 s.
+    assert result["SpecDec++ h=0.5"]["target"]["cpu_predicted_tokens_per_s"] == pytest.approx(
+        10 / 1.7)
+    with pytest.raises(ValueError, match="pick batches both cover"):
+        specdecpp_head_sources.compare(logs, {0, 1}, fit, None)  # batch 1: corpus only
