@@ -267,10 +267,15 @@ def summarise_wall_clock(report: dict) -> None:
     for counts in report["counts"].values():
         counts["predicted_tokens_per_s"] = predicted_tokens_per_s(report["latency_model"],
                                                                   counts)
-    report["best"] = {kind: max((name for name, c in report["counts"].items()
-                                 if c["config"]["kind"] == kind),
-                                key=lambda name: report["wall_clock"][name]["tokens_per_s"])
-                      for kind in ("fixed", "specdecpp")}
+    report["best"] = best_by_kind(report["counts"],
+                                  lambda name: report["wall_clock"][name]["tokens_per_s"])
+
+
+def best_by_kind(counts: dict, tokens_per_s) -> dict:
+    """The fastest fixed-K and the fastest SpecDec++ configuration by ``tokens_per_s(name)``."""
+    return {kind: max((name for name, c in counts.items() if c["config"]["kind"] == kind),
+                      key=tokens_per_s)
+            for kind in ("fixed", "specdecpp")}
 
 
 def device_predictions(report: dict, steps_report: dict, dtype: str) -> dict:
@@ -318,10 +323,7 @@ def device_predictions(report: dict, steps_report: dict, dtype: str) -> dict:
             "jax": steps_report["environment"]["jax"], "t_draft": t_draft,
             "t_target": {str(w): t for w, t in sorted(target.items())},
             "autoregressive_tokens_per_s": autoregressive, "configurations": rows,
-            "best": {kind: max((n for n, c in report["counts"].items()
-                                if c["config"]["kind"] == kind),
-                               key=lambda n: rows[n]["tokens_per_s"])
-                     for kind in ("fixed", "specdecpp")}}
+            "best": best_by_kind(report["counts"], lambda n: rows[n]["tokens_per_s"])}
 
 
 def predicted_tokens_per_s(fit: dict, counts: dict) -> float:
