@@ -21,29 +21,27 @@ import json
 import bench_specdecpp as bench
 
 
-def read_log(path: str, batches: set[int]) -> dict[str, list[dict]]:
-    """configuration name -> per-prompt rows of the chosen batches."""
+def read_log(path: str, batches: set[int]) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    """configuration name -> per-prompt rows of the chosen batches, and
+    name -> configuration as the benchmark built it from the log's settings."""
     rows: dict[str, list[dict]] = {}
     with open(path) as f:
+        settings = json.loads(f.readline())["settings"]
         for line in f:
             entry = json.loads(line)
-            if "key" in entry and entry["key"][1] in batches:
+            if entry["key"][1] in batches:
                 rows.setdefault(entry["key"][0], []).extend(entry["value"])
-    return rows
-
-
-def config_of(name: str) -> dict:
-    value = name.split("=")[1]
-    return ({"kind": "fixed", "k": int(value)} if "K=" in name
-            else {"kind": "specdecpp", "h": float(value)})
+    configs = bench.configurations(argparse.Namespace(thresholds=settings["thresholds"],
+                                                      ks=settings["ks"]))
+    return rows, {c["name"]: c for c in configs}
 
 
 def compare(logs: dict[str, str], batches: set[int], fit: dict, steps: dict | None,
             dtype: str = "bfloat16") -> dict:
     by_head = {head: read_log(path, batches) for head, path in logs.items()}
     result: dict = {}
-    for head, rows_by_name in by_head.items():
-        counts = {name: {"config": config_of(name), "rows": rows, **bench.rates(rows)}
+    for head, (rows_by_name, configs) in by_head.items():
+        counts = {name: {"config": configs[name], "rows": rows, **bench.rates(rows)}
                   for name, rows in rows_by_name.items()}
         device = bench.device_predictions({"counts": counts}, steps, dtype) if steps else None
         for name, c in counts.items():
@@ -54,8 +52,8 @@ def compare(logs: dict[str, str], batches: set[int], fit: dict, steps: dict | No
                 "device_predicted_tokens_per_s": (device["configurations"][name]["tokens_per_s"]
                                                   if device else None)}
     for name, heads in result.items():
-        fixed = [by_head[h][name] for h in heads]
-        if config_of(name)["kind"] == "fixed" and any(r != fixed[0] for r in fixed):
+        rows, configs = zip(*(by_head[h] for h in heads))
+        if configs[0][name]["kind"] == "fixed" and any(r[name] != rows[0][name] for r in rows):
             raise ValueError(f"{name} differs between the logs: they did not run the same "
                              "prompts and seeds in these batches; pick batches both cover.")
     return result

@@ -502,7 +502,7 @@ def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
     def log(path, adaptive_calls, extra_batch):
         # Consistent rows: tokens = accepted + target calls, drafted = accepted + discarded.
         accepted = 10 - adaptive_calls
-        lines = [{"settings": {}},
+        lines = [{"settings": {"thresholds": [0.5], "ks": [2]}},
                  {"key": ["SpecDec K=2", 0], "value": fixed},
                  {"key": ["SpecDec++ h=0.5", 0], "value": [
                      {"tokens": 10, "target_calls": adaptive_calls, "drafted": accepted + 1,
