@@ -44,9 +44,9 @@ setup(
     version="0.1.0",
     description=__doc__,
     packages=find_packages(include=["specdec_jax", "specdec_jax.*"]),
-    package_data={"specdec_jax.drafting": ["tables/*.npz"]},
+    package_data={"specdec_jax.data": ["tables/*.npz"]},
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={"dev": DEV + EVAL + TRAIN, "eval": EVAL, "train": TRAIN, "seqio": SEQIO},
-    entry_points={"console_scripts": ["specdec-jax=specdec_jax.cli:main"]},
+    entry_points={"console_scripts": ["specdec-jax=specdec_jax.jobs.cli:main"]},
 )

@@ -55,11 +55,12 @@ import warnings
 import jax
 import numpy as np
 
-from specdec_jax import api, precision, timing
+from specdec_jax import api, precision
 from specdec_jax.checkpoints import load
 from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime import timing
+from specdec_jax.runtime.progress import tqdm
 
 REGIMES = ("all-accept", "none-accepted")
 SPECULATIVE = ("specdecode", "token-v3")

@@ -31,10 +31,11 @@ import time
 import jax
 import numpy as np
 
-from specdec_jax import api, batching, timing
+from specdec_jax import api, batching
 from specdec_jax.checkpoints.load import load_for_decoding
 from specdec_jax.data import humaneval
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime import timing
+from specdec_jax.runtime.progress import tqdm
 
 
 def parse_args(argv=None):

@@ -26,10 +26,12 @@ import pathlib
 import jax
 import numpy as np
 
-from specdec_jax import api, batching, timing
+from specdec_jax import api, batching
 from specdec_jax.checkpoints.load import load_for_decoding
-from specdec_jax.cli_generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
-from specdec_jax.drafting import ModelDrafter, head_vocab
+from specdec_jax.data import bigram
+from specdec_jax.drafting import ModelDrafter
+from specdec_jax.jobs.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
+from specdec_jax.runtime import timing
 
 
 def parse_args(argv=None):
@@ -51,8 +53,8 @@ def main(argv=None) -> int:
         raise SystemExit("error: --repeats and --head-vocab must be >= 1.")
     target, target_params, tok = load_for_decoding(args.target)
     drafter, drafter_params, _ = load_for_decoding(args.drafter)
-    cut, cut_params = head_vocab.restrict(drafter, drafter_params, args.head_vocab,
-                                          eos_ids=tok.eos_token_ids)
+    cut, cut_params = bigram.restrict_head(drafter, drafter_params, args.head_vocab,
+                                           eos_ids=tok.eos_token_ids)
     common = dict(target=target, max_new_tokens=args.max_new_tokens,
                   eos_ids=tuple(tok.eos_token_ids))
 

@@ -38,17 +38,17 @@ import jax.numpy as jnp
 import numpy as np
 from bench_verifiers import mean_ci, wallclock
 
-from specdec_jax import api, drafting, timing
+from specdec_jax import api, drafting
 from specdec_jax.checkpoints.load import load_for_decoding
-from specdec_jax.data import humaneval
+from specdec_jax.data import bigram, humaneval
 from specdec_jax.decoding import Prefilled, SpeculativeDecoder, initial_history
-from specdec_jax.drafting import bigram
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.drafting.cascade import HorizontalCascade, VerticalCascade, VerticalState
 from specdec_jax.drafting.model import ModelDrafter, ModelDrafterState
-from specdec_jax.evaluation.cost import measure_call_cost
+from specdec_jax.jobs.cost import measure_call_cost
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime import timing
+from specdec_jax.runtime.progress import tqdm
 from specdec_jax.targets import get_target
 
 DRAFTER = "qwen2.5-coder-0.5b"

@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 import psutil
 
-from specdec_jax import api, timing
+from specdec_jax import api
 from specdec_jax.checkpoints import registry
 from specdec_jax.checkpoints.load import load_model
+from specdec_jax.runtime import timing
 
 FILL = 128  # tokens already in the cache when K tokens are fed
 REPEATS = 10

@@ -62,9 +62,9 @@ def measure(model_name: str, ks: list[int], flags: str, layouts: list[str],
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from specdec_jax import timing  # noqa: PLC0415
     from specdec_jax.checkpoints import load  # noqa: PLC0415
     from specdec_jax.models.decoder import with_kernel_layout  # noqa: PLC0415
+    from specdec_jax.runtime import timing  # noqa: PLC0415
 
     limits = timing.device_limits()
     model, params = (load.random_model(model_name, "float32") if random_weights
@@ -136,7 +136,7 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
     text = markdown(json.loads(json.dumps(report)))  # keys as the JSON has them
-    from specdec_jax import timing  # noqa: PLC0415 (jax stays out of this parent process)
+    from specdec_jax.runtime import timing  # noqa: PLC0415 (jax stays out of this parent process)
 
     timing.print_markdown(text, args.markdown)
 

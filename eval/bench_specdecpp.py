@@ -49,16 +49,17 @@ import random
 import jax
 import numpy as np
 
-from specdec_jax import api, timing
+from specdec_jax import api
 from specdec_jax.checkpoints import tree_paths
+from specdec_jax.checkpoints.heads import load_head
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import ratio_ci
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
-from specdec_jax.evaluation import study
+from specdec_jax.jobs import study
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.progress import tqdm
-from specdec_jax.resume import ResumeLog
-from specdec_jax.specdecpp.head import load_head
+from specdec_jax.runtime import timing
+from specdec_jax.runtime.progress import tqdm
+from specdec_jax.runtime.resume import ResumeLog
 
 
 def parse_args(argv=None):

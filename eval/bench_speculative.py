@@ -20,11 +20,12 @@ import time
 import jax
 import numpy as np
 
-from specdec_jax import api, timing
+from specdec_jax import api
 from specdec_jax.checkpoints.load import load_for_decoding
 from specdec_jax.data import humaneval
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime import timing
+from specdec_jax.runtime.progress import tqdm
 
 
 def parse_args(argv=None):

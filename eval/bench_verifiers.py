@@ -23,12 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, timing
+from specdec_jax import api
 from specdec_jax.checkpoints.load import load_for_decoding
 from specdec_jax.data import humaneval
 from specdec_jax.decoding import required_cache_length
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime import timing
+from specdec_jax.runtime.progress import tqdm
 
 VERIFIERS = ("token", "block", "block-seed")
 Z95 = 1.959964

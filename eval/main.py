@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from specdec_jax import launch
+from specdec_jax.jobs import launch
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ import argparse
 import pathlib
 import sys
 
-from specdec_jax.evaluation import report
+from specdec_jax.jobs import report
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specdec_jax.specdecpp.train import evaluate_head
+from specdec_jax.training.specdecpp.train import evaluate_head
 
 
 def main(argv=None) -> list[dict]:

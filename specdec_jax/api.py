@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import sampling, targets
+from specdec_jax import sampling, targets, verify_block
 from specdec_jax.cascades import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
 from specdec_jax.decoding import (
     AutoregressiveDecoder,
@@ -35,7 +35,9 @@ from specdec_jax.decoding import (
     required_cache_length,
 )
 from specdec_jax.drafting import ModelDrafter, drafter_gamma, is_drafter
+from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
+from specdec_jax.models.layers import OUT_IN
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.verify import TokenVerifier
 
@@ -48,7 +50,6 @@ def get_verifier(name: str):
     if name == "token":
         return TokenVerifier()
     if name in ("block", "block-seed"):
-        from specdec_jax import verify_block  # noqa: PLC0415 (kept out of import time)
         return verify_block.BlockVerifier() if name == "block" else \
             verify_block.SeedBlockVerifier()
     raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}.")
@@ -63,9 +64,6 @@ def decode_layout(model: LanguageModel, params: Any) -> tuple[LanguageModel, Any
 
         target, target_params = sj.decode_layout(*load_model("qwen2.5-coder-1.5b")[:2])
     """
-    from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout  # noqa: PLC0415
-    from specdec_jax.models.layers import OUT_IN  # noqa: PLC0415
-
     if isinstance(model, DecoderOnlyLM):
         return with_kernel_layout(model, params, OUT_IN)
     return model, params

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax.models.interface import Prompt
+from specdec_jax.models.interface import Prompt, is_encoder_decoder
+from specdec_jax.models.layers import OUT_IN
 
 DATA, MODEL = "data", "model"
 
@@ -50,9 +51,6 @@ T5_RULES: tuple[tuple[str, PartitionSpec], ...] = (
 
 def rules_for(model) -> tuple[tuple[str, PartitionSpec], ...]:
     """The partition rules of ``model``'s family and kernel layout."""
-    from specdec_jax.models.interface import is_encoder_decoder  # noqa: PLC0415
-    from specdec_jax.models.layers import OUT_IN  # noqa: PLC0415
-
     if is_encoder_decoder(model):
         return T5_RULES
     layout = getattr(getattr(model, "config", None), "kernel_layout", None)

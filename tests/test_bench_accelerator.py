@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import api, timing
+from specdec_jax import api
 from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.runtime import timing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec_jax import cli
+from specdec_jax.jobs import cli
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -30,7 +30,8 @@ def test_printed_stats_hold_only_what_applies_to_the_method():
     import jax
     import numpy as np
 
-    from specdec_jax import api, cli_generate
+    from specdec_jax import api
+    from specdec_jax.jobs import generate as cli_generate
     from specdec_jax.models.toy import TableLM
 
     target = drafter = TableLM(vocab_size=8, order=1)
@@ -57,7 +58,8 @@ def test_rows_that_pad_the_last_batch_are_not_counted():
     import jax
     import numpy as np
 
-    from specdec_jax import api, cli_generate
+    from specdec_jax import api
+    from specdec_jax.jobs import generate as cli_generate
     from specdec_jax.models.toy import TableLM
 
     model = TableLM(vocab_size=8, order=1)
@@ -85,8 +87,9 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     import jax
     import numpy as np
 
-    from specdec_jax import api, cli_generate
+    from specdec_jax import api
     from specdec_jax.drafting import model as drafter_model
+    from specdec_jax.jobs import generate as cli_generate
     from specdec_jax.models.toy import TableLM
 
     widths = drafter_model.default_catch_up_widths(backend)

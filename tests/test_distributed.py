@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from specdec_jax import distributed
+from specdec_jax.runtime import distributed
 from tests import multiprocess_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +138,7 @@ def test_incomplete_settings_and_slices():
 
 
 def test_the_launcher_takes_the_multi_process_flags():
-    from specdec_jax import launch
+    from specdec_jax.jobs import launch
     launch.check_process_count("run_generate", process_count=2)
     launch.check_process_count("run_training", process_count=2)
     launch.check_process_count("run_study", process_count=1)

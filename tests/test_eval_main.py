@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from eval import main as eval_main
-from specdec_jax.evaluation import sweep
+from specdec_jax.jobs import sweep
 
 TOY = "configs/runs/cascades_toy.gin"
 
@@ -126,7 +126,7 @@ def test_generate_job_lists_its_missing_macros():
 def test_benchmark_job_through_the_cli(tmp_path, capsys):
     """``specdec-jax eval`` is the same launcher; the benchmark job times every
     method against the target at batch 1 and prints the ratios."""
-    from specdec_jax import cli  # noqa: PLC0415
+    from specdec_jax.jobs import cli  # noqa: PLC0415
 
     out = tmp_path / "bench.json"
     assert cli.main([
@@ -174,7 +174,7 @@ def test_unknown_job_names_the_file(tmp_path):
 def test_complete_run_configs_parse_and_set_every_required_macro(path):
     """A config that says it needs no macros parses and leaves none unset
     (nothing runs: the studies take hours)."""
-    from specdec_jax import launch  # noqa: PLC0415
+    from specdec_jax.jobs import launch  # noqa: PLC0415
 
     launch.parse_config([path], [], [])
     launch.check_required([path], launch.selected_job("run_study"))

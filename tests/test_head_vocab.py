@@ -11,8 +11,9 @@ import pytest
 import specdec_jax as sj
 from specdec_jax import targets
 from specdec_jax.api import get_verifier, sampling_params
+from specdec_jax.data import bigram
 from specdec_jax.decoding import SpeculativeDecoder
-from specdec_jax.drafting import ModelDrafter, bigram, head_vocab
+from specdec_jax.drafting import ModelDrafter, head_vocab
 from specdec_jax.models.decoder import with_head_vocab, with_kernel_layout
 from specdec_jax.models.interface import make_prompt
 from tests.exactness import (
@@ -85,7 +86,7 @@ def test_greedy_with_a_restricted_drafter_equals_greedy_target():
     target, target_params = tiny_decoder(48, tie=False, seed=1)
     model, params = tiny_decoder(48, tie=True, seed=2)
     counts = np.arange(48)[::-1].astype(np.int64)  # a made-up corpus: low ids frequent
-    drafter, drafter_params = head_vocab.restrict(model, params, 0, table="unused")
+    drafter, drafter_params = head_vocab.restrict(model, params, 0, counts_V=counts)
     assert drafter is model, "size 0 keeps the full head"
     drafter, drafter_params = with_head_vocab(model, params, head_vocab.head_token_ids(
         counts, 24, always=[47]))
@@ -133,7 +134,7 @@ def test_mismatched_config_and_params_are_named():
     with pytest.raises(ValueError, match="carry a 'head_vocab' entry"):
         model.extend(small_params, jnp.ones((1, 1), jnp.int32), model.init_cache(1, 4))
     with pytest.raises(ValueError, match="decoder-only"):
-        head_vocab.restrict(object(), {}, 4)
+        head_vocab.restrict(object(), {}, 4, counts_V=np.ones(8))
     with pytest.raises(ValueError, match="head vocabulary size 0"):
         head_vocab.head_token_ids(np.ones(8), 0)
     with pytest.raises(ValueError, match="end-of-sequence"):
@@ -153,7 +154,7 @@ def test_fingerprint_names_the_weights_not_the_restricted_view():
 
 
 def test_jobs_name_a_bad_head_vocabulary():
-    from specdec_jax.evaluation import study
+    from specdec_jax.jobs import study
 
     pair = dict(target="toy-bytes-large", drafter="toy-bytes-small")
     with pytest.raises(ValueError, match="drafter_head_vocab=-1"):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from specdec_jax.api import sampling_params
+from specdec_jax.data import bigram as bigram_lib
 from specdec_jax.drafting import Context, MaxGramDrafter
-from specdec_jax.drafting import bigram as bigram_lib
 from specdec_jax.drafting.maxgram import longest_match_next
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.sampling import SamplingConfig

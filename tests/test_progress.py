@@ -2,7 +2,7 @@
 
 import io
 
-from specdec_jax import progress
+from specdec_jax.runtime import progress
 
 
 class _Terminal(io.StringIO):

@@ -117,7 +117,8 @@ def test_greedy_cs_drafting_equals_greedy_target(spec, k_matrix):
     """CS Drafting on the Qwen pair (Max-Gram with the packaged stdlib bigram
     table): token for token the 1.5B target's greedy output, with lenience 3
     between drafters (it never reaches the target's review)."""
-    from specdec_jax.drafting import bigram, make_drafter
+    from specdec_jax.data import bigram
+    from specdec_jax.drafting import make_drafter
     target, target_params, tok = load("qwen2.5-coder-1.5b")
     drafter_model, drafter_params, _ = load("qwen2.5-coder-0.5b")
     drafter = make_drafter(spec, models={"qwen2.5-coder-0.5b": drafter_model},
@@ -143,8 +144,8 @@ def test_greedy_specdecpp_equals_greedy_target(verifier):
     token for token, in fewer target calls."""
     import jax
 
+    from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
     from specdec_jax.drafting.adaptive import AdaptiveDrafter
-    from specdec_jax.specdecpp.head import AcceptanceHead, HeadConfig
     target, target_params, tok = load("qwen2.5-coder-1.5b")
     drafter_model, drafter_params, _ = load("qwen2.5-coder-0.5b")
     head = AcceptanceHead(HeadConfig(hidden_size=drafter_model.config.hidden_size, depth=1))

@@ -17,16 +17,11 @@ import pytest
 
 from specdec_jax import targets
 from specdec_jax.api import sampling_params
+from specdec_jax.checkpoints.heads import drafter_fingerprint, load_head, save_head
 from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, target_widths
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.specdecpp import (
-    AcceptanceHead,
-    HeadConfig,
-    drafter_fingerprint,
-    load_head,
-    save_head,
-)
 from specdec_jax.verify import (
     TokenVerifier,
     block_lengths,
@@ -217,7 +212,7 @@ def test_bad_settings_fail_with_the_fix():
 
 def test_stdlib_prompts_are_a_recorded_seeded_sample_disjoint_from_humaneval():
     from specdec_jax.data import humaneval  # noqa: PLC0415
-    from specdec_jax.specdecpp.prompts import stdlib_prompts  # noqa: PLC0415
+    from specdec_jax.data.stdlib_prompts import stdlib_prompts  # noqa: PLC0415
 
     entry_points = [p["entry_point"] for p in humaneval.load_problems()]
     prompts, record = stdlib_prompts(500, seed=0, exclude_names=entry_points)
@@ -240,7 +235,7 @@ def test_acceptance_data_labels_mix_and_shards(tmp_path):
     """Labels are min(1, p(Y)/q(Y)) at the response's contexts, about 85% of
     the positions come from Y, the build resumes, and another pair's data is
     refused."""
-    from specdec_jax.specdecpp import data  # noqa: PLC0415
+    from specdec_jax.training.specdecpp import data  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
     sequences = [([1, 2], rng.integers(0, V, 12).tolist()) for _ in range(20)]
@@ -281,7 +276,7 @@ def test_acceptance_data_labels_mix_and_shards(tmp_path):
 def test_best_constant_minimises_the_weighted_loss(w_rej):
     """The closed form against a grid search of the weighted soft-label BCE
     (for w_rej = 1 it is the label mean; for w_rej = 6 it is far below it)."""
-    from specdec_jax.specdecpp import train  # noqa: PLC0415
+    from specdec_jax.training.specdecpp import train  # noqa: PLC0415
 
     labels = np.random.default_rng(0).beta(4, 1, 1000)
     grid = np.linspace(0.001, 0.999, 9981)
@@ -296,7 +291,7 @@ def test_head_trains_on_the_core_and_beats_the_constant_predictor(tmp_path):
     token, which partly predicts its acceptance): the trained head's held-out
     binary KL is below the best constant's; the head is saved for its drafter
     and drives the adaptive drafter."""
-    from specdec_jax.specdecpp import data, train  # noqa: PLC0415
+    from specdec_jax.training.specdecpp import data, train  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
     sequences = [([1, 2], rng.integers(0, V, 16).tolist()) for _ in range(64)]
@@ -355,7 +350,7 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     assert summary["depth"] == 0 and summary["train_examples"] > summary["held_out_examples"] > 0
     assert (head_dir / "head" / "head.json").exists()
     # Scored on shards it trained on (either source: same prompts per shard): refused.
-    from specdec_jax.specdecpp.train import evaluate_head  # noqa: PLC0415
+    from specdec_jax.training.specdecpp.train import evaluate_head  # noqa: PLC0415
 
     assert evaluate_head(str(head_dir / "head"), str(tmp_path / "corpus"), 1)["binary_kl"] >= 0
     for source in ("target", "corpus"):
@@ -392,7 +387,7 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     log_lines = (tmp_path / "bench.counts.jsonl").read_text().splitlines()
     assert len(log_lines) == 1 + 3 * 2
     from specdec_jax.data import humaneval  # noqa: PLC0415
-    from specdec_jax.resume import ResumeLog  # noqa: PLC0415
+    from specdec_jax.runtime.resume import ResumeLog  # noqa: PLC0415
 
     # --counts-only: phase 1 alone (its own log here) and a Markdown of the rates only.
     bench_specdecpp.main([*argv, "--counts-only", "--out", str(tmp_path / "counts.json"),

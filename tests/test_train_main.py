@@ -152,7 +152,8 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
     member comes from the distillation job (configs/runs/distill_t5.gin's job),
     which reports block efficiency before and after."""
     from eval import main as eval_main  # noqa: PLC0415
-    from specdec_jax.training import pair  # noqa: PLC0415
+    from specdec_jax.jobs import t5_pair as pair_job  # noqa: PLC0415
+    from specdec_jax.training import t5_pair as pair  # noqa: PLC0415
 
     monkeypatch.setattr(pair, "member_dir",
                         lambda p, r, t: tmp_path / "cache" / p / t / r)
@@ -185,7 +186,7 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
 
     # The pair's report scores every (already trained) member on held-out inputs.
     out = tmp_path / "report" / "pair.md"
-    assert pair.main(["t5-test", "translation_en_de", "--report", str(out),
+    assert pair_job.main(["t5-test", "translation_en_de", "--report", str(out),
                       "--examples", "3"]) == 0
     rows = json.loads(out.with_suffix(".json").read_text())
     assert list(rows) == list(pair.ROLES)
@@ -209,7 +210,7 @@ def test_a_pretrained_pair_member_fine_tunes_from_its_span_corruption_run(tmp_pa
                                                                         monkeypatch):
     import dataclasses  # noqa: PLC0415
 
-    from specdec_jax.training import pair  # noqa: PLC0415
+    from specdec_jax.training import t5_pair as pair  # noqa: PLC0415
 
     monkeypatch.setattr(pair, "member_dir", lambda p, r, t: tmp_path / p / t / r)
     monkeypatch.setitem(pair.PAIRS, "t5-test-pretrained", dataclasses.replace(

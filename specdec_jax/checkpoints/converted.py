@@ -38,6 +38,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from specdec_jax import sharding
+from specdec_jax.checkpoints import fetch
+
 FORMAT_VERSION = 3  # 1: orbax params; 2: unaligned safetensors (both rebuilt on first use)
 SUBDIR = "converted"
 META_FILE = "meta.json"
@@ -48,8 +51,6 @@ PAD_PREFIX = "__pad_"
 
 
 def converted_dir(source_sha256: str, dtype: str) -> pathlib.Path:
-    from specdec_jax.checkpoints import fetch  # noqa: PLC0415
-
     return fetch.cache_dir() / SUBDIR / f"{source_sha256[:24]}-{dtype}"
 
 
@@ -203,8 +204,6 @@ def _read_placed(directory: pathlib.Path, source_sha256: str, dtype: str, mesh,
     record; the value checksums are not (they would read every byte on
     every host): a changed value passes here and is caught by a one-process
     load, which rebuilds the copy."""
-    from specdec_jax import sharding  # noqa: PLC0415
-
     record = _check_record(directory, source_sha256, dtype)
     try:
         views = _nested(_mapped_tensors(directory / PARAMS_DIR / PARAMS_FILE))
@@ -236,8 +235,6 @@ def load_or_convert(source: pathlib.Path, source_sha256: str, dtype: str,
     if directory.exists():
         try:
             if mesh is not None:
-                from specdec_jax import sharding  # noqa: PLC0415
-
                 params, record = _read_placed(directory, source_sha256, dtype, mesh,
                                               rules or sharding.DECODER_RULES)
             else:
@@ -250,8 +247,6 @@ def load_or_convert(source: pathlib.Path, source_sha256: str, dtype: str,
     params, metadata, has_output = convert()
     _write(directory, params, metadata, has_output, source_sha256, dtype)
     if mesh is not None:
-        from specdec_jax import sharding  # noqa: PLC0415
-
         params = sharding.shard_params(params, mesh, rules or sharding.DECODER_RULES)
     return params, metadata, has_output
 

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import zipfile
 
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime.progress import tqdm
 
 CACHE_ENV = "SPECDEC_JAX_CACHE"
 WHEELHOUSE_ENV = "SPECDEC_JAX_WHEELHOUSE"

@@ -21,7 +21,7 @@ import numpy as np
 
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf, decoder_params_from_hf
 from specdec_jax.models.decoder import DecoderConfig
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime.progress import tqdm
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 _LAYER_NAMES = {

@@ -10,8 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.checkpoints import registry
-from specdec_jax.models.decoder import DecoderOnlyLM
+from specdec_jax import precision, sharding
+from specdec_jax.checkpoints import converted, fetch, gguf, registry, tokenizer
+from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
+from specdec_jax.checkpoints.safetensors_io import load_hf_decoder
+from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.layers import OUT_IN
 
 
@@ -30,9 +33,6 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
     full float32 (``specdec_jax.precision``). Probabilities are float32
     regardless.
     """
-    from specdec_jax import precision  # noqa: PLC0415
-    from specdec_jax.checkpoints import tokenizer  # noqa: PLC0415
-
     dtype = precision.resolve_dtype(dtype)
 
     source = str(name_or_path)
@@ -47,7 +47,6 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
     overrides = dict(dtype=dtype, param_dtype=dtype,
                      matmul_precision=precision.matmul_precision(dtype))
     if path.is_dir():
-        from specdec_jax.checkpoints.safetensors_io import load_hf_decoder  # noqa: PLC0415
         cfg, params = load_hf_decoder(path)
         cfg = type(cfg)(**{**cfg.__dict__, **overrides})
         tok = tokenizer.tokenizer_from_hf_dir(path)
@@ -57,8 +56,6 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
         if mesh is not None:
             return DecoderOnlyLM(cfg), params, tok  # placed, already in dtype
     if mesh is not None:
-        from specdec_jax import sharding  # noqa: PLC0415
-
         params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype, copy=False),
                                         params)
         return DecoderOnlyLM(cfg), sharding.shard_params(params, mesh), tok
@@ -72,8 +69,6 @@ def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, m
     (``"out_in"``: ``api.decode_layout``); ``"in_out"`` keeps the loaded tree
     (the switch that measures the difference). What the jobs, the CLI and the
     benchmarks decode with."""
-    from specdec_jax.models.decoder import with_kernel_layout  # noqa: PLC0415
-
     model, params, tok = load_model(name_or_path, dtype, mesh=mesh)
     return (*with_kernel_layout(model, params, kernel_layout), tok)
 
@@ -87,9 +82,6 @@ def random_model(name: str, dtype: str = "auto", seed: int = 0) -> tuple[Decoder
     models plus shape-only entries such as ``qwen2.5-coder-7b``). Different
     seeds give independent weights.
     """
-    from specdec_jax import precision  # noqa: PLC0415
-    from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf  # noqa: PLC0415
-
     dtype = precision.resolve_dtype(dtype)
     cfg = decoder_config_from_hf(registry.architecture(name), dtype=dtype, param_dtype=dtype,
                                  matmul_precision=precision.matmul_precision(dtype))
@@ -114,8 +106,6 @@ def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mes
     """A GGUF file through the converted-weights cache (``converted.py``):
     dequantised once per file and dtype, keyed by the file's sha256 (the
     registry's pinned hash for named models, computed for other files)."""
-    from specdec_jax.checkpoints import converted, fetch, gguf  # noqa: PLC0415
-
     sha256 = (registry.get_spec(source).sha256 if source in registry.MODELS
               else fetch.sha256_file(path))
 

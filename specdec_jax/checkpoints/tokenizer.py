@@ -64,6 +64,22 @@ class TextTokenizer:
             bos_token="", eos_token="")
 
 
+class ByteTokenizer:
+    """UTF-8 bytes as token ids (the toy models' vocabulary): 256 tokens, no
+    end-of-sequence token; invalid byte sequences decode to U+FFFD."""
+
+    VOCAB_SIZE = 256
+    vocab_size = VOCAB_SIZE
+    eos_token_ids: tuple[int, ...] = ()
+    fingerprint = "utf-8-bytes"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
 def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> TextTokenizer:
     from tokenizers import (  # noqa: PLC0415
         AddedToken,

@@ -67,7 +67,7 @@ import tempfile
 import warnings
 
 from specdec_jax.checkpoints import fetch
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime.progress import tqdm
 
 DATA_SUBDIR = "data"
 DEB_SUBDIR = "debs"

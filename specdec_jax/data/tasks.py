@@ -57,6 +57,8 @@ class Task:
         return text[:cut]
 
 
+# Filled when ``specdec_jax.data`` is imported (the package registers its built-in
+# tasks there), and by ``register`` for a user's own tasks.
 _TASKS: dict[str, Callable[[], Task]] = {}
 
 
@@ -66,19 +68,12 @@ def register(name: str, factory: Callable[[], Task]) -> None:
 
 
 def task_names() -> tuple[str, ...]:
-    _register_builtin()
     return tuple(sorted(_TASKS))
 
 
 def get_task(name: str) -> Task:
     """The task called ``name``; an unknown name fails with the known ones."""
-    _register_builtin()
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(sorted(_TASKS))}.")
     return _TASKS[name]()
 
-
-def _register_builtin() -> None:
-    # Imported here so that importing this module reads no corpus and pulls no
-    # optional dependency.
-    from specdec_jax.data import builtin_tasks  # noqa: F401

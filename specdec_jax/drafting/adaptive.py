@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
+from specdec_jax.drafting.acceptance_head import AcceptanceHead
 from specdec_jax.drafting.base import (
     Context,
     Proposal,
@@ -39,7 +40,6 @@ from specdec_jax.drafting.base import (
 )
 from specdec_jax.drafting.model import ModelDrafterState, SingleModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
-from specdec_jax.specdecpp.head import AcceptanceHead
 from specdec_jax.verify import sample_from_weights
 
 Array = jax.Array

@@ -14,8 +14,9 @@ from (``models.decoder.with_head_vocab``). What the subset costs is
 acceptance: the target's mass on tokens outside it can only come from the
 residual. ``coverage`` reports the corpus share the subset keeps.
 
-The ranking comes from the corpus token counts stored with the Max-Gram
-bigram table (``bigram.load_unigram``: the CPython standard library for the
+The ranking comes from corpus token counts; the shipped ones are stored with
+the Max-Gram bigram table (``data.bigram.load_unigram``, and
+``data.bigram.restrict_head`` cuts a head by them: the CPython standard library for the
 Qwen2.5-Coder vocabulary): most frequent first, ties and unseen tokens by id
 (Qwen's byte-level BPE numbers its merges in order, frequent ones first); the
 tokenizer's end-of-sequence ids are always kept, so a drafter can still end a
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specdec_jax.drafting import bigram
+from specdec_jax.models.decoder import DecoderOnlyLM, with_head_vocab
 
 
 def check_size(size: int, label: str) -> None:
@@ -65,17 +66,18 @@ def coverage(counts_V: np.ndarray, token_ids: np.ndarray) -> float:
     return float(counts_V[token_ids].sum() / max(counts_V.sum(), 1))
 
 
-def restrict(model, params, size: int, *, eos_ids: Sequence[int] = (),
-             table: str = "qwen2.5-coder"):
-    """``(model, params)`` with the output head cut to the ``size`` most frequent
-    tokens of ``table``'s corpus (``size`` 0: unchanged). Decoder-only models
-    only (``models.decoder.with_head_vocab``)."""
-    from specdec_jax.models.decoder import DecoderOnlyLM, with_head_vocab  # noqa: PLC0415
-
-    if not size:
-        return model, params
+def check_decoder(model) -> None:
+    """A restricted output head needs a decoder-only model."""
     if not isinstance(model, DecoderOnlyLM):
         raise ValueError(f"a restricted output head needs a decoder-only drafter, not "
                          f"{type(model).__name__}; pass a head vocabulary of 0.")
-    counts = bigram.load_unigram(table, model.vocab_size)
-    return with_head_vocab(model, params, head_token_ids(counts, size, eos_ids))
+
+
+def restrict(model, params, size: int, *, counts_V: np.ndarray, eos_ids: Sequence[int] = ()):
+    """``(model, params)`` with the output head cut to the ``size`` tokens that
+    ``counts_V`` (corpus counts per token id) ranks first (``size`` 0: unchanged).
+    Decoder-only models only (``models.decoder.with_head_vocab``)."""
+    if not size:
+        return model, params
+    check_decoder(model)
+    return with_head_vocab(model, params, head_token_ids(counts_V, size, eos_ids))

@@ -167,7 +167,7 @@ def check_bigram(table, vocab_size: int) -> None:
     if shape != (vocab_size,):
         raise ValueError(f"Max-Gram's bigram table has shape {shape}, expected ({vocab_size},) "
                          "for this vocabulary; build one for the model's tokenizer "
-                         "(python -m specdec_jax.drafting.bigram --help).")
+                         "(python -m specdec_jax.data.bigram --help).")
     if not jnp.issubdtype(table.dtype, jnp.integer):
         raise ValueError(f"Max-Gram's bigram table must hold integer token ids, got "
                          f"{table.dtype}.")

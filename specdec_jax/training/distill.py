@@ -25,7 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specdec_jax import batching
+from specdec_jax import api, batching
+from specdec_jax.data.metrics import ratio_ci
+from specdec_jax.runtime.progress import tqdm
+from specdec_jax.runtime.resume import ResumeLog
 from specdec_jax.training.forward import Batch, cross_entropy, teacher_forced
 
 DIVERGENCES = ("tvd", "forward_kl")
@@ -102,9 +105,6 @@ def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence
     with the same settings (``cache_key`` names the models) resumes from it."""
     import hashlib  # noqa: PLC0415
 
-    from specdec_jax import api  # noqa: PLC0415
-    from specdec_jax.progress import tqdm  # noqa: PLC0415
-    from specdec_jax.resume import ResumeLog  # noqa: PLC0415
 
     speculative = ({"method": "specdecode", "drafter": drafter, "drafter_params": drafter_params,
                     "gamma": gamma} if drafter is not None else {"method": "autoregressive"})
@@ -148,9 +148,6 @@ def block_efficiency(*, target, target_params, drafter, drafter_params,
     """Speculative decoding's block efficiency (tokens emitted per target call)
     and acceptance rate (accepted drafts / proposed drafts) on ``prompts``, with
     95% bootstrap intervals over prompts (``data.metrics.bootstrap_ci``)."""
-    from specdec_jax import api  # noqa: PLC0415
-    from specdec_jax.data.metrics import ratio_ci  # noqa: PLC0415
-
     rows = []
     for start, prompt, chunk in batching.fixed_shape_batches(prompts, batch_size):
         out = api.generate(target=target, target_params=target_params, drafter=drafter,

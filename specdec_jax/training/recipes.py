@@ -23,13 +23,14 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from specdec_jax import distributed, timing
-from specdec_jax.checkpoints import fetch
+from specdec_jax.checkpoints import fetch, orbax_io
+from specdec_jax.checkpoints.t5x_io import load_t5x
 from specdec_jax.data import pretraining, span_corruption, tasks, text_tasks
 from specdec_jax.data.vocabulary import SentencePieceVocabulary, train_sentencepiece
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
-from specdec_jax.progress import tqdm
-from specdec_jax.training import loop
+from specdec_jax.runtime import distributed, timing
+from specdec_jax.runtime.progress import tqdm
+from specdec_jax.training import distill, loop
 from specdec_jax.training.data import (
     ArrayDataset,
     MixtureDataset,
@@ -220,8 +221,6 @@ def init_params(model: T5EncoderDecoderLM, vocab: SentencePieceVocabulary, *,
                 "with the vocabulary settings (vocab_size, vocab_sources, extra_ids, "
                 "vocab_seed) of the run it starts from.")
     else:
-        from specdec_jax.checkpoints.t5x_io import load_t5x  # noqa: PLC0415
-
         loaded, params = load_t5x(init_checkpoint)
     stored, wanted = dataclasses.asdict(loaded.config), dataclasses.asdict(model.config)
     changed = {k: (stored[k], wanted[k]) for k in ("vocab_size", "d_model", "d_kv", "d_ff",
@@ -337,8 +336,6 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
 def _export_params(workdir, step: int, params) -> pathlib.Path:
     """The final parameters as a plain orbax tree (``workdir/params_<step>``),
     what ``load_run`` and later jobs read without the optimizer state."""
-    from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
-
     path = pathlib.Path(workdir).absolute() / f"params_{step}"
     exists = path.exists()
     # Every process must agree on whether to save (each writes its own shards).
@@ -351,8 +348,6 @@ def _export_params(workdir, step: int, params) -> pathlib.Path:
 def load_run(workdir: str | os.PathLike) -> tuple[T5EncoderDecoderLM, dict,
                                                    SentencePieceVocabulary, dict]:
     """(model, params, vocabulary, summary) of a finished ``run_training`` run."""
-    from specdec_jax.checkpoints import orbax_io  # noqa: PLC0415
-
     summary_path = pathlib.Path(workdir) / "summary.json"
     if not summary_path.exists():
         raise FileNotFoundError(f"{workdir} holds no finished training run (no summary.json); "
@@ -381,8 +376,6 @@ def run_distillation(*, workdir: str, teacher_workdir: str, student_workdir: str
     ``eval_temperature``) on held-out validation inputs before and after, with
     95% CIs. ``data``: ``"teacher"`` (the teacher's own samples for the training
     inputs, at ``temperature``) or ``"corpus"`` (the task's references)."""
-    from specdec_jax.training import distill  # noqa: PLC0415
-
     if data not in ("teacher", "corpus"):
         raise ValueError(f"unknown distillation data {data!r}; choose teacher or corpus.")
     teacher, teacher_params, vocab, _ = load_run(teacher_workdir)

@@ -18,9 +18,13 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import api, batching, drafting, targets, timing
+from specdec_jax import api, batching, drafting, targets
+from specdec_jax.checkpoints import resolver
+from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
+from specdec_jax.drafting import model as drafter_model
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
+from specdec_jax.runtime import timing
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
@@ -150,12 +154,10 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
     more 1-token call, already among the drafter's calls and priced as a step
     (it skips the head, so slightly less). None when the drafter is not a
     single model (a cascade's calls have several prices)."""
-    from specdec_jax.drafting.model import default_catch_up_widths  # noqa: PLC0415
-
     drafter_calls = speculative.get("drafter_calls", 0)
     if drafter_calls and not hasattr(drafter, "extend"):
         return None
-    two_token_catch_up = max(default_catch_up_widths()) >= 2
+    two_token_catch_up = max(drafter_model.default_catch_up_widths()) >= 2
 
     def step(model, params, k, head_rows=None):
         return timing.in_loop_step(model, params, k, batch=batch_size, fill=COST_MODEL_FILL,
@@ -224,16 +226,15 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
 
 def check_spec(spec: str, k_matrix: str | None) -> None:
     """Rejects a bad --draft / --k-matrix before any weights are loaded."""
-    import os  # noqa: PLC0415
-
-    from specdec_jax.checkpoints import registry  # noqa: PLC0415
-
     names = drafting.parse_spec(spec)
     for name in names:
-        if name != drafting.spec.MAG and name not in registry.MODELS and \
-                not os.path.exists(name):
-            raise ValueError(f"unknown drafter {name!r} in --draft {spec!r}; use 'mag', a "
-                             f"registry model ({', '.join(registry.MODELS)}) or a path.")
+        if name == drafting.spec.MAG:
+            continue
+        try:
+            resolver.family_of(name)
+        except ValueError as error:
+            raise ValueError(f"unknown drafter {name!r} in --draft {spec!r}; use 'mag' or a "
+                             f"model: {error}") from error
     if k_matrix is not None:
         drafting.parse_k_matrix(k_matrix, len(names))
     elif len(names) > 1:
@@ -243,22 +244,19 @@ def check_spec(spec: str, k_matrix: str | None) -> None:
 
 def _load_drafter(args, spec: str, names, target, tokenizer):
     """Loads every model a draft spec names; returns (strategy, its params)."""
-    from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415 (heavy import)
-    from specdec_jax.drafting import bigram  # noqa: PLC0415
-
     models, named = {}, {}
     for name in names:
         if name == drafting.spec.MAG:
             named[name] = bigram.load_table(args.bigram, target.vocab_size)
             continue
-        model, params, tok = load_for_decoding(name, kernel_layout=args.kernel_layout)
+        model, params, tok = resolver.resolve(name, kernel_layout=args.kernel_layout)
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
         try:
-            model, params = head_vocab.restrict(model, params, args.drafter_head_vocab,
-                                                eos_ids=tokenizer.eos_token_ids,
-                                                table=args.bigram)
+            model, params = bigram.restrict_head(model, params, args.drafter_head_vocab,
+                                                 eos_ids=tokenizer.eos_token_ids,
+                                                 table=args.bigram)
         except ValueError as error:
             raise SystemExit(f"error: --drafter-head-vocab {args.drafter_head_vocab} for "
                              f"{name}: {error} (--drafter-head-vocab 0 keeps its full "
@@ -272,8 +270,6 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
 
 
 def run(args) -> int:
-    from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415 (heavy import)
-
     prompts = read_prompts(args)
     if args.method != "autoregressive":
         targets.get_target(args.method).validate(args.alpha, args.beta)
@@ -284,8 +280,8 @@ def run(args) -> int:
     head_vocab.check_size(args.drafter_head_vocab,
                           f"--drafter-head-vocab {args.drafter_head_vocab}")
     names = drafting.parse_spec(spec)
-    target, target_params, tokenizer = load_for_decoding(args.target,
-                                                         kernel_layout=args.kernel_layout)
+    target, target_params, tokenizer = resolver.resolve(args.target,
+                                                        kernel_layout=args.kernel_layout)
     drafter = drafter_params = None
     if args.method != "autoregressive":
         drafter, drafter_params = _load_drafter(args, spec, names, target, tokenizer)

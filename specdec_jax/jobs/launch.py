@@ -20,15 +20,17 @@ from collections.abc import Callable, Sequence
 
 import gin
 
+from specdec_jax.runtime import distributed
+
 # job name -> "module:function" (imported when the launcher starts).
 JOBS = {
-    "run_study": "specdec_jax.evaluation.study:run_study",
-    "run_generate": "specdec_jax.evaluation.study:run_generate",
-    "run_benchmark": "specdec_jax.evaluation.study:run_benchmark",
+    "run_study": "specdec_jax.jobs.study:run_study",
+    "run_generate": "specdec_jax.jobs.study:run_generate",
+    "run_benchmark": "specdec_jax.jobs.study:run_benchmark",
     "run_training": "specdec_jax.training.recipes:run_training",
     "run_distillation": "specdec_jax.training.recipes:run_distillation",
-    "run_specdecpp_data": "specdec_jax.specdecpp.jobs:run_specdecpp_data",
-    "run_specdecpp_train": "specdec_jax.specdecpp.jobs:run_specdecpp_train",
+    "run_specdecpp_data": "specdec_jax.jobs.specdecpp:run_specdecpp_data",
+    "run_specdecpp_train": "specdec_jax.jobs.specdecpp:run_specdecpp_train",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
 # writing; training: batches split along the data axis, orbax writing every
@@ -71,7 +73,7 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
     parser.add_argument("--gin_search_path", action="append", default=[],
                         help="directories where gin looks for included files")
     multi = parser.add_argument_group(
-        "many processes (specdec_jax.distributed; default: one process)")
+        "many processes (specdec_jax.runtime.distributed; default: one process)")
     multi.add_argument("--coordinator_address", default=None,
                        help="HOST:PORT of process 0 (or $SPECDEC_JAX_COORDINATOR)")
     multi.add_argument("--num_processes", type=int, default=None,
@@ -155,7 +157,6 @@ def check_process_count(job: str, process_count: int | None = None) -> None:
 def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
          description: str = "Runs a gin-configured job.") -> int:
     args = parse_args(argv, description)
-    from specdec_jax import distributed  # noqa: PLC0415
 
     if args.multihost_auto:
         distributed.initialize_auto()

@@ -33,14 +33,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, distributed, sharding, targets, timing
+from specdec_jax import api, sharding, targets
 from specdec_jax.cascades import sequence_defers
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
 from specdec_jax.decoding import EndOfBlockStop
-from specdec_jax.evaluation.cost import CostModel
+from specdec_jax.jobs.cost import CostModel
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.progress import tqdm
+from specdec_jax.runtime import distributed, timing
+from specdec_jax.runtime.progress import tqdm
 
 AUTOREGRESSIVE = ("drafter", "target")
 # Derived from the drafter's and the target's runs; recomputed on every pass.

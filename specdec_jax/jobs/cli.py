@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_jax import cli_generate
+from specdec_jax.checkpoints import registry
+from specdec_jax.jobs import generate as cli_generate
+from specdec_jax.jobs import launch
 
 
 def _fetch(args) -> int:
-    from specdec_jax.checkpoints import registry  # noqa: PLC0415
-
     names = list(registry.MODELS) if args.name == "all" else [args.name]
     for name in names:
         path = registry.local_path(name, verify=True)
@@ -37,8 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _launch(args, default_job: str, kind: str) -> int:
-    from specdec_jax import launch  # noqa: PLC0415
-
     return launch.main(args.rest, default_job=default_job,
                        description=f"specdec-jax {args.command}: a gin-configured {kind} job")
 

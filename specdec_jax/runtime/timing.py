@@ -18,6 +18,8 @@ from typing import Any
 
 import jax
 
+from specdec_jax.drafting.base import start_token_and_prefill
+
 
 @dataclasses.dataclass
 class Timed:
@@ -119,8 +121,6 @@ def prefill_fn(model, max_length: int):
     times minus its time give decode times. It returns the filled cache: a
     function returning only the pending token (the prompt's last token, no
     compute) would let XLA drop the whole prefill as dead code."""
-    from specdec_jax.drafting.base import start_token_and_prefill  # noqa: PLC0415
-
     return jax.jit(lambda params, prompt: start_token_and_prefill(
         model, params, prompt, max_length)[0])
 

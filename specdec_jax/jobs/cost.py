@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import timing
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.runtime import timing
 
 CALIBRATION_WIDTHS = (1, 2, 4, 6, 8, 11)
 STEPS_PER_TIMING = 4

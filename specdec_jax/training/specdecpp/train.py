@@ -28,7 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from specdec_jax.checkpoints.heads import load_head_for, save_head
+from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
+from specdec_jax.training import loop
 from specdec_jax.training.data import epoch_indices, padded_chunks
+from specdec_jax.training.optimizers import OptimizerConfig
+from specdec_jax.training.specdecpp import data as data_lib
 
 REPLICATED = ((r".*", PartitionSpec()),)  # the head is small: every device holds it
 
@@ -127,10 +132,6 @@ def train_head(*, workdir: str, data_dir: str, pair: dict, depth: int = 3,
     drafter frozen (only its stored features are read). Saves the head to
     ``workdir/head`` and returns the fit: binary KL on train and held-out
     examples, and that of the best constant under the same loss."""
-    from specdec_jax.specdecpp.head import AcceptanceHead, HeadConfig, save_head  # noqa: PLC0415
-    from specdec_jax.training import loop  # noqa: PLC0415
-    from specdec_jax.training.optimizers import OptimizerConfig  # noqa: PLC0415
-
     if pathlib.Path(workdir, "head").exists():  # fail before training, not after it
         raise FileExistsError(f"{workdir}/head exists: this run is finished. Choose a new "
                               "workdir, or delete the old head to train it again.")
@@ -176,8 +177,6 @@ def split_shards(data_dir: str, pair: dict, held_out_shards: int
                  ) -> tuple[FeatureDataset, FeatureDataset, dict]:
     """(train, held-out, manifest): whole shards are held out, so held-out
     examples come from prompts the head never saw."""
-    from specdec_jax.specdecpp import data as data_lib  # noqa: PLC0415
-
     features, labels, manifest = data_lib.load_shards(data_dir, pair)
     names = sorted(manifest["shards"])
     if not 1 <= held_out_shards < len(names):
@@ -205,8 +204,6 @@ def evaluate_head(head_dir: str, data_dir: str, held_out_shards: int) -> dict:
     the drafter whose features the data holds."""
     import json  # noqa: PLC0415
 
-    from specdec_jax.specdecpp import data as data_lib  # noqa: PLC0415
-    from specdec_jax.specdecpp.head import load_head_for  # noqa: PLC0415
 
     pair = json.loads(pathlib.Path(data_dir, data_lib.MANIFEST).read_text())["pair"]
     head, params, meta = load_head_for(head_dir, drafter_name=pair["drafter"],

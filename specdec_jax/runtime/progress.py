@@ -6,7 +6,7 @@ redraws pile up into one unreadable line of hundreds of updates; here each
 update is a whole line instead, at most one per ``LOG_INTERVAL_S`` seconds,
 plus the final one. ``SPECDEC_JAX_PROGRESS=0`` turns bars off everywhere.
 
-    from specdec_jax.progress import tqdm
+    from specdec_jax.runtime.progress import tqdm
     for batch in tqdm(batches, desc="teacher samples", unit="batch"):
         ...
 """

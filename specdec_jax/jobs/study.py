@@ -5,71 +5,74 @@ calls (gin binds its keyword arguments; this module knows nothing of gin).
 It loads the pair, calibrates the cost model on this machine, runs (or
 resumes) the sweep, and writes the reports.
 
-Models are registry names (``specdec-jax models``) or the byte-level toys
-``toy-bytes-small`` / ``toy-bytes-large`` (random weights, UTF-8 bytes as
-tokens): those exist so CI can run the whole pipeline in seconds; their
-quality numbers mean nothing.
+Models are any names ``checkpoints.resolver`` knows: registry models, GGUF
+files, Hugging Face directories, the project's T5 pair members, or the
+byte-level toys ``toy-bytes-small`` / ``toy-bytes-large`` (random weights,
+UTF-8 bytes as tokens: CI runs the whole pipeline on them in seconds; their
+quality numbers mean nothing).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 from collections.abc import Sequence
 
 import jax
 
-from specdec_jax import distributed, precision, timing
-from specdec_jax.data import tasks
-from specdec_jax.evaluation import cost as cost_lib
-from specdec_jax.evaluation import report, sweep
-
-TOY_MODELS = {"toy-bytes-small": (1, 32, 0), "toy-bytes-large": (2, 64, 1)}
-BYTE_VOCAB = 256
-
-
-def _toy(name: str):
-    from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM  # noqa: PLC0415
-
-    layers, width, seed = TOY_MODELS[name]
-    config = DecoderConfig(vocab_size=BYTE_VOCAB, hidden_size=width,
-                           intermediate_size=2 * width, num_layers=layers, num_heads=4,
-                           num_kv_heads=2)
-    model = DecoderOnlyLM(config)
-    return model, model.init_params(jax.random.PRNGKey(seed))
+from specdec_jax import precision, sharding
+from specdec_jax.checkpoints import resolver
+from specdec_jax.checkpoints.tree_paths import params_fingerprint
+from specdec_jax.data import bigram, tasks
+from specdec_jax.data.humaneval import end_of_block_stop
+from specdec_jax.drafting import head_vocab
+from specdec_jax.jobs import cost as cost_lib
+from specdec_jax.jobs import report, sweep
+from specdec_jax.models.interface import is_encoder_decoder
+from specdec_jax.runtime import distributed, timing
+from specdec_jax.training import t5_pair
 
 
 def load_pair(*, target: str, drafter: str, dtype: str = "auto",
               stop_at_block_end: bool = False, mesh=None,
               drafter_head_vocab: int = 0) -> sweep.ModelPair:
-    """The two models of a study with their text interface; with a ``mesh``
-    (``job_mesh``), both models' params placed on it by the sharding rules.
-    ``drafter_head_vocab`` > 0 cuts a decoder-only drafter's output head to
-    that many of the most frequent tokens (``drafting.head_vocab``: exact,
-    cheaper drafting steps; 0, the default, keeps the papers' full drafter)."""
-    from specdec_jax.drafting import head_vocab  # noqa: PLC0415
-
+    """The two models of a study (``checkpoints.resolver`` names) with their
+    text interface; with a ``mesh`` (``job_mesh``), both models' params placed
+    on it by the sharding rules. ``drafter_head_vocab`` > 0 cuts a decoder-only
+    drafter's output head to that many of the most frequent tokens
+    (``drafting.head_vocab``: exact, cheaper drafting steps; 0, the default,
+    keeps the papers' full drafter)."""
     head_vocab.check_size(drafter_head_vocab, f"drafter_head_vocab={drafter_head_vocab}")
     if drafter_head_vocab and mesh is not None:
         raise ValueError("drafter_head_vocab with a mesh: the restricted head has no sharding "
                          "rule yet; pass drafter_head_vocab=0 for sharded jobs.")
-    pair = _load_pair(target=target, drafter=drafter, dtype=dtype,
-                      stop_at_block_end=stop_at_block_end, mesh=mesh)
+    families = {role: resolver.family_of(name).name
+                for role, name in (("target", target), ("drafter", drafter))}
+    if families["target"] == families["drafter"] == "t5-pair":
+        (_, _, target_task), (_, _, drafter_task) = map(t5_pair.parse_member, (target, drafter))
+        if target_task != drafter_task:
+            raise ValueError(f"{target} and {drafter} were trained for different tasks; pick "
+                             "two members of one pair and task.")
+    t, tp, tok = resolver.resolve(target, dtype=dtype, mesh=mesh)
+    d, dp, drafter_tok = resolver.resolve(drafter, dtype=dtype, mesh=mesh)
+    if (getattr(tok, "fingerprint", None) != getattr(drafter_tok, "fingerprint", None)
+            or t.vocab_size != d.vocab_size):
+        raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
+                         "do not share a vocabulary (tokenizer); pick a drafter of the "
+                         "target's family.")
     if drafter_head_vocab:
-        model, params = head_vocab.restrict(pair.drafter, pair.drafter_params,
-                                            drafter_head_vocab, eos_ids=pair.eos_ids)
-        pair = dataclasses.replace(pair, drafter=model, drafter_params=params)
-    if mesh is None or pair.mesh is not None:  # real models come placed, read slice by slice
-        return pair
-    from specdec_jax import sharding  # noqa: PLC0415
-
-    def place(model, params):
-        return sharding.shard_params(params, mesh, sharding.rules_for(model))
-
-    return dataclasses.replace(pair, target_params=place(pair.target, pair.target_params),
-                               drafter_params=place(pair.drafter, pair.drafter_params),
-                               mesh=mesh)
+        d, dp = bigram.restrict_head(d, dp, drafter_head_vocab, eos_ids=tok.eos_token_ids)
+    encode = tok.encode
+    if is_encoder_decoder(t):  # T5 inputs end with EOS
+        encode = lambda text: tok.encode(text) + [tok.eos_id]  # noqa: E731
+    # The in-loop end-of-block stop reads code tokenizers' token texts; the toys'
+    # bytes and the T5 pair's sentencepieces have none to read.
+    stop_rule = (end_of_block_stop(tok)
+                 if stop_at_block_end and families["target"] == "checkpoint" else None)
+    return sweep.ModelPair(
+        target=t, target_params=tp, drafter=d, drafter_params=dp, encode=encode,
+        decode=tok.decode, eos_ids=tuple(tok.eos_token_ids), stop_rule=stop_rule,
+        names=(target, drafter), mesh=mesh)
 
 
 def job_mesh(model_parallel: int | None):
@@ -77,66 +80,9 @@ def job_mesh(model_parallel: int | None):
     processes or asks for model parallelism; then every device of every
     process, ``model_parallel`` (default 1) along ``model``, the rest along
     ``data`` (the batch size must divide by it)."""
-    from specdec_jax import sharding  # noqa: PLC0415
-
     if jax.process_count() == 1 and model_parallel is None:
         return None
     return sharding.make_mesh(model=model_parallel or 1)
-
-
-def _load_pair(*, target: str, drafter: str, dtype: str, stop_at_block_end: bool,
-               mesh=None) -> sweep.ModelPair:
-    if (target in TOY_MODELS) != (drafter in TOY_MODELS):
-        raise ValueError(f"target {target!r} and drafter {drafter!r} must both be toys or both "
-                         "be real models: they need one tokenizer.")
-    if target in TOY_MODELS:
-        (t, tp), (d, dp) = _toy(target), _toy(drafter)
-        return sweep.ModelPair(
-            target=t, target_params=tp, drafter=d, drafter_params=dp,
-            encode=lambda text: list(text.encode("utf-8")),
-            decode=lambda ids: bytes(ids).decode("utf-8", errors="replace"),
-            names=(target, drafter))
-    from specdec_jax.training import pair as t5_pair  # noqa: PLC0415
-
-    if t5_pair.is_member(target) or t5_pair.is_member(drafter):
-        return _t5_pair(target, drafter)
-    from specdec_jax.checkpoints.load import load_for_decoding  # noqa: PLC0415
-    from specdec_jax.data.humaneval import end_of_block_stop  # noqa: PLC0415
-
-    t, tp, tok = load_for_decoding(target, dtype=dtype, mesh=mesh)
-    d, dp, drafter_tok = load_for_decoding(drafter, dtype=dtype, mesh=mesh)
-    if t.vocab_size != d.vocab_size:
-        raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
-                         "do not share a vocabulary; pick a drafter of the target's family.")
-    return sweep.ModelPair(
-        target=t, target_params=tp, drafter=d, drafter_params=dp, encode=tok.encode,
-        decode=tok.decode, eos_ids=tuple(tok.eos_token_ids),
-        stop_rule=end_of_block_stop(tok) if stop_at_block_end else None,
-        names=(target, drafter), mesh=mesh)
-
-
-def _t5_pair(target: str, drafter: str) -> sweep.ModelPair:
-    """The project's trained T5 members (trained on first use, see training.pair)."""
-    from specdec_jax.training import pair as t5_pair  # noqa: PLC0415
-
-    (_, _, target_task), (_, _, drafter_task) = map(t5_pair.parse_member, (target, drafter))
-    if target_task != drafter_task:
-        raise ValueError(f"{target} and {drafter} were trained for different tasks; pick two "
-                         "members of one pair and task.")
-    t, tp, vocab = t5_pair.load_member(target)
-    d, dp, drafter_vocab = t5_pair.load_member(drafter)
-    if vocab.fingerprint != drafter_vocab.fingerprint:
-        raise ValueError(f"{target} and {drafter} do not share a vocabulary.")
-    return sweep.ModelPair(
-        target=t, target_params=tp, drafter=d, drafter_params=dp,
-        encode=lambda text: vocab.encode(text) + [vocab.eos_id],  # T5 inputs end with EOS
-        decode=vocab.decode, eos_ids=vocab.eos_token_ids, names=(target, drafter))
-
-
-def _is_t5_member(name: str) -> bool:
-    from specdec_jax.training import pair as t5_pair  # noqa: PLC0415
-
-    return t5_pair.is_member(name)
 
 
 def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequence[float]],
@@ -167,11 +113,9 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                 "example_ids": [ex.id for ex in examples]}
     if drafter_head_vocab:  # absent when 0: sweeps stored before the option still resume
         settings["drafter_head_vocab"] = drafter_head_vocab
-    if _is_t5_member(target):
+    if resolver.family_of(target).name == "t5-pair":
         # Trained members change when retrained: a stored sweep of other weights
         # must not be resumed (registry checkpoints are pinned by sha256).
-        from specdec_jax.checkpoints.tree_paths import params_fingerprint  # noqa: PLC0415
-
         settings["weights"] = {"target": params_fingerprint(pair.target_params),
                                "drafter": params_fingerprint(pair.drafter_params)}
     out = pathlib.Path(out_dir)

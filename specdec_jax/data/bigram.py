@@ -6,7 +6,7 @@ the tokens a drafter's restricted output head keeps (``drafting.head_vocab``).
 
 Build (documented command; prints the sha256 to pin in ``TABLES``)::
 
-    python -m specdec_jax.drafting.bigram --model qwen2.5-coder-0.5b \\
+    python -m specdec_jax.data.bigram --model qwen2.5-coder-0.5b \\
         --out specdec_jax/drafting/tables/qwen2.5-coder.stdlib.npz
 
 The corpus for the code pair is the Python standard library's own sources
@@ -27,9 +27,13 @@ import os
 import pathlib
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from specdec_jax.checkpoints import gguf, registry, tokenizer
+from specdec_jax.drafting import head_vocab
+from specdec_jax.runtime.progress import tqdm
 
 TABLE_DIR = pathlib.Path(__file__).parent / "tables"
 
@@ -111,13 +115,24 @@ def load_unigram(name_or_path: str, vocab_size: int | None = None) -> np.ndarray
     return _load(name_or_path, "unigram", vocab_size).astype(np.int64)
 
 
+def restrict_head(model, params, size: int, *, eos_ids: Sequence[int] = (),
+                  table: str = "qwen2.5-coder"):
+    """``drafting.head_vocab.restrict`` ranked by ``table``'s corpus counts: the
+    drafter's output head cut to the ``size`` most frequent tokens (0: unchanged)."""
+    if not size:
+        return model, params
+    head_vocab.check_decoder(model)
+    return head_vocab.restrict(model, params, size, eos_ids=eos_ids,
+                               counts_V=load_unigram(table, model.vocab_size))
+
+
 def _load(name_or_path: str, key: str, vocab_size: int | None) -> np.ndarray:
     if name_or_path in TABLES:
         spec = TABLES[name_or_path]
         path = TABLE_DIR / spec.filename
         if not path.is_file():
             raise FileNotFoundError(f"bigram table {path} is missing from the package; "
-                                    f"rebuild it: python -m specdec_jax.drafting.bigram "
+                                    f"rebuild it: python -m specdec_jax.data.bigram "
                                     f"--model {spec.tokenizer} --out {path}")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != spec.sha256:
@@ -134,11 +149,11 @@ def _load(name_or_path: str, key: str, vocab_size: int | None) -> np.ndarray:
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         if key != "table":
             raise ValueError(f"{path} holds a bare table without token counts; rebuild it "
-                             "with python -m specdec_jax.drafting.bigram.")
+                             "with python -m specdec_jax.data.bigram.")
         table = loaded
     elif key not in loaded:
         raise ValueError(f"{path} has no '{key}' array; rebuild it with python -m "
-                         "specdec_jax.drafting.bigram.")
+                         "specdec_jax.data.bigram.")
     else:
         table = loaded[key]
     for want in (expected, vocab_size):
@@ -155,8 +170,6 @@ def main(argv=None) -> int:
                         help="registry model (or .gguf) whose tokenizer and vocabulary to use")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    from specdec_jax.checkpoints import gguf, registry, tokenizer  # noqa: PLC0415
-    from specdec_jax.progress import tqdm  # noqa: PLC0415
 
     path = registry.local_path(args.model) if args.model in registry.MODELS else args.model
     reader = gguf._reader(path)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import pathlib
 
-from specdec_jax.specdecpp import data as data_lib
-from specdec_jax.specdecpp.prompts import stdlib_prompts
-from specdec_jax.specdecpp.train import train_head
+from specdec_jax.data import humaneval
+from specdec_jax.data.stdlib_prompts import stdlib_prompts
+from specdec_jax.jobs import study
+from specdec_jax.training import distill
+from specdec_jax.training.specdecpp import data as data_lib
+from specdec_jax.training.specdecpp.train import train_head
 
 SOURCES = ("target", "corpus")
 TEACHER_SAMPLES = "teacher_samples.jsonl"  # the target's responses, kept for resuming
@@ -37,10 +40,6 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
     ``source="corpus"``: X is the function's real body from the standard
     library, its first ``max_new_tokens`` tokens (the documented, cheaper
     option: no target generation). Writes shards and a manifest to ``out_dir``."""
-    from specdec_jax.data import humaneval  # noqa: PLC0415
-    from specdec_jax.evaluation import study  # noqa: PLC0415
-    from specdec_jax.training import distill  # noqa: PLC0415
-
     if source not in SOURCES:
         raise ValueError(f"unknown data source {source!r}; choose one of {', '.join(SOURCES)}.")
     if num_prompts < 1 or max_new_tokens < 1:

@@ -1,0 +1,147 @@
+"""The one model resolver: a name in, ``(model, params, tokenizer)`` out.
+
+Every job, benchmark and the command line turn model names into models here,
+so a name means the same thing everywhere. A name belongs to the first
+*family* that claims it:
+
+- ``toy-bytes-small``, ``toy-bytes-large``: random decoders over UTF-8 bytes
+  (CI runs whole pipelines on them in seconds; their quality means nothing);
+- ``random:<architecture>[:<seed>]``: random weights of a registered
+  architecture's exact shapes (``registry.ARCHITECTURES``), for timing where the
+  real weights are not at hand;
+- ``<pair>-<role>:<task>``, e.g. ``t5-cpu-large:translation_en_de``: the
+  project's own T5 pair members, trained on first use (``training.t5_pair``);
+- a registry name (``registry.MODELS``, fetched on first use), a ``.gguf``
+  file or a Hugging Face safetensors directory (``checkpoints.load``).
+
+Families are pluggable: ``register_family`` adds one (first claim wins, so a
+user's family can take names before the built-in ones).
+
+The tokenizer has ``encode(text) -> ids``, ``decode(ids) -> text``,
+``eos_token_ids`` and ``fingerprint`` (equal fingerprints: one vocabulary);
+random weights come with none (``None``).
+With a ``mesh``, params come back placed on it by the model's sharding rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from specdec_jax import sharding
+from specdec_jax.checkpoints import load, registry
+from specdec_jax.checkpoints.tokenizer import ByteTokenizer
+from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.layers import OUT_IN
+from specdec_jax.training import t5_pair
+
+RANDOM_PREFIX = "random:"
+# name -> (layers, width, seed) of the byte-level toy decoders.
+TOY_MODELS = {"toy-bytes-small": (1, 32, 0), "toy-bytes-large": (2, 64, 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+    """A kind of model name and how to load it.
+
+    ``load(name, *, dtype, mesh, kernel_layout)`` returns ``(model, params,
+    tokenizer)``. A family that reads its params onto a mesh itself (each
+    process reading only its slices) says ``places_on_mesh``; for the others
+    ``resolve`` places the loaded params.
+    """
+
+    name: str
+    claims: Callable[[str], bool]
+    load: Callable[..., tuple[Any, Any, Any]]
+    examples: Sequence[str]  # names shown when nothing claims a name
+    places_on_mesh: bool = False
+
+
+_FAMILIES: list[ModelFamily] = []
+
+
+def register_family(family: ModelFamily, *, first: bool = False) -> None:
+    """Adds a family (``first``: ahead of the others, so it may take their names)."""
+    global _FAMILIES
+    others = [f for f in _FAMILIES if f.name != family.name]
+    _FAMILIES = [family, *others] if first else [*others, family]
+
+
+def family_of(name: str) -> ModelFamily:
+    """The family that claims ``name``; an unknown name fails with the known ones."""
+    for family in _FAMILIES:
+        if family.claims(name):
+            return family
+    known = ", ".join(example for family in _FAMILIES for example in family.examples)
+    raise ValueError(f"unknown model {name!r}: not a known name ({known}) nor an existing path "
+                     "to a .gguf file or a Hugging Face directory.")
+
+
+def resolve(name: str, *, dtype: str = "auto", mesh=None,
+            kernel_layout: str = OUT_IN) -> tuple[Any, Any, Any]:
+    """``(model, params, tokenizer)`` for ``name``.
+
+    ``dtype``: ``"auto"`` is float32 on CPU and bfloat16 on accelerators
+    (checkpoint decoders; toys and T5 members keep the dtype they were built
+    with). ``kernel_layout`` applies to checkpoint decoders: ``"out_in"`` (the
+    default) is the decode layout (``api.decode_layout``), ``"in_out"`` keeps
+    the loaded tree. ``mesh``: params placed on it by the sharding rules.
+    """
+    family = family_of(name)
+    model, params, tokenizer = family.load(name, dtype=dtype, mesh=mesh,
+                                           kernel_layout=kernel_layout)
+    if mesh is not None and not family.places_on_mesh:
+        params = sharding.shard_params(params, mesh, sharding.rules_for(model))
+    return model, params, tokenizer
+
+
+def _load_toy(name: str, **_) -> tuple[DecoderOnlyLM, Any, ByteTokenizer]:
+    layers, width, seed = TOY_MODELS[name]
+    config = DecoderConfig(vocab_size=ByteTokenizer.VOCAB_SIZE, hidden_size=width,
+                           intermediate_size=2 * width, num_layers=layers, num_heads=4,
+                           num_kv_heads=2)
+    model = DecoderOnlyLM(config)
+    return model, model.init_params(jax.random.PRNGKey(seed)), ByteTokenizer()
+
+
+def parse_random(name: str) -> tuple[str, int]:
+    """``random:<architecture>[:<seed>]`` -> (architecture, seed)."""
+    architecture, _, seed = name[len(RANDOM_PREFIX):].partition(":")
+    if architecture not in registry.ARCHITECTURES or (seed and not seed.isdigit()):
+        raise ValueError(f"{name!r}: random weights take a registered architecture and an "
+                         f"optional seed, random:<architecture>[:<seed>], with architecture "
+                         f"one of {', '.join(registry.ARCHITECTURES)}.")
+    return architecture, int(seed or 0)
+
+
+def _load_random(name: str, *, dtype: str, kernel_layout: str, **_):
+    architecture, seed = parse_random(name)
+    model, params = load.random_model(architecture, dtype, seed=seed)
+    return (*with_kernel_layout(model, params, kernel_layout), None)
+
+
+def _load_t5_member(name: str, **_):
+    return t5_pair.load_member(name)
+
+
+def _load_checkpoint(name: str, *, dtype: str, mesh, kernel_layout: str):
+    return load.load_for_decoding(name, dtype=dtype, mesh=mesh, kernel_layout=kernel_layout)
+
+
+def _is_checkpoint(name: str) -> bool:
+    return name in registry.MODELS or pathlib.Path(name).expanduser().exists()
+
+
+for _family in (
+        ModelFamily("toy", TOY_MODELS.__contains__, _load_toy, tuple(TOY_MODELS)),
+        ModelFamily("random", lambda name: name.startswith(RANDOM_PREFIX), _load_random,
+                    (f"{RANDOM_PREFIX}<architecture>[:<seed>]",)),
+        ModelFamily("t5-pair", t5_pair.is_member, _load_t5_member,
+                    ("<pair>-<role>:<task> (e.g. t5-cpu-large:translation_en_de)",)),
+        ModelFamily("checkpoint", _is_checkpoint, _load_checkpoint, tuple(registry.MODELS),
+                    places_on_mesh=True)):
+    register_family(_family)

@@ -1,1 +1,0 @@
-"""Evaluation helpers: exactness checks and reports for quality-vs-latency sweeps."""
