@@ -1,17 +1,17 @@
 """Cascade Speculative Drafting vs speculative decoding on a real pair, in the
-layout of seed 001's Table 2 (Qwen2.5-Coder 1.5B target, 0.5B drafter,
+layout of Chen et al.'s Table 2 (Qwen2.5-Coder 1.5B target, 0.5B drafter,
 Max-Gram with the stdlib bigram table; HumanEval prompts).
 
 Figures, per configuration:
 * counted: target calls, 0.5B calls and tokens fed, tokens emitted, for every
   prompt (efficiency runs are batched: rows are independent, greedy rows are
   deterministic); mean tokens per target call with a 95% normal CI over prompts;
-* SWI (standardized walltime improvement, seed 001 §5): autoregressive cost
+* SWI (standardized walltime improvement, Chen et al. §5): autoregressive cost
   over the counted cost, with each call priced (a) by parameter count and
   (b) by per-call latency measured on this machine at batch 1 (a least-squares
   fit t(K) = a + b K over K tokens fed, inside jit);
 * EWIF predicted from the measured acceptance rate and cost ratio (plain
-  speculative decoding and Max-Gram; ALGORITHMS.md §5);
+  speculative decoding and Max-Gram; Chen et al.);
 * wall clock at batch 1 on a subset, prefill included, every configuration
   timed interleaved prompt by prompt (rotating order), over autoregressive.
 Plus the round time of speculative decoding (G = 7) with and without the
@@ -227,7 +227,7 @@ def summarize(name, rows, gamma, costs, param_counts, spec):
     ar_latency = costs["target"]["k1_s"]
     per_prompt_swi = [r["tokens"] * ar_latency / predicted_seconds(r, costs, gamma)
                       for r in rows]
-    # EWIF, seed 001's horizontal form sum_i prod_{j<=i} alpha_j / (1 + sum_i c_i):
+    # EWIF, Chen et al.'s horizontal form sum_i prod_{j<=i} alpha_j / (1 + sum_i c_i):
     # with measured per-position acceptances the numerator is the measured
     # tokens per round, the denominator one target step (K = 1, the seed's
     # assumption) plus the round's drafting cost in target steps.
@@ -240,7 +240,7 @@ def summarize(name, rows, gamma, costs, param_counts, spec):
            "drafting_cost_per_round": drafting / t_calls / ar_latency,
            "ewif": tokens / t_calls / (1 + drafting / t_calls / ar_latency)}
     if not d_calls or name.startswith("sd-"):
-        # The closed form under i.i.d. acceptance (ALGORITHMS.md §5).
+        # The closed form under i.i.d. acceptance (Chen et al.).
         alpha = acceptance_rate(tokens / t_calls, gamma)
         c = costs[DRAFTER]["k1_s"] / ar_latency if d_calls else 0.0
         out.update(acceptance_rate=alpha, cost_ratio=c, ewif_iid=ewif(alpha, c, gamma))

@@ -1,4 +1,4 @@
-"""SpecDec++ vs fixed draft lengths on HumanEval (seed 004, Table 1 and Figure 4).
+"""SpecDec++ vs fixed draft lengths on HumanEval (Huang et al., Table 1 and Figure 4).
 
 Two phases, one process:
 
@@ -360,7 +360,7 @@ def markdown(report: dict) -> str:
     measured = {name: {"value": w["tokens_per_s"], "ci95": w["ci95"]}
                 for name, w in report["wall_clock"].items()}
     lines = [
-        "# SpecDec++ on HumanEval (seed 004, Table 1 and Figure 4 layout)",
+        "# SpecDec++ on HumanEval (Huang et al., Table 1 and Figure 4 layout)",
         "",
         f"{_run_line(report)}; wall clock at batch 1 on the first {report['timed_prompts']} "
         f"prompts, interleaved. Machine: {env['machine']}, {env['cpu_count']} CPUs, float32, "

@@ -1,4 +1,4 @@
-"""Token vs block verification on a real pair, in the layout of seed 002's Table 2.
+"""Token vs block verification on a real pair, in the layout of Sun et al.'s Table 2.
 
 Block efficiency (tokens per target call) is measured per (prompt, seed) unit:
 every prompt is prefilled once, and each (G, verifier) configuration decodes

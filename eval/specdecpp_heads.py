@@ -1,6 +1,6 @@
 """Acceptance heads scored on each data build's held-out shards: how a head
 trained on corpus responses differs from one trained on the target's own
-responses (seed 004 builds from the target; the corpus is the cheaper option).
+responses (SpecDec++ builds from the target; the corpus is the cheaper option).
 
     python eval/specdecpp_heads.py --data /runs/data-corpus /runs/data-target \\
         --heads /runs/head-corpus-d3-w1/head /runs/head-target-d3-w1/head

@@ -215,7 +215,7 @@ def sampling_params(*, temperature: float = 0.0, top_p: float = 1.0, alpha: floa
 
     ``lenience`` (>= 1) relaxes the reviews *between drafters* of a CS Drafting
     cascade; the target's review never uses it, so the output law is unchanged.
-    ``stop_threshold`` (SpecDec++'s ``h`` in (0, 1), default 0.7 as seed 004
+    ``stop_threshold`` (SpecDec++'s ``h`` in (0, 1), default 0.7 as SpecDec++
     recommends) is read by adaptive drafters only.
     """
     sampling.validate_sampling(temperature, top_p)

@@ -1,8 +1,8 @@
 """The cascade baselines of SpecCascade that are not one speculative round
-(ALGORITHMS.md §4): the sequential token cascade, the original Big-Little
+(docs/algorithms.md, 'Cascade baselines'): the sequential token cascade, the original Big-Little
 Decoder, and the sequence-level cascade.
 
-The oracle cascade (§4.2) *is* a speculative round with ``G = 0``: the drafter
+The oracle cascade *is* a speculative round with ``G = 0``: the drafter
 gives ``q_1``, one target call gives ``p_1``, and the token is drawn from
 ``pi_1 = T_delta(q_1, p_1)``; ``api.make_decoder(method="oracle")`` builds it.
 
@@ -102,8 +102,8 @@ class _State:
 
 @dataclasses.dataclass(frozen=True)
 class DraftUntilDecoder:
-    """Sequential token cascade (``mode="token-cascade"``, ALGORITHMS.md §4.1) or
-    the original Big-Little Decoder (``mode="bild-original"``, §4.5).
+    """Sequential token cascade (``mode="token-cascade"``) or
+    the original Big-Little Decoder (``mode="bild-original"``).
 
     token-cascade: ``rule`` (default Chow) decides from ``q`` alone, with the
     traced ``alpha``; it must not read the target. bild-original: the drafter
@@ -273,7 +273,7 @@ class DraftUntilDecoder:
 
 def sequence_defers(sequence_logprob_B: Array, lengths_B: Array, alpha: float, *,
                     length_normalised: bool = False) -> Array:
-    """SeqCascade [Chow] (ALGORITHMS.md §4.3): defer the whole response to the
+    """SeqCascade [Chow] (docs/algorithms.md, 'Cascade baselines'): defer the whole response to the
     target iff ``q(response | prompt) < 1 - alpha``; with ``length_normalised``
     the score is the geometric mean ``exp(mean log q)`` instead.
 

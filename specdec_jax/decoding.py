@@ -1,7 +1,7 @@
 """Generation loops: speculative (any target function x any verifier) and
 autoregressive, as pure functions over a ``lax.while_loop``.
 
-One speculative round (ALGORITHMS.md §1, DESIGN.md "The decoding core"):
+One speculative round (docs/algorithms.md, 'The generic round'):
 
     pending token t (last emitted, not yet fed to either model)
     drafter: G proposals d_1 .. d_G with the laws q_1 .. q_G they were drawn

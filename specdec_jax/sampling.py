@@ -1,7 +1,7 @@
 """Logits -> processed next-token distributions (temperature, top-k, top-p).
 
 Exactness claims in this project are with respect to these *processed*
-distributions (ALGORITHMS.md §0), so the drafter and the target go through the
+distributions (docs/algorithms.md, 'Notation'), so the drafter and the target go through the
 same transform. ``temperature`` and ``top_p`` are traced (a sweep must not
 recompile); ``top_k`` changes shapes of intermediate sorts, so it is static.
 

@@ -1,4 +1,5 @@
-"""Target functions T(q, p) -> pi (ALGORITHMS.md §2; SpecCascade Table 1).
+"""Target functions T(q, p) -> pi (docs/algorithms.md, 'Target functions'; SpecCascade
+Table 1).
 
 Every method of the speculative cascades paper is a target function plugged
 into one verification kernel (``verify.py``). A target function sees, at every
@@ -164,7 +165,7 @@ class DeferralRule(TargetFunction):
     def defer(self, q, p, q_stat, p_stat, alpha) -> Array:
         """bool [...]: 1 = defer. The processed ``q, p`` enter only where the paper
         says so: BiLD*'s cross-entropy of ``q`` and OPT's ``D_TV(p, q)``, which
-        under greedy decoding is ``1[argmax p != argmax q]`` (seed 000, Lemma 8)."""
+        under greedy decoding is ``1[argmax p != argmax q]`` (Narasimhan et al., Lemma 8)."""
         raise NotImplementedError
 
     def __call__(self, q, p, q_stat, p_stat, alpha, beta):

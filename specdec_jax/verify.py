@@ -1,4 +1,5 @@
-"""Token-level verification with a generic target distribution (ALGORITHMS.md §1).
+"""Token-level verification with a generic target distribution (docs/algorithms.md,
+'Token verification').
 
 One round drafted ``G`` tokens ``x_1 .. x_G`` from the drafter, whose
 (processed) next-token distributions were ``q_1 .. q_G``. The target function
@@ -35,7 +36,8 @@ offers only ``d_1 .. d_{count[b]}`` (slots past it are scratch) and
 exactly the verification of that row's shorter block: acceptance stops at
 ``count`` at the latest, and a row that accepts all it offered draws the
 bonus, not a residual. Because where a row stops drafting depends only on the
-drafter's side, the output law stays the target's (ALGORITHMS.md §6).
+drafter's side, the output law stays the target's (docs/algorithms.md, 'Adaptive
+drafting (SpecDec++)').
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import jax.numpy as jnp
 Array = jax.Array
 
 # Residual mass below this is numerical noise (float32 sums of ~1e5 terms);
-# such a residual is replaced by pi itself, as ALGORITHMS.md §1 prescribes.
+# such a residual is replaced by pi itself (docs/algorithms.md, 'Token verification').
 RESIDUAL_EPS = 1e-9
 
 

@@ -1,5 +1,5 @@
-"""Block verification (Sun et al., *Optimal Block-Level Draft Verification*;
-ALGORITHMS.md §3): one decision for the whole draft block instead of a
+"""Block verification (Sun et al., *Block Verification Accelerates Speculative Decoding*;
+docs/algorithms.md, 'Block verification'): one decision for the whole draft block instead of a
 token-by-token accept loop, keeping the output distributed exactly as the
 target while accepting more tokens in expectation.
 
@@ -116,7 +116,7 @@ def scaled_difference(log_r: Array, pi_xV: Array, q_xV: Array) -> Array:
 
 def scaled_residual(log_r: Array, pi_xV: Array, q_xV: Array) -> Array:
     """Weights proportional to (r pi - q)_+; ``pi`` itself where that has
-    (numerically) no mass (ALGORITHMS.md §1)."""
+    (numerically) no mass (docs/algorithms.md, 'Token verification')."""
     res = jnp.maximum(scaled_difference(log_r, pi_xV, q_xV), 0.0)
     empty = jnp.sum(res, axis=-1, keepdims=True) <= RESIDUAL_EPS
     return jnp.where(empty, jnp.maximum(pi_xV, 0.0), res)

@@ -1,4 +1,5 @@
-"""The cascade baselines of ALGORITHMS.md §4, each against its defining property.
+"""The cascade baselines (docs/algorithms.md, 'Cascade baselines outside the round'),
+each against its defining property.
 
 Greedy tests compare every emitted token and every target call with a
 host-side, token-by-token reference written straight from the paper's

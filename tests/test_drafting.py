@@ -1,4 +1,4 @@
-"""Drafting strategies (ALGORITHMS.md §5): exactness of Max-Gram, vertical,
+"""Drafting strategies (docs/algorithms.md, 'Drafter cascades'): exactness of Max-Gram, vertical,
 horizontal and K-matrix drafting with the target as the final reviewer, at
 temperature 1 (chi-square on enumerable toy models) and greedy; the known-wrong
 vertical cascade (outer review with the inner drafter's q after a lenient

@@ -1,4 +1,5 @@
-"""ALGORITHMS.md §8: speculative sampling is exact; cascades follow pi = T(q, p).
+"""Speculative sampling is exact; cascades follow pi = T(q, p) (docs/algorithms.md,
+'What "exact" means, per algorithm').
 
 Each test also runs a known-wrong variant through the same statistic and
 asserts that it is rejected, so the test demonstrably has power.

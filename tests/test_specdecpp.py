@@ -1,4 +1,4 @@
-"""SpecDec++ (ALGORITHMS.md §6): the acceptance head, adaptive draft lengths in
+"""SpecDec++ (docs/algorithms.md): the acceptance head, adaptive draft lengths in
 the jitted loop, and exactness. Where a row stops drafting depends only on the
 drafter's side, so token and block verification of the ragged blocks keep the
 target's law (chi-square on enumerable toy models, T = 1), and greedy

@@ -1,4 +1,4 @@
-"""Properties of the target functions (ALGORITHMS.md §2)."""
+"""Properties of the target functions (docs/algorithms.md, 'Target functions')."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Block verification (ALGORITHMS.md §3): exactness over many rounds (both
+"""Block verification (docs/algorithms.md, 'Block verification'): exactness over many rounds (both
 forms, against p and against a cascade pi), the seed form's carried residual
 zones (exact enumeration, stacked zones), optimality (Theorems 1 and 2),
 greedy and G = 1 equivalence with token verification, known-wrong variants.

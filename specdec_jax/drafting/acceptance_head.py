@@ -1,4 +1,5 @@
-"""The acceptance prediction head of SpecDec++ (seed 004 §4; ALGORITHMS.md §6).
+"""The acceptance prediction head of SpecDec++ (Huang et al., §4; docs/algorithms.md,
+'Adaptive drafting (SpecDec++)').
 
 ``f``: a ``(D + 1)``-layer residual MLP on the drafter's final hidden state
 ``e_i`` at a candidate token ``Y_i`` (the forward pass that feeds ``Y_i`` and
@@ -32,7 +33,7 @@ MAX_DEPTH = 4
 @dataclasses.dataclass(frozen=True)
 class HeadConfig:
     hidden_size: int  # the drafter's hidden size D_model
-    depth: int = 3  # D residual layers (seed 004 recommends 3); 0 = logistic regression
+    depth: int = 3  # D residual layers (SpecDec++ recommends 3); 0 = logistic regression
 
     def __post_init__(self):
         if not 0 <= self.depth <= MAX_DEPTH:

@@ -1,4 +1,5 @@
-"""SpecDec++ drafting (seed 004; ALGORITHMS.md §6): a neural drafter that
+"""SpecDec++ drafting (Huang et al.; docs/algorithms.md, 'Adaptive drafting (SpecDec++)'):
+a neural drafter that
 decides per row, after each draft, whether to stop.
 
 After feeding draft ``Y_i`` (the call that also yields ``q_{i+1}``), the
@@ -44,7 +45,7 @@ from specdec_jax.verify import sample_from_weights
 
 Array = jax.Array
 
-DEFAULT_MAX_DRAFTS = 20  # K_max of seed 004
+DEFAULT_MAX_DRAFTS = 20  # K_max of SpecDec++ (Huang et al.)
 # Target call widths (tokens fed: pending + drafts) compiled besides K_max + 1.
 SMALL_TARGET_WIDTHS = (2, 4, 8, 12)
 

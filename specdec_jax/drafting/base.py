@@ -10,7 +10,7 @@ yet fed to any model) and asks its drafter for ``G`` proposals::
     state = drafter.rewind(state, valid)
 
 ``proposal.q[:, i]`` is the distribution ``d_{i+1}`` was *actually drawn
-from* given ``d_1 .. d_i`` (ALGORITHMS.md §5): a neural drafter's processed
+from* given ``d_1 .. d_i`` (docs/algorithms.md, 'Drafter cascades'): a neural drafter's processed
 distribution, a one-hot for Max-Gram, the lenient review law of a vertical
 cascade. Exactness of every verifier rests on this. With ``with_next`` the
 drafter also reports ``q[:, G]``, its law at position ``G + 1`` (cascade
@@ -63,7 +63,7 @@ class Context:
 class Proposal:
     tokens: Array  # int32 [B, G]: d_1 .. d_G
     q: Array  # float32 [B, G + 1, V]: law of d_i given d_<i; [:, G] = law at G + 1 or 0
-    q_stat: Array  # float32 [B, G + 1, V]: what deferral statistics read (ALGORITHMS §0)
+    q_stat: Array  # float32 [B, G + 1, V]: what deferral statistics read (docs: 'Notation')
     hidden: Any  # float32 [B, G + 1, D]: state that produced q[:, i] (neural only) or None
     calls: Array  # int32 [B, M]: forward calls per neural model
     fed: Array  # int32 [B, M]: tokens fed by those calls

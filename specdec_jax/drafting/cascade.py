@@ -1,4 +1,5 @@
-"""Cascade Speculative Drafting (Chen et al., seed 001; ALGORITHMS.md §5).
+"""Cascade Speculative Drafting (Chen et al.; docs/algorithms.md, 'Drafter cascades and
+Max-Gram').
 
 **Vertical cascade.** ``VerticalCascade(model, inner)`` drafts by speculative
 decoding *of* ``model`` *with* ``inner`` as its drafter: ``inner`` proposes
@@ -41,7 +42,7 @@ the first ``k_a`` positions of a block from ``a``, the next ``k_b`` from
 ``b`` (seeing ``a``'s proposals as context), and so on: later positions are
 less likely to be accepted, so cheaper drafters make them.
 
-**K-matrix** (``cs_drafter``): seed 001 Alg. 1's composition of both from an
+**K-matrix** (``cs_drafter``): Chen et al.'s Alg. 1 composition of both from an
 upper-triangular matrix and a list of drafters, largest first, Max-Gram last.
 Layer ``i`` (the target's layer is 0; layer ``i > 0`` is what drafter ``i -
 1`` reviews) is a horizontal cascade over drafters ``i .. n-1`` with segment

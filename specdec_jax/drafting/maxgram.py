@@ -1,5 +1,5 @@
 """Max-Gram (MaG): the statistical drafter of Cascade Speculative Drafting
-(Chen et al., seed 001 §3.3 and App. A; ALGORITHMS.md §5).
+(Chen et al., §3.3 and App. A; docs/algorithms.md, 'Drafter cascades and Max-Gram').
 
 Text repeats itself: identifiers, phrases of the prompt, code patterns. MaG
 finds the longest suffix of the text so far that also occurs *earlier* in the

@@ -1,4 +1,5 @@
-"""Reports for quality-vs-latency sweeps (ALGORITHMS.md §7, seed 000 Table 2 and Figures 2-3).
+"""Quality-vs-latency sweep reports (docs/algorithms.md, 'Evaluation protocol'; Table 2
+and Figures 2-3 of Narasimhan et al., *Faster Cascades via Speculative Decoding*).
 
 A sweep is a list of *records*, one per sweep point (a method at one lenience ``alpha``), as
 stored in a JSON file ``{"settings": {...}, "records": [...]}``::
@@ -58,7 +59,8 @@ COMPARISON_TOLERANCE = 1e-9
 
 # --- presentation ----------------------------------------------------------------------------
 
-# Display order (baselines first, then seed 000's order); unknown methods follow alphabetically.
+# Display order (baselines first, then the Faster Cascades paper's order); unknown methods
+# follow alphabetically.
 METHOD_ORDER = (
     TARGET, DRAFTER, "specdecode", "blockverify", "lossy", "lossy-tuned", "seq-cascade",
     "token-cascade", "oracle", "bild-original", "bild", "chow", "diff", "difflog", "opt",
@@ -97,7 +99,7 @@ PERCENT_FORMAT = "{:.1f} %"
 X_CHOICES = ("relative_latency", "rejection_rate")
 REJECTION_XLABEL = "Rejection rate"
 PANEL_SIZE_INCHES = (5.5, 4.0)
-MAX_PANEL_COLUMNS = 2  # seed 000: "two plots per row" so the legend stays readable
+MAX_PANEL_COLUMNS = 2  # as the Faster Cascades paper: two plots per row, a readable legend
 LEGEND_COLUMNS = 3
 PLOT_DPI = 120
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p", "*")
@@ -483,7 +485,8 @@ def _x_value(record: dict, x: str, latency: str) -> float | None:
 
 def plot_tradeoffs(records: Sequence[dict], path: str | Path, *, x: str = "relative_latency",
                    latency: str = "cost_model") -> Path:
-    """Quality against relative latency or rejection rate, as seed 000's Figures 2-3 (a PNG).
+    """Quality against relative latency or rejection rate, as Narasimhan et al.'s Figures 2-3
+    (a PNG).
 
     One panel per (task, temperature, gamma). Each method is a line through its alpha sweep,
     sorted by x, with the quality CI as error bars; points without an x value (the rejection

@@ -3,7 +3,7 @@ distributions, and measure what that buys speculative decoding.
 
 Why total variation: with token-level verification at temperature 1 a draft
 token drawn from ``q`` is accepted with probability ``sum_x min(p(x), q(x)) =
-1 - TV(p, q)`` (ALGORITHMS.md §1), so the expected acceptance rate is one
+1 - TV(p, q)`` (docs/algorithms.md, 'Token verification'), so the expected acceptance rate is one
 minus the mean TVD; minimising TVD is minimising rejections directly.
 Forward KL ``KL(p || q)`` is the usual smooth alternative (it upper-bounds
 ``2 TV^2`` by Pinsker). Both are computed position by position on

@@ -1,4 +1,4 @@
-"""Training data of the acceptance head, as seed 004 §4.2 builds it.
+"""Training data of the acceptance head, built as in SpecDec++ (Huang et al.), §4.2.
 
 For each prompt, a response ``X_1 .. X_N`` (the target's own sample, or
 corpus text: the cheaper option); then, all in one jitted function per batch:
@@ -36,7 +36,7 @@ from specdec_jax.runtime.progress import tqdm
 from specdec_jax.training.forward import Batch, teacher_forced
 
 MANIFEST = "manifest.json"
-MIX_RATE = 0.15  # seed 004: each position keeps the target's token X_i with probability r
+MIX_RATE = 0.15  # SpecDec++: each position keeps the target's token X_i with probability r
 
 
 def make_example_fn(target, drafter, *, temperature: float, mix_rate: float = MIX_RATE):

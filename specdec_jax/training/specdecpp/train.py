@@ -1,4 +1,4 @@
-"""Training the acceptance head on the training core (seed 004 §4.2).
+"""Training the acceptance head on the training core (SpecDec++, Huang et al., §4.2).
 
 Loss, per example with soft label ``P`` (the acceptance probability) and
 prediction ``P_hat = sigmoid(f(e))``::
@@ -10,7 +10,7 @@ rejection wastes a target call, an early stop only a draft), which is why the
 seed recommends ``w_rej = 6``. The fit is reported as the unweighted binary
 KL ``KL(Bern(P) || Bern(P_hat))`` on training and held-out examples, next to
 the best constant predictor under the same loss, which a useful head must
-beat (seed 004 Table 3). Minimising the weighted loss over a constant gives
+beat (SpecDec++'s Table 3). Minimising the weighted loss over a constant gives
 ``c = w_acc m / (w_acc m + w_rej (1 - m))`` with ``m`` the training mean: for
 ``w_rej = 1`` that is ``m`` itself; for ``w_rej > 1`` the constant is as
 pessimistic as the head is trained to be, so the comparison is like for like.
