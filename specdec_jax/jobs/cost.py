@@ -1,4 +1,10 @@
-"""A calibrated cost model: counted calls times measured per-call latencies.
+"""The one cost model: counted calls times measured per-call latencies, plus
+the per-round overhead of the loop around them.
+
+Every job and benchmark that prices latency prices it here, and every report
+that prints a modelled latency prints, on its wall-clock subset, how well it
+agrees with measured time (``jobs.report.agreement``: correlation and mean
+ratio).
 
 Full sweeps on a 2-core CPU are too slow to time every point at batch 1, so a
 sweep counts what each method did (``GenerationStats``: calls and tokens fed,
@@ -14,9 +20,14 @@ matrix-vector path, so it is priced on its own) and ``a + b K`` the
 least-squares fit of a K-token call for K >= 2. A prefill is compute-bound,
 unlike those memory-bound steps, so it is measured on its own (a prompt of
 ``context`` tokens) and priced per prompt token; a model is charged its
-prefill only for examples where it ran. Each latency is a step inside a jitted loop
-(DESIGN.md "Performance method"), never a single host-dispatched call.
-The sweep also times a subset by wall clock and reports how well the two agree.
+prefill only for examples where it ran. Each latency is a step inside a jitted
+loop, never a single host-dispatched call (a host dispatch adds ~1-2 ms on a GPU).
+
+A speculative round also costs something beyond its model calls: sampling,
+verification, cache rollback, the loop's own control flow. ``round_overhead_s``
+prices it per round; ``measure_round_overhead`` calibrates it from a timed
+generation. ``tokens_per_round`` is the expected tokens per round at a constant
+acceptance rate (Leviathan et al.), written once here.
 """
 
 from __future__ import annotations
@@ -27,20 +38,77 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import api
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 
 CALIBRATION_WIDTHS = (1, 2, 4, 6, 8, 11)
 STEPS_PER_TIMING = 4
+ALPHA_TOLERANCE = 1e-9  # bisection bracket of acceptance_for_tokens_per_round
+
+
+def tokens_per_round(alpha: float, gamma: int) -> float:
+    """Expected tokens per round with ``gamma`` drafts each accepted with
+    probability ``alpha`` independently: ``(1 - alpha^(G+1)) / (1 - alpha)``
+    (``G + 1`` at ``alpha = 1``)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"acceptance rate must be in [0, 1], got {alpha}.")
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def acceptance_for_tokens_per_round(tokens: float, gamma: int) -> float:
+    """The ``alpha`` with ``tokens_per_round(alpha, gamma) == tokens`` (bisection;
+    the function increases in alpha from 1 to G + 1)."""
+    if not 1.0 <= tokens <= gamma + 1:
+        raise ValueError(f"tokens per round must be in [1, {gamma + 1}] at G = {gamma}, "
+                         f"got {tokens}.")
+    low, high = 0.0, 1.0 - ALPHA_TOLERANCE
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if tokens_per_round(mid, gamma) < tokens else (low, mid)
+    return (low + high) / 2
 
 
 @dataclasses.dataclass(frozen=True)
 class CallCost:
+    """One model's latency per call, by the number of tokens it scores."""
+
     single_s: float  # one-token call
     base_s: float  # a: fixed part of a K >= 2 call
     per_token_s: float  # b: per fed token of a K >= 2 call
     prefill_per_token_s: float  # a prefill, per prompt token
+    # The measured medians by width (JSON keys are strings); empty in cost models
+    # stored before they were kept.
+    by_width_s: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_steps(cls, by_width_s: dict, prefill_per_token_s: float = 0.0) -> CallCost:
+        """A cost from in-loop step times by width (``timing.in_loop_step``)."""
+        by_width_s = {int(k): float(v) for k, v in by_width_s.items()}
+        if 1 not in by_width_s:
+            raise ValueError(f"a call cost needs the one-token step; got widths "
+                             f"{sorted(by_width_s)}.")
+        multi = sorted(w for w in by_width_s if w >= 2)
+        if len(multi) >= 2:
+            base, per_token = np.polyfit(multi, [by_width_s[w] for w in multi], 1)[::-1]
+        else:
+            base, per_token = (by_width_s[multi[0]] if multi else by_width_s[1]), 0.0
+        return cls(single_s=by_width_s[1], base_s=float(max(base, 0.0)),
+                   per_token_s=float(max(per_token, 0.0)),
+                   prefill_per_token_s=prefill_per_token_s,
+                   by_width_s={str(k): v for k, v in sorted(by_width_s.items())})
+
+    def call_s(self, width: int) -> float:
+        """Seconds of one call scoring ``width`` tokens: the measured median where
+        that width was measured, else the fit ``a + b K`` (K >= 2)."""
+        if str(width) in self.by_width_s:
+            return float(self.by_width_s[str(width)])
+        if width == 1:
+            return self.single_s
+        return self.base_s + width * self.per_token_s
 
     def seconds(self, *, calls: float, fed: float, single: float) -> float:
         multi = calls - single
@@ -78,25 +146,21 @@ def measure_call_cost(model, params, *, context: int, widths=CALIBRATION_WIDTHS,
 
     prefill_s = timing.Compiled(jax.jit(prefill), params, prompt).time(
         params, prompt, repeats=repeats).median_s
-    multi = [w for w in medians if w >= 2]
-    if len(multi) >= 2:
-        base, per_token = np.polyfit(multi, [medians[w] for w in multi], 1)[::-1]
-    else:
-        base, per_token = medians[multi[0]] if multi else medians[1], 0.0
-    return CallCost(single_s=medians[1], base_s=float(max(base, 0.0)),
-                    per_token_s=float(max(per_token, 0.0)),
-                    prefill_per_token_s=prefill_s / context), medians
+    return CallCost.from_steps(medians, prefill_per_token_s=prefill_s / context), medians
 
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     target: CallCost
     drafter: CallCost
+    # Seconds a speculative round costs beyond its model calls (0: not calibrated).
+    round_overhead_s: float = 0.0
 
     def row_seconds(self, row: dict, *, prompt_tokens: int) -> float:
         """Seconds one example costs at batch 1, from its counters (``row`` keys:
         target_calls, target_fed, target_single, drafter_calls, drafter_fed,
-        drafter_single)."""
+        drafter_single). A row with drafter calls is speculative: each target
+        call is one round and pays ``round_overhead_s``."""
         total = 0.0
         if row["target_calls"]:
             total += self.target.prefill(prompt_tokens) + self.target.seconds(
@@ -105,21 +169,89 @@ class CostModel:
             total += self.drafter.prefill(prompt_tokens) + self.drafter.seconds(
                 calls=row["drafter_calls"], fed=row["drafter_fed"],
                 single=row["drafter_single"])
+            total += row["target_calls"] * self.round_overhead_s
         return total
+
+    def round_seconds(self, *, gamma: int, drafter_calls: float, catch_ups: float = 0.0,
+                      catch_up_width: int = 2) -> float:
+        """One speculative round: a scoring call of ``G + 1`` tokens, the
+        drafter's one-token calls, its catch-up calls (``catch_up_width`` tokens,
+        after a round that accepted every draft), and the round overhead."""
+        return (self.target.call_s(gamma + 1)
+                + (drafter_calls - catch_ups) * self.drafter.call_s(1)
+                + catch_ups * self.drafter.call_s(catch_up_width) + self.round_overhead_s)
+
+    def predicted_speedup(self, *, tokens_per_round: float, round_s: float) -> float:
+        """Speculative decoding over the autoregressive target at batch 1: tokens
+        per round over the round's seconds, against one target step per token."""
+        return tokens_per_round * self.target.call_s(1) / round_s
 
     def to_json(self) -> dict:
         return {"target": dataclasses.asdict(self.target),
-                "drafter": dataclasses.asdict(self.drafter)}
+                "drafter": dataclasses.asdict(self.drafter),
+                "round_overhead_s": self.round_overhead_s}
 
     @classmethod
     def from_json(cls, data: dict) -> CostModel:
-        return cls(target=CallCost(**data["target"]), drafter=CallCost(**data["drafter"]))
+        return cls(target=CallCost(**data["target"]), drafter=CallCost(**data["drafter"]),
+                   round_overhead_s=data.get("round_overhead_s", 0.0))
+
+
+def row_counters(stats, row: int, drafter_as_target: bool = False) -> dict:
+    """One row's counters of a generation (``GenerationStats``), as ``row_seconds``
+    prices them; ``drafter_as_target``: the drafter ran alone (its calls are the
+    drafter's)."""
+    get = lambda name: np.asarray(getattr(stats, name))[row]  # noqa: E731
+    counters = {
+        "target_calls": int(get("target_calls")), "target_fed": int(get("target_fed")),
+        "target_single": int(get("target_single_calls")),
+        "drafter_calls": int(get("drafter_calls")),
+        "drafter_fed": int(np.sum(get("drafter_tokens_by_model"))),
+        "drafter_single": int(np.sum(get("drafter_single_calls_by_model"))),
+        "rejections": int(get("rejections")), "deferred": float(get("deferred_mass")),
+        "emitted": int(get("emitted")), "logprob": float(get("sequence_logprob")),
+    }
+    if drafter_as_target:
+        for name in ("calls", "fed", "single"):
+            counters[f"drafter_{name}"] = counters.pop(f"target_{name}")
+            counters[f"target_{name}"] = 0
+    return counters
+
+
+def measure_round_overhead(cost: CostModel, *, target, target_params, drafter, drafter_params,
+                           context: int, gamma: int = 4, new_tokens: int = 32,
+                           repeats: int = 3) -> dict:
+    """The seconds a speculative round costs beyond its priced calls: one greedy
+    speculative generation (``gamma`` drafts a round, ``new_tokens`` tokens after
+    a ``context``-token prompt) is timed whole inside one jitted call, its
+    counters priced by ``cost`` (with no overhead), and the difference spread
+    over its rounds. Returns ``{"round_overhead_s", "raw_s", "rounds",
+    "measured_s", "priced_s"}``; ``round_overhead_s`` is ``raw_s`` clipped at 0
+    (a negative difference means the calls were priced high, not that the loop
+    pays back time)."""
+    fn = api.make_generate_fn(target=target, drafter=drafter, method="specdecode",
+                              gamma=gamma, max_new_tokens=new_tokens)
+    prompt = make_prompt([[1] * context])
+    key, params = jax.random.PRNGKey(0), api.sampling_params(temperature=0.0)
+    compiled = timing.Compiled(fn, target_params, drafter_params, prompt, key, params)
+    measured = compiled.time(target_params, drafter_params, prompt, key, params,
+                             repeats=repeats).median_s
+    row = row_counters(fn(target_params, drafter_params, prompt, key, params).stats, 0)
+    priced = dataclasses.replace(cost, round_overhead_s=0.0).row_seconds(
+        row, prompt_tokens=context)
+    rounds = max(row["target_calls"], 1)
+    raw = (measured - priced) / rounds
+    return {"round_overhead_s": max(raw, 0.0), "raw_s": raw, "rounds": rounds,
+            "measured_s": measured, "priced_s": priced, "gamma": gamma}
 
 
 def calibrate(*, target, target_params, drafter, drafter_params, context: int,
-              widths=CALIBRATION_WIDTHS, repeats: int = 3) -> tuple[CostModel, dict]:
-    """Measures both models; returns the model and the raw medians (for the report).
-    Run it on a quiet machine: anything else running inflates every latency."""
+              widths=CALIBRATION_WIDTHS, repeats: int = 3,
+              overhead_gamma: int | None = 4) -> tuple[CostModel, dict]:
+    """Measures both models' calls and (unless ``overhead_gamma`` is None) the
+    per-round overhead at that draft length; returns the model and the raw
+    measurements (for the report). Run it on a quiet machine: anything else
+    running inflates every latency."""
     if 1 not in widths or not any(w >= 2 for w in widths):
         raise ValueError(f"calibration widths must include 1 and a width >= 2, got {widths}.")
     target_cost, target_medians = measure_call_cost(target, target_params, context=context,
@@ -130,4 +262,12 @@ def calibrate(*, target, target_params, drafter, drafter_params, context: int,
     medians = {"target": {str(k): v for k, v in target_medians.items()},
                "drafter": {str(k): v for k, v in drafter_medians.items()},
                "context": context}
-    return CostModel(target=target_cost, drafter=drafter_cost), medians
+    model = CostModel(target=target_cost, drafter=drafter_cost)
+    if overhead_gamma is not None:
+        overhead = measure_round_overhead(
+            model, target=target, target_params=target_params, drafter=drafter,
+            drafter_params=drafter_params, context=context, gamma=overhead_gamma,
+            repeats=repeats)
+        medians["round_overhead"] = overhead
+        model = dataclasses.replace(model, round_overhead_s=overhead["round_overhead_s"])
+    return model, medians

@@ -38,6 +38,7 @@ from specdec_jax.cascades import sequence_defers
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
 from specdec_jax.decoding import EndOfBlockStop
+from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs.cost import CostModel
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import distributed, timing
@@ -47,7 +48,8 @@ AUTOREGRESSIVE = ("drafter", "target")
 # Derived from the drafter's and the target's runs; recomputed on every pass.
 # "seq-cascade" scores q(response), which shrinks with length (long answers
 # always defer unless alpha is near 1); "seq-cascade-norm" its per-token
-# geometric mean (ALGORITHMS.md §4.3's length-normalised option).
+# geometric mean (the length-normalised option of the sequence-level cascade,
+# docs/algorithms.md, 'Cascade baselines outside the round').
 DERIVED = ("seq-cascade", "seq-cascade-norm")
 NO_ALPHA = ("drafter", "target", "specdecode")
 # The baselines run the drafter up to this many tokens, not gamma (App. E.1).
@@ -196,22 +198,6 @@ def _sampling(point: Point):
                                alpha=0.0 if point.alpha is None else point.alpha)
 
 
-def _row_counters(stats, row: int, drafter_as_target: bool) -> dict:
-    get = lambda name: np.asarray(getattr(stats, name))[row]
-    counters = {
-        "target_calls": int(get("target_calls")), "target_fed": int(get("target_fed")),
-        "target_single": int(get("target_single_calls")),
-        "drafter_calls": int(get("drafter_calls")),
-        "drafter_fed": int(np.sum(get("drafter_tokens_by_model"))),
-        "drafter_single": int(np.sum(get("drafter_single_calls_by_model"))),
-        "rejections": int(get("rejections")), "deferred": float(get("deferred_mass")),
-        "emitted": int(get("emitted")), "logprob": float(get("sequence_logprob")),
-    }
-    if drafter_as_target:  # the drafter alone: its calls are the drafter's
-        for name in ("calls", "fed", "single"):
-            counters[f"drafter_{name}"] = counters.pop(f"target_{name}")
-            counters[f"target_{name}"] = 0
-    return counters
 
 
 def prompt_width(pair: ModelPair, examples: Sequence[Example]) -> int:
@@ -247,7 +233,7 @@ def generate_point(pair: ModelPair, point: Point, examples: Sequence[Example], *
         for row, ex in enumerate(chunk):
             text = pair.decode(tokens[row, :lengths[row]].tolist())
             rows.append({"id": ex.id, "text": text, "prompt_tokens": int(prompt_lengths[row]),
-                         **_row_counters(out.stats, row, point.method == "drafter")})
+                         **cost_lib.row_counters(out.stats, row, point.method == "drafter")})
     position = {i: n for n, i in enumerate(order)}
     return [rows[position[i]] for i in range(len(examples))]
 
