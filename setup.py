@@ -28,6 +28,7 @@ DEV = [
     "ruff>=0.5",
     "scipy>=1.11",
     "psutil>=5.9",
+    "import-linter>=2.1",  # the layer contracts (.importlinter; tests/test_layers.py)
 ]
 
 # Quality metrics and plots of the evaluation sweep (imported lazily by specdec_jax.data.metrics).
