@@ -13,6 +13,7 @@ import pathlib
 import sys
 
 from specdec_jax.jobs import report
+from specdec_jax.runtime import jsonio
 
 
 def main(argv=None) -> int:
@@ -24,7 +25,8 @@ def main(argv=None) -> int:
         raise FileNotFoundError(f"{args.sweep_json} does not exist; run a sweep first "
                                 "(python -m eval.main --gin_file=configs/runs/...).")
     _, records = report.load_sweep(args.sweep_json)
-    paths = report.write_reports(records, args.sweep_json.parent, stem=args.sweep_json.stem,
+    paths = report.write_reports(records, args.sweep_json.parent,
+                                 stem=jsonio.stem_of(args.sweep_json),
                                  latency=args.latency)
     for path in paths.values():
         print(path)

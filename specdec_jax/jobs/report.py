@@ -23,13 +23,14 @@ only when a plot is drawn.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from specdec_jax.runtime import jsonio
 
 # --- record schema ---------------------------------------------------------------------------
 
@@ -589,7 +590,7 @@ def plot_tradeoffs(records: Sequence[dict], path: str | Path, *, x: str = "relat
 
 def load_sweep(path: str | Path) -> tuple[dict, list[dict]]:
     """Read a sweep file ``{"settings": {...}, "records": [...]}``: (settings, records)."""
-    data = json.loads(Path(path).read_text())
+    data = jsonio.read_json(path)
     if not isinstance(data, dict) or "records" not in data:
         raise ValueError(f"{path}: expected a JSON object with a 'records' list.")
     return data.get("settings", {}), [validate_record(r) for r in data["records"]]

@@ -29,7 +29,7 @@ from specdec_jax.drafting import head_vocab
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import report, sweep
 from specdec_jax.models.interface import is_encoder_decoder
-from specdec_jax.runtime import distributed, timing
+from specdec_jax.runtime import distributed, jsonio, timing
 from specdec_jax.training import t5_pair
 
 
@@ -119,7 +119,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
         settings["weights"] = {"target": params_fingerprint(pair.target_params),
                                "drafter": params_fingerprint(pair.drafter_params)}
     out = pathlib.Path(out_dir)
-    json_path = out / f"{stem}.json"
+    json_path = jsonio.existing_or_plain(out, stem)  # a committed sweep may be compressed
     stored = sweep.load_or_start(json_path, settings)  # fails early on a settings mismatch
     if "prefill_per_token_s" in stored.get("cost_model", {}).get("target", {}):
         cost = cost_lib.CostModel.from_json(stored["cost_model"])

@@ -22,7 +22,6 @@ Methods: ``drafter`` and ``target`` (autoregressive), every target function of
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import time
@@ -41,7 +40,7 @@ from specdec_jax.decoding import EndOfBlockStop
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs.cost import CostModel
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.runtime import distributed, timing
+from specdec_jax.runtime import distributed, jsonio, timing
 from specdec_jax.runtime.progress import tqdm
 
 AUTOREGRESSIVE = ("drafter", "target")
@@ -330,16 +329,14 @@ def _length_order(records: list[dict], point: Point) -> list[int] | None:
 
 
 def _write(path: pathlib.Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)  # atomic: a kill never leaves half a file
+    jsonio.write_json(path, data)
 
 
 def load_or_start(path: pathlib.Path, settings: dict) -> dict:
     """The stored sweep when its settings match, a fresh one when there is none."""
     if not path.exists():
         return {"settings": settings, "records": [], "wallclock": {}}
-    data = json.loads(path.read_text())
+    data = jsonio.read_json(path)
     stored = data.get("settings", {})
     differ = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
     if differ:
