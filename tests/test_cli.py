@@ -152,3 +152,38 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     assert "does not pay on this machine" in cli_generate.explain(losing, 0.9, 3)
     assert "3.50 tokens per target call" in cli_generate.explain(losing, 0.9, 3)
     assert "does not pay" in cli_generate.explain(paying, 0.95, 3)  # measured loses
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gamma", "0"], "--gamma (draft length G) must be >= 1"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--top-k", "-1"], "--top-k must be >= 0"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--method", "token-v3", "--alpha", "2"], "alpha"),
+    (["--draft", "qwen2.5-coder-0.5b+mag", "--k-matrix", "[[2,10],[0,10]]", "--gamma", "3"],
+     "--gamma 3 conflicts with --k-matrix, which drafts 12"),
+    (["--method", "token-cascade", "--draft", "mag"], "runs one drafter model token by token"),
+    (["--method", "autoregressive", "--verifier", "block"], "does not apply to --method"),
+    (["--target", "smollm2-135m"], "do not share a vocabulary"),
+    (["--prompts-file", "/nonexistent/prompts.txt"], "No such file"),
+    (["--draft", "nope"], "unknown drafter 'nope'"),
+])
+def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message, capsys,
+                                                                  monkeypatch, tmp_path):
+    """With an empty model cache: the error names the argument, and nothing was
+    fetched, loaded or written to the cache."""
+    from specdec_jax.checkpoints import fetch, resolver  # noqa: PLC0415
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECDEC_JAX_CACHE", str(cache))
+
+    def no_fetching(*args, **kwargs):
+        raise AssertionError("something was fetched or loaded before the arguments were checked")
+
+    monkeypatch.setattr(fetch, "download_wheel", no_fetching)
+    monkeypatch.setattr(resolver, "resolve", no_fetching)
+    assert cli.main(["generate", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not cache.exists() or not any(cache.iterdir())

@@ -154,3 +154,44 @@ def test_packaged_table_matches_its_pinned_hash():
     table = bigram_lib.load_table("qwen2.5-coder")
     assert table.shape == (spec.vocab_size,)
     assert 0 <= table.min() and table.max() < spec.vocab_size
+
+
+def test_every_tokenizer_gets_a_table_built_once_pinned_and_rebuilt_when_altered(
+        tmp_path, monkeypatch, capsys):
+    """'auto' picks the packaged table only for the tokenizer that made it; any
+    other tokenizer (here UTF-8 bytes) gets one built from the corpus on first
+    use, cached and pinned by sha256; an altered cached file is refused on load
+    and rebuilt by the next 'auto'."""
+    from specdec_jax.checkpoints.tokenizer import ByteTokenizer  # noqa: PLC0415
+
+    monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path / "cache"))
+    corpus = [tmp_path / "a.py", tmp_path / "b.py"]
+    corpus[0].write_text("abab")
+    corpus[1].write_text("ba")
+    monkeypatch.setattr(bigram_lib, "stdlib_sources", lambda: corpus)
+    tok = ByteTokenizer()
+
+    class Qwen:  # the packaged table's tokenizer, by fingerprint
+        fingerprint = bigram_lib.TABLES["qwen2.5-coder"].tokenizer_fingerprint
+
+    assert bigram_lib.table_for("auto", Qwen(), 151936) == "qwen2.5-coder"
+    assert bigram_lib.table_for("my.npz", tok, 256) == "my.npz"  # an explicit choice wins
+    path = bigram_lib.table_for("auto", tok, 256, progress=False)
+    assert "Building Max-Gram's bigram table" in capsys.readouterr().err
+    table = bigram_lib.load_table(path, 256)
+    expected, _ = bigram_lib.build_table([list(b"abab"), list(b"ba")], 256)
+    np.testing.assert_array_equal(table, expected)
+    assert table[ord("a")] == ord("b") and table[ord("b")] == ord("a")
+    np.testing.assert_array_equal(bigram_lib.load_unigram(path, 256)[[97, 98]], [3, 3])
+
+    monkeypatch.setattr(bigram_lib, "build_table", lambda *a: pytest.fail("built twice"))
+    assert bigram_lib.table_for("auto", tok, 256) == path  # cached: no rebuild
+    with open(path, "ab") as f:
+        f.write(b"tampered")
+    with pytest.raises(ValueError, match="does not match its pinned sha256"):
+        bigram_lib.load_table(path, 256)
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(bigram_lib, "stdlib_sources", lambda: corpus)
+    rebuilt = bigram_lib.table_for("auto", tok, 256, progress=False)
+    np.testing.assert_array_equal(bigram_lib.load_table(rebuilt, 256), expected)

@@ -99,6 +99,18 @@ def resolve(name: str, *, dtype: str = "auto", mesh=None,
     return model, params, tokenizer
 
 
+def known_vocab_size(name: str) -> int | None:
+    """The vocabulary size a name will load with, when known without loading
+    anything (registry metadata, random architectures, toys); else None."""
+    if name in TOY_MODELS:
+        return ByteTokenizer.VOCAB_SIZE
+    if name.startswith(RANDOM_PREFIX):
+        return registry.architecture(parse_random(name)[0])["vocab_size"]
+    if name in registry.ARCHITECTURES:
+        return registry.ARCHITECTURES[name]["vocab_size"]
+    return None
+
+
 def _load_toy(name: str, **_) -> tuple[DecoderOnlyLM, Any, ByteTokenizer]:
     layers, width, seed = TOY_MODELS[name]
     config = DecoderConfig(vocab_size=ByteTokenizer.VOCAB_SIZE, hidden_size=width,

@@ -9,6 +9,11 @@ Build (documented command; prints the sha256 to pin in ``TABLES``)::
     python -m specdec_jax.data.bigram --model qwen2.5-coder-0.5b \\
         --out specdec_jax/drafting/tables/qwen2.5-coder.stdlib.npz
 
+Any other tokenizer gets its table built on first use from the same corpus
+(``table_for``: about 20 s on 2 cores), cached under the cache directory
+keyed by the tokenizer's fingerprint and the Python version, and pinned by a
+sha256 written beside it (checked on every load, like converted weights).
+
 The corpus for the code pair is the Python standard library's own sources
 (``sysconfig`` stdlib path, ``*.py`` outside ``site-packages`` and test
 directories; PSF licence), tokenized file by file (no bigram crosses a file
@@ -31,11 +36,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from specdec_jax.checkpoints import gguf, registry, tokenizer
+from specdec_jax.checkpoints import fetch, gguf, registry, tokenizer
 from specdec_jax.drafting import head_vocab
 from specdec_jax.runtime.progress import tqdm
 
 TABLE_DIR = pathlib.Path(__file__).parent / "tables"
+AUTO = "auto"  # the packaged table for its tokenizer, else one built on first use
+CACHE_SUBDIR = "bigram"
+SHA256_SUFFIX = ".sha256"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +53,7 @@ class BigramSpec:
     sha256: str
     vocab_size: int
     tokenizer: str  # the registry model whose tokenizer made it
+    tokenizer_fingerprint: str  # its fingerprint (checkpoints.tokenizer): who may use it
     corpus: str  # source, licence, size
 
 
@@ -55,6 +64,7 @@ TABLES: dict[str, BigramSpec] = {spec.name: spec for spec in (
         sha256="09032ff6e3bdfa7816b21a954a5e86200087e1a4dc174e09109461a86709f621",
         vocab_size=151936,
         tokenizer="qwen2.5-coder-0.5b",
+        tokenizer_fingerprint="2234fef7b1b52e29",
         corpus="CPython 3.11.7 standard library, 734 *.py files outside site-packages and "
                "test directories (PSF licence), 3,059,543 bigrams"),
 )}
@@ -85,6 +95,48 @@ def build_table(streams: Iterable[Iterable[int]], vocab_size: int,
     return table, int(counts.sum())
 
 
+def table_for(name_or_path: str, tok, vocab_size: int, *, progress: bool = True) -> str:
+    """What ``load_table`` / ``load_unigram`` should read for a model with the
+    tokenizer ``tok``: ``name_or_path`` itself, unless it is ``"auto"``: then the
+    packaged table made with this tokenizer, or else a table built for it from
+    the standard library on first use (and cached)."""
+    if name_or_path != AUTO:
+        return name_or_path
+    for spec in TABLES.values():
+        if spec.tokenizer_fingerprint == tok.fingerprint and spec.vocab_size == vocab_size:
+            return spec.name
+    return str(cached_table(tok, vocab_size, progress=progress))
+
+
+def cached_table(tok, vocab_size: int, *, progress: bool = True) -> pathlib.Path:
+    """The cached table of the tokenizer ``tok`` over this Python's standard library,
+    built (and pinned by sha256) when absent or when its file no longer
+    matches its pin."""
+    version = ".".join(map(str, sys.version_info[:3]))
+    path = (fetch.cache_dir() / CACHE_SUBDIR /
+            f"stdlib-py{version}-{tok.fingerprint}-v{vocab_size}.npz")
+    pin = path.with_name(path.name + SHA256_SUFFIX)
+    if path.is_file() and pin.is_file() and _sha256(path) == pin.read_text().strip():
+        return path
+    files = stdlib_sources()
+    print(f"Building Max-Gram's bigram table for this tokenizer ({vocab_size} tokens; not the "
+          f"packaged one) from the Python {version} standard library ({len(files)} files; "
+          f"about 20 s on 2 cores, once) into {path}.", file=sys.stderr)
+    streams = (tok.encode(f.read_text(encoding="utf-8", errors="replace"))
+               for f in tqdm(files, desc="tokenize stdlib", unit="file", disable=not progress))
+    unigram = np.zeros(vocab_size, np.int64)
+    table, _ = build_table(streams, vocab_size, unigram)
+    tmp = path.with_name(path.name + ".tmp")
+    digest = save_table(table, tmp, unigram)
+    os.replace(tmp, path)  # a killed build leaves no half table under the real name
+    pin.write_text(digest + "\n")
+    return path
+
+
+def _sha256(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def stdlib_sources() -> list[pathlib.Path]:
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "test", "tests", "idle_test"}
@@ -101,7 +153,7 @@ def save_table(table: np.ndarray, path: os.PathLike, unigram: np.ndarray | None 
         arrays["unigram"] = unigram.astype(np.int64)
     with open(path, "wb") as f:
         np.savez_compressed(f, **arrays)
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return _sha256(path)
 
 
 def load_table(name_or_path: str, vocab_size: int | None = None) -> np.ndarray:
@@ -117,8 +169,9 @@ def load_unigram(name_or_path: str, vocab_size: int | None = None) -> np.ndarray
 
 def restrict_head(model, params, size: int, *, eos_ids: Sequence[int] = (),
                   table: str = "qwen2.5-coder"):
-    """``drafting.head_vocab.restrict`` ranked by ``table``'s corpus counts: the
-    drafter's output head cut to the ``size`` most frequent tokens (0: unchanged)."""
+    """``drafting.head_vocab.restrict`` ranked by ``table``'s corpus counts (a
+    name or path; ``table_for`` picks one for a tokenizer): the drafter's
+    output head cut to the ``size`` most frequent tokens (0: unchanged)."""
     if not size:
         return model, params
     head_vocab.check_decoder(model)
@@ -134,7 +187,7 @@ def _load(name_or_path: str, key: str, vocab_size: int | None) -> np.ndarray:
             raise FileNotFoundError(f"bigram table {path} is missing from the package; "
                                     f"rebuild it: python -m specdec_jax.data.bigram "
                                     f"--model {spec.tokenizer} --out {path}")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest = _sha256(path)
         if digest != spec.sha256:
             raise ValueError(f"bigram table {path} has sha256 {digest}, expected "
                              f"{spec.sha256} (altered file); restore it from the package.")
@@ -145,6 +198,10 @@ def _load(name_or_path: str, key: str, vocab_size: int | None) -> np.ndarray:
             raise FileNotFoundError(f"{name_or_path!r} is neither a known bigram table "
                                     f"({', '.join(TABLES)}) nor a file.")
         expected = None
+        pin = path.with_name(path.name + SHA256_SUFFIX)
+        if pin.is_file() and _sha256(path) != pin.read_text().strip():
+            raise ValueError(f"bigram table {path} does not match its pinned sha256 ({pin}); "
+                             "delete both files to rebuild it.")
     loaded = np.load(path)
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         if key != "table":

@@ -18,7 +18,7 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import api, batching, drafting, targets
+from specdec_jax import api, batching, cascades, drafting, targets
 from specdec_jax.checkpoints import resolver
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
@@ -54,9 +54,11 @@ def add_parser(subparsers) -> None:
                         "--draft lists several drafters)")
     p.add_argument("--lenience", type=float, default=1.0,
                    help="CS Drafting lenience between drafters (>= 1; never the target)")
-    p.add_argument("--bigram", default="qwen2.5-coder",
-                   help="Max-Gram's bigram table: a packaged name or a .npz/.npy path "
-                        "(its corpus counts also rank --drafter-head-vocab)")
+    p.add_argument("--bigram", default=bigram.AUTO,
+                   help="Max-Gram's bigram table: a packaged name, a .npz/.npy path, or "
+                        "'auto' (default: the packaged table of the target's tokenizer, else "
+                        "one built from the standard library on first use and cached); its "
+                        "corpus counts also rank --drafter-head-vocab")
     p.add_argument("--drafter-head-vocab", type=int, default=DEFAULT_HEAD_VOCAB,
                    help="neural drafters score only this many of the most frequent tokens "
                         "(FR-Spec; the output stays exact, a drafting step gets cheaper); 0 "
@@ -245,9 +247,13 @@ def check_spec(spec: str, k_matrix: str | None) -> None:
 def _load_drafter(args, spec: str, names, target, tokenizer):
     """Loads every model a draft spec names; returns (strategy, its params)."""
     models, named = {}, {}
+    needs_table = drafting.spec.MAG in names or (
+        args.drafter_head_vocab and any(name != drafting.spec.MAG for name in names))
+    table = (bigram.table_for(args.bigram, tokenizer, target.vocab_size) if needs_table
+             else args.bigram)
     for name in names:
         if name == drafting.spec.MAG:
-            named[name] = bigram.load_table(args.bigram, target.vocab_size)
+            named[name] = bigram.load_table(table, target.vocab_size)
             continue
         model, params, tok = resolver.resolve(name, kernel_layout=args.kernel_layout)
         if tok.fingerprint != tokenizer.fingerprint:
@@ -256,7 +262,7 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
         try:
             model, params = bigram.restrict_head(model, params, args.drafter_head_vocab,
                                                  eos_ids=tokenizer.eos_token_ids,
-                                                 table=args.bigram)
+                                                 table=table)
         except ValueError as error:
             raise SystemExit(f"error: --drafter-head-vocab {args.drafter_head_vocab} for "
                              f"{name}: {error} (--drafter-head-vocab 0 keeps its full "
@@ -269,16 +275,54 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
     return drafter, drafter.select_params(named)
 
 
-def run(args) -> int:
-    prompts = read_prompts(args)
-    if args.method != "autoregressive":
-        targets.get_target(args.method).validate(args.alpha, args.beta)
-    sp = api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
-                             beta=args.beta, lenience=args.lenience)
+def check_args(args) -> None:
+    """Every argument that can be checked without weights, checked before any
+    model is fetched or compiled (a bad flag must not cost a 1.6 GB download)."""
+    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--batch-size", args.batch_size, 1), ("--top-k", args.top_k, 0)):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}.")
+    if args.gamma is not None and args.gamma < 1:
+        raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
+    targets.validate_alpha(args.method, args.alpha, args.beta)
+    api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
+                        beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
     check_spec(spec, args.k_matrix)
     head_vocab.check_size(args.drafter_head_vocab,
                           f"--drafter-head-vocab {args.drafter_head_vocab}")
+    names = drafting.parse_spec(spec)
+    if args.k_matrix is not None and args.gamma is not None:
+        fixed = sum(drafting.parse_k_matrix(args.k_matrix, len(names))[0])
+        if fixed != args.gamma:
+            raise ValueError(f"--gamma {args.gamma} conflicts with --k-matrix, which drafts "
+                             f"{fixed} tokens per round (the sum of its first row); drop "
+                             "--gamma or change the K-matrix.")
+    token_by_token = args.method in cascades.MODES
+    if token_by_token and (len(names) != 1 or names[0] == drafting.spec.MAG):
+        raise ValueError(f"--method {args.method} runs one drafter model token by token; "
+                         f"--draft {spec!r} is a drafting strategy. Pass one model name.")
+    if (token_by_token or args.method == "autoregressive") and args.verifier != "token":
+        raise ValueError(f"--verifier {args.verifier} does not apply to --method "
+                         f"{args.method}, which verifies no drafted block; drop --verifier.")
+    if args.method != "autoregressive":
+        target_vocab = resolver.known_vocab_size(args.target)
+        for name in names:
+            vocab = resolver.known_vocab_size(name)
+            if name != drafting.spec.MAG and None not in (vocab, target_vocab) \
+                    and vocab != target_vocab:
+                raise ValueError(f"drafter {name} ({vocab} tokens) and target {args.target} "
+                                 f"({target_vocab}) do not share a vocabulary; speculative "
+                                 "decoding needs one. Pick a drafter of the target's family, "
+                                 "or --draft mag.")
+
+
+def run(args) -> int:
+    prompts = read_prompts(args)
+    check_args(args)
+    sp = api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
+                             beta=args.beta, lenience=args.lenience)
+    spec = args.draft or args.drafter
     names = drafting.parse_spec(spec)
     target, target_params, tokenizer = resolver.resolve(args.target,
                                                         kernel_layout=args.kernel_layout)

@@ -61,7 +61,8 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
                          "do not share a vocabulary (tokenizer); pick a drafter of the "
                          "target's family.")
     if drafter_head_vocab:
-        d, dp = bigram.restrict_head(d, dp, drafter_head_vocab, eos_ids=tok.eos_token_ids)
+        d, dp = bigram.restrict_head(d, dp, drafter_head_vocab, eos_ids=tok.eos_token_ids,
+                                     table=bigram.table_for(bigram.AUTO, tok, d.vocab_size))
     encode = tok.encode
     if is_encoder_decoder(t):  # T5 inputs end with EOS
         encode = lambda text: tok.encode(text) + [tok.eos_id]  # noqa: E731
