@@ -153,7 +153,7 @@ def test_fingerprint_names_the_weights_not_the_restricted_view():
     assert params_fingerprint(other) != params_fingerprint(params)
 
 
-def test_jobs_name_a_bad_head_vocabulary():
+def test_jobs_name_a_bad_head_vocabulary_and_rank_any_vocabulary(tmp_path, monkeypatch):
     from specdec_jax.jobs import study
 
     pair = dict(target="toy-bytes-large", drafter="toy-bytes-small")
@@ -161,6 +161,12 @@ def test_jobs_name_a_bad_head_vocabulary():
         study.load_pair(**pair, drafter_head_vocab=-1)
     with pytest.raises(ValueError, match="no sharding rule"):
         study.load_pair(**pair, drafter_head_vocab=8, mesh=object())
-    # The packaged ranking is for the Qwen vocabulary, not the toys' 256 bytes.
-    with pytest.raises(ValueError, match=r"shape \(151936,\), expected \(256,\)"):
-        study.load_pair(**pair, drafter_head_vocab=8)
+    # The packaged ranking is for the Qwen vocabulary; the toys' 256 bytes get their
+    # own, counted on first use (here over a one-file corpus) and cached.
+    monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("abcabcab")
+    monkeypatch.setattr(bigram, "stdlib_sources", lambda: [corpus])
+    loaded = study.load_pair(**pair, drafter_head_vocab=8)
+    kept = np.asarray(loaded.drafter_params["head_vocab"]["token_ids"])
+    assert loaded.drafter.config.head_vocab == 8 and set(b"abc") <= set(kept.tolist())
