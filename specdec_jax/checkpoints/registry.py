@@ -78,6 +78,15 @@ ARCHITECTURES: dict[str, dict] = {
                              intermediate_size=18944, num_hidden_layers=28,
                              num_attention_heads=28, num_key_value_heads=4,
                              tie_word_embeddings=False),
+    # Tiny shapes (random weights only): smoke runs of the benchmarks on any device
+    # in seconds (``random:tiny-target``, ``random:tiny-drafter``; the tests use them).
+    # A qwen2 target (query/key/value biases, tied head) and a llama drafter (untied).
+    "tiny-target": dict(model_type="qwen2", vocab_size=256, hidden_size=64,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, tie_word_embeddings=True),
+    "tiny-drafter": dict(model_type="llama", vocab_size=256, hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, tie_word_embeddings=False),
 }
 
 
@@ -114,4 +123,5 @@ def local_path(name: str, verify: bool = False) -> pathlib.Path:
             raise ValueError(f"{path} has sha256 {got}, expected {spec.sha256} (altered "
                              f"file); delete it and run `specdec-jax fetch {name}` again.")
         return path
-    return fetch.assemble(list(spec.parts), path, spec.sha256, desc=f"fetch {name}")
+    return fetch.assemble(list(spec.parts), path, spec.sha256, desc=f"fetch {name}",
+                          prefill=f"specdec-jax fetch {name}")

