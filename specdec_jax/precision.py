@@ -10,7 +10,10 @@ float32 on a GPU is not float32 by default: JAX runs float32 matmuls as TF32
 So a float32 model on an accelerator computes every matmul at
 ``Precision.HIGHEST`` (``matmul_precision``), and parity holds on every
 backend; ``$SPECDEC_JAX_MATMUL_PRECISION`` (``default``, ``high``,
-``highest``) opts into faster passes knowingly.
+``highest``) opts into faster passes knowingly. A model config's
+``matmul_precision`` (default None: decided here) is resolved where the model
+runs (``resolve_matmul_precision``), so a model built from a config gets the
+same treatment as one that came through the loader.
 """
 
 from __future__ import annotations
@@ -34,6 +37,20 @@ def resolve_dtype(dtype: str | None = AUTO, backend: str | None = None) -> str:
         raise ValueError(f"dtype {dtype!r} is not one of {AUTO!r}, {', '.join(map(repr, DTYPES))}"
                          " (auto: float32 on CPU, bfloat16 on accelerators).")
     return dtype
+
+
+def resolve_matmul_precision(choice: str | None, dtype: str,
+                             backend: str | None = None) -> str | None:
+    """A model config's ``matmul_precision`` as its matmuls run: None (the
+    default) or ``"auto"`` is ``matmul_precision(dtype, backend)`` (so the
+    environment's opt-out applies); ``"default"`` is the backend's default;
+    ``"high"`` and ``"highest"`` are taken as given."""
+    if choice in (None, AUTO):
+        return matmul_precision(dtype, backend)
+    if choice is not None and choice not in PRECISIONS:
+        raise ValueError(f"matmul_precision={choice!r} is not one of None, {AUTO!r}, "
+                         f"{', '.join(map(repr, PRECISIONS))}.")
+    return None if choice == "default" else choice
 
 
 def matmul_precision(dtype: str, backend: str | None = None) -> str | None:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import kernels
+from specdec_jax import kernels, precision
 from specdec_jax.models import interface
 from specdec_jax.models.interface import Prompt, StepOutput
 from specdec_jax.models.layers import (
@@ -61,7 +61,9 @@ class DecoderConfig:
     dtype: str = "float32"  # activations; probabilities are always float32
     param_dtype: str = "float32"
     # jax.lax.Precision name for every matmul ("highest" keeps float32 exact on GPUs,
-    # whose default is TF32); None: the backend's default. See specdec_jax.precision.
+    # whose default is TF32; "default": the backend's own). None: decided where the
+    # model runs, "highest" for float32 on an accelerator unless
+    # $SPECDEC_JAX_MATMUL_PRECISION opts out (specdec_jax.precision).
     matmul_precision: str | None = None
     # How dense kernels are stored: "in_out" (the documented tree) or "out_in"
     # (the decode layout, faster for few-row products; see decode_layout).
@@ -89,6 +91,11 @@ class DecoderConfig:
                 f"num_kv_heads={self.num_kv_heads}.")
 
     @property
+    def compute_precision(self) -> str | None:
+        """``matmul_precision`` resolved for this dtype on the running backend."""
+        return precision.resolve_matmul_precision(self.matmul_precision, self.dtype)
+
+    @property
     def dims_per_head(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
 
@@ -109,7 +116,7 @@ class DecoderCache:
 def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = False) -> Linear:
     return Linear(features, use_bias=use_bias, kernel_layout=cfg.kernel_layout,
                   dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                  precision=cfg.matmul_precision, matmul_kernel=cfg.matmul_kernel, name=name)
+                  precision=cfg.compute_precision, matmul_kernel=cfg.matmul_kernel, name=name)
 
 
 class _Attention(nn.Module):
@@ -135,7 +142,7 @@ class _Attention(nn.Module):
         # [B, K, H*G, D] -> [B, K, H, G, D]: query head h*G + g reads kv head h.
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
         out = masked_softmax_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
-                                       precision=cfg.matmul_precision)
+                                       precision=cfg.compute_precision)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
         out = _linear(cfg, cfg.hidden_size, "out")(out)
         return out, keys, values
@@ -188,23 +195,23 @@ class _DecoderNet(nn.Module):
         if head is not None:  # (token ids [N], their head rows [N, D])
             ids_N, rows_NxD = head
             scores = jnp.matmul(h32, rows_NxD.astype(jnp.float32).T,
-                                precision=cfg.matmul_precision)
+                                precision=cfg.compute_precision)
             logits = jnp.full(scores.shape[:-1] + (cfg.vocab_size,), -jnp.inf,
                               jnp.float32).at[..., ids_N].set(scores)
         elif cfg.tie_embeddings:
             logits = jnp.matmul(h32, embedder.embedding.astype(jnp.float32).T,
-                                precision=cfg.matmul_precision)
+                                precision=cfg.compute_precision)
         elif cfg.kernel_layout == OUT_IN:  # [V, D], like the tied embedding
             kernel = self.param("logits_dense_kernel",
                                 nn.initializers.lecun_normal(in_axis=-1, out_axis=-2),
                                 (cfg.vocab_size, cfg.hidden_size), jnp.dtype(cfg.param_dtype))
             logits = kernels.matmul_out_in(h32, kernel.astype(jnp.float32),
                                            kernel=cfg.matmul_kernel,
-                                           precision=cfg.matmul_precision)
+                                           precision=cfg.compute_precision)
         else:
             kernel = self.param("logits_dense_kernel", nn.initializers.lecun_normal(),
                                 (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
-            logits = jnp.matmul(h32, kernel.astype(jnp.float32), precision=cfg.matmul_precision)
+            logits = jnp.matmul(h32, kernel.astype(jnp.float32), precision=cfg.compute_precision)
         new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
                                   lengths=cache.lengths + k)
         return logits, hidden, new_cache

@@ -60,6 +60,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import precision
 from specdec_jax.models import interface
 from specdec_jax.models.interface import Prompt, StepOutput
 from specdec_jax.models.layers import RMSNorm, masked_softmax_attention
@@ -93,6 +94,11 @@ class T5Config:
     matmul_precision: str | None = None  # as DecoderConfig.matmul_precision
     # Training only: applied when prefill/extend get a dropout_rng (decoding never does).
     dropout_rate: float = 0.0
+
+    @property
+    def compute_precision(self) -> str | None:
+        """``matmul_precision`` resolved for this dtype on the running backend."""
+        return precision.resolve_matmul_precision(self.matmul_precision, self.dtype)
 
     def __post_init__(self):
         sizes = {name: getattr(self, name) for name in (
@@ -188,7 +194,7 @@ _kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal
 def _dense(config: T5Config, features: int, kernel_init=_kernel_init, **kwargs) -> nn.Dense:
     return nn.Dense(features, use_bias=False, dtype=jnp.dtype(config.dtype),
                     param_dtype=jnp.dtype(config.param_dtype), kernel_init=kernel_init,
-                    precision=config.matmul_precision, **kwargs)
+                    precision=config.compute_precision, **kwargs)
 
 
 def _dropout(module: nn.Module, x: Array) -> Array:
@@ -262,7 +268,7 @@ class _Attention(nn.Module):
         q = self._heads(self.query(x_BxKxD))[:, :, :, None, :]
         out = masked_softmax_attention(q, keys_BxSxHxDh, values_BxSxHxDh, mask_BxKxS,
                                        ATTENTION_SCORE_SCALE, bias,
-                                       precision=self.config.matmul_precision)
+                                       precision=self.config.compute_precision)
         out = out.reshape(batch, k, self.config.num_heads * self.config.d_kv)
         return self.out(out)
 
@@ -362,7 +368,7 @@ class _Decoder(nn.Module):
         # Logits in float32 whatever the activation dtype (probabilities stay exact).
         self.logits_dense = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32,
                                      param_dtype=jnp.dtype(cfg.param_dtype),
-                                     kernel_init=_kernel_init, precision=cfg.matmul_precision)
+                                     kernel_init=_kernel_init, precision=cfg.compute_precision)
 
     def cross_kv(self, encoded_BxPxD: Array):
         """Per-layer cross-attention keys and values, as two tuples."""
