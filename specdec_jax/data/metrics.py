@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec_jax.data import sandbox
 from specdec_jax.data.tasks import Example, Metric
 
 BOOTSTRAP_SAMPLES = 1000
@@ -91,8 +92,6 @@ def _rouge2_items(outputs: list[str], examples: list[Example]) -> list:
 
 
 def _pass_items(outputs: list[str], examples: list[Example]) -> list:
-    from specdec_jax.data import sandbox
-
     outcomes = sandbox.check_humaneval_many(
         [ex.reference for ex in examples], outputs)
     return [100.0 * float(o.passed) for o in outcomes]
@@ -103,6 +102,15 @@ ROUGE2 = Metric(name="rouge2", score_examples=_rouge2_items, aggregate=_mean)
 PASS_AT_1 = Metric(name="pass@1", score_examples=_pass_items, aggregate=_mean)
 
 METRICS = {m.name: m for m in (BLEU, ROUGE2, PASS_AT_1)}
+
+
+def execution_isolation(metric: Metric) -> str | None:
+    """For a study record: how the samples ``metric`` executes are isolated on
+    this machine (``sandbox.isolation_level()``, e.g. "kernel: ..." or "audit
+    hook only: ..."); None for metrics that execute nothing."""
+    if metric is not PASS_AT_1:
+        return None
+    return sandbox.isolation_level()
 
 
 def get_metric(name: str) -> Metric:

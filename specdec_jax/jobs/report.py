@@ -597,8 +597,9 @@ def load_sweep(path: str | Path) -> tuple[dict, list[dict]]:
 
 
 def write_reports(records: Sequence[dict], out_dir: str | Path, *, stem: str,
-                  latency: str = "cost_model") -> dict[str, Path]:
+                  latency: str = "cost_model", sandbox: str | None = None) -> dict[str, Path]:
     """Write ``<stem>.md`` (agreement, Table 2, every point) and the two trade-off PNGs.
+    ``sandbox``: how executed samples were isolated (pass@1 tasks), stated under the title.
 
     Returns ``{"markdown": ..., "latency_plot": ..., "rejection_plot": ...}``. The Markdown
     links the figures by file name, so the three files can move together.
@@ -615,6 +616,7 @@ def write_reports(records: Sequence[dict], out_dir: str | Path, *, stem: str,
     plot_tradeoffs(records, paths["rejection_plot"], x="rejection_rate", latency=latency)
     text = "\n".join([
         f"# Quality vs latency: {stem}", "",
+        *([f"Executed samples were isolated by: {sandbox}.", ""] if sandbox else []),
         "## Cost model vs wall clock", "", agreement_markdown(agreement(records)),
         "## Table 2: speedup at the target's quality, best quality within its latency", "",
         table2_markdown(table2(records, latency=latency)),

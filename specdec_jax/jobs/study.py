@@ -138,7 +138,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                            wallclock_trials=wallclock_trials, progress=progress)
     records = [{k: v for k, v in r.items() if k not in ("per_example", "cost_seconds")}
                for r in data["records"]]
-    report.write_reports(records, out, stem=stem)
+    report.write_reports(records, out, stem=stem, sandbox=data.get("sandbox"))
     return data
 
 

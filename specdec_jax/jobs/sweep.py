@@ -358,6 +358,9 @@ def run_sweep(*, pair: ModelPair, task: Task, examples: Sequence[Example],
     path = pathlib.Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = load_or_start(path, settings)
+    isolation = metrics.execution_isolation(task.metric)
+    if isolation is not None:  # how this machine's sandbox isolated the executed samples
+        data["sandbox"] = isolation
     if cost is not None:
         data["cost_model"] = cost.to_json()
         data["calibration"] = calibration
