@@ -2,8 +2,10 @@
 
     python -m eval.report eval/reports/cascades_humaneval.json
 
-Writes ``<stem>.md`` and the two trade-off PNGs next to the JSON (useful while
-a long sweep is still running, or after it was stopped).
+Writes ``<stem>.md`` and the two trade-off PNGs next to the JSON, plain or
+gzip-compressed (``<stem>.json.gz``): useful while a long sweep is still
+running, or after it was stopped. Not a benchmark, so not a gin job: it
+generates nothing and takes one path.
 """
 
 from __future__ import annotations

@@ -1,43 +1,30 @@
 """The accelerator benchmark's pieces: architectures of the exact shapes, in-loop
-timing helpers, and the benchmark end to end on tiny random-weight models."""
+timing helpers, and the benchmark job end to end on tiny random-weight models
+(``registry.ARCHITECTURES``' tiny-target and tiny-drafter)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import api
-from specdec_jax.checkpoints import load, registry
+from eval import main as eval_main
+from specdec_jax.checkpoints import load, registry, resolver
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
+from specdec_jax.jobs import cost
+from specdec_jax.jobs.bench import accelerator
 from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
 
 # Published parameter counts (the model cards' safetensors totals).
 PUBLISHED = {"smollm2-135m": 134_515_008, "qwen2.5-coder-0.5b": 494_032_768,
              "qwen2.5-coder-1.5b": 1_543_714_304, "qwen2.5-coder-7b": 7_615_616_512}
 
-TINY = {
-    "tiny-target": dict(model_type="qwen2", vocab_size=256, hidden_size=64,
-                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, tie_word_embeddings=True),
-    "tiny-drafter": dict(model_type="llama", vocab_size=256, hidden_size=32,
-                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, tie_word_embeddings=False),
-}
-
-
-@pytest.fixture
-def tiny_architectures(monkeypatch):
-    monkeypatch.setattr(registry, "ARCHITECTURES", {**registry.ARCHITECTURES, **TINY})
+TINY_CONFIG = "configs/bench/accelerator_tiny.gin"
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -53,7 +40,7 @@ def test_unknown_architecture_names_the_known_ones():
         registry.architecture("gpt-5")
 
 
-def test_random_models_take_the_dtype_and_seeds_give_independent_weights(tiny_architectures):
+def test_random_models_take_the_dtype_and_seeds_give_independent_weights():
     model, first = load.random_model("tiny-target", "bfloat16", seed=0)
     _, second = load.random_model("tiny-target", "bfloat16", seed=1)
     assert model.config.hidden_size == 64 and model.config.qkv_bias
@@ -63,7 +50,7 @@ def test_random_models_take_the_dtype_and_seeds_give_independent_weights(tiny_ar
     assert not np.allclose(kernel(first), kernel(second))
 
 
-def test_prefill_timer_keeps_the_prefill(tiny_architectures):
+def test_prefill_timer_keeps_the_prefill():
     """Returning the pending token alone (the prompt's last token) let XLA drop
     the whole prefill: the timed function computed nothing."""
     model, params = load.random_model("tiny-target", "float32")
@@ -82,22 +69,28 @@ def test_round_overhead_is_zero_when_a_round_costs_its_calls():
     assert timing.round_overhead(2 * (0.5 * 3 + 2.0), 3, 0.5, 2.0) == pytest.approx(1.0)
 
 
-def test_bench_accelerator_end_to_end(tiny_architectures, tmp_path):
-    import bench_accelerator  # noqa: PLC0415
+def run_tiny(tmp_path, *bindings):
+    """The accelerator job on the tiny shapes through the launcher, float32."""
+    args = ["--gin_file", TINY_CONFIG,
+            "--gin_bindings", f"OUT_PATH = '{tmp_path / 'accel.json'}'",
+            "--gin_bindings", f"MARKDOWN_PATH = '{tmp_path / 'accel.md'}'",
+            "--gin_bindings", "bench_accelerator.dtypes = ['float32']"]
+    for binding in bindings:
+        args += ["--gin_bindings", binding]
+    assert eval_main.main(args) == 0
+    return json.loads((tmp_path / "accel.json").read_text())
 
-    out = tmp_path / "accel.json"
-    new_tokens = 12  # a multiple of G + 1: every all-accept round is whole
-    bench_accelerator.main([
-        "--target", "tiny-target", "--drafter", "tiny-drafter", "--random-weights",
-        "--dtypes", "float32", "--batch-sizes", "2", "--gammas", "3",
-        "--methods", "specdecode", "--prompt-len", "8", "--max-new-tokens", str(new_tokens),
-        "--steps", "2", "--repeats", "2", "--peers", "eager", "assisted",
-        "--target-step-widths", "2", "4",
-        "--out", str(out), "--markdown", str(tmp_path / "accel.md")])
-    report = json.loads(out.read_text())
+
+def test_bench_accelerator_end_to_end(tmp_path):
+    # accelerator_tiny.gin: G = 3, 12 new tokens (a multiple of G + 1: every
+    # all-accept round is whole), 2 steps and 2 repeats, peers eager and assisted,
+    # target step widths 2 and 4; batch 2 here.
+    report = run_tiny(tmp_path, "bench_accelerator.batch_sizes = [2]")
+    assert report["settings"]["target"] == "random:tiny-target:0"
+    assert report["settings"]["random_weights"] is True
     section = report["by_dtype"]["float32"]
     assert set(section["steps"]) == {"target", "drafter"}
-    # --target-step-widths adds widths to the target's table only (4 = G + 1 already there).
+    # target_step_widths adds widths to the target's table only (4 = G + 1 already there).
     assert set(section["steps"]["target"]["2"]) == {"1", "2", "4"}
     assert set(section["steps"]["drafter"]["2"]) == {"1", "4"}
     rows = {row["name"]: row for row in section["decoding"]}
@@ -109,7 +102,11 @@ def test_bench_accelerator_end_to_end(tiny_architectures, tmp_path):
     assert every["acceptance"] == 1.0 and every["tokens_per_round"] == 4
     none = rows["specdecode G=3 none-accepted"]
     assert none["acceptance"] < 0.2 and none["drafter_calls_per_round"] >= 3
-    assert len(section["predicted"]) == len(bench_accelerator.MEASURED_ACCEPTANCE)
+    assert len(section["predicted"]) == len(accelerator.MEASURED_ACCEPTANCE)
+    # The prediction's model against the one none-accepted run it can be checked on.
+    agreement = section["predicted_agreement"]
+    assert agreement["n"] == 1 and agreement["pearson"] is None
+    assert np.isfinite(agreement["mean_bias"]) and agreement["mean_ratio"] > 0
     peers = section["peers"]
     assert set(peers["variants"]) == {"eager autoregressive", "eager assisted G=3 all-accept",
                                       "eager assisted G=3 none-accepted"}
@@ -120,33 +117,40 @@ def test_bench_accelerator_end_to_end(tiny_architectures, tmp_path):
         assert (variant["ours_tokens_per_s"] is None) == ("assisted" in name)
     text = (tmp_path / "accel.md").read_text()
     assert "round overhead" in text and "GPU: not measured" in text
+    assert "none-accepted run: mean bias" in text
 
 
-def test_bench_speculative_subtracts_prefills_and_counts_drafter_calls(tiny_architectures):
-    import bench_speculative  # noqa: PLC0415
-
-    target, target_params = load.random_model("tiny-target", "float32", seed=0)
-    drafter, drafter_params = load.random_model("tiny-drafter", "float32", seed=1)
-    fn = api.make_generate_fn(target=target, drafter=drafter, gamma=3, max_new_tokens=8)
-    prefills = [(timing.prefill_fn(m, 24), p) for m, p in ((target, target_params),
-                                                            (drafter, drafter_params))]
-    row, outputs = bench_speculative.run_prompts(
-        fn, (target_params, drafter_params), [[1, 2, 3], [4, 5, 6, 7]], 4, 0.0,
-        prefills=prefills)
-    assert 0 < row["prefill_s"] < row["seconds"]
-    assert row["decode_s"] == pytest.approx(row["seconds"] - row["prefill_s"])
-    assert row["drafter_calls"] >= 3 * row["target_calls"] and len(outputs) == 2
+def test_predictions_take_tokens_per_round_from_the_cost_model():
+    rows = [{"batch": 1, "gamma": 0, "regime": None, "decode_tokens_per_s": 10.0},
+            {"batch": 1, "method": "specdecode", "gamma": 5, "regime": "none-accepted",
+             "round_s": 0.5, "acceptance": 0.0, "decode_tokens_per_s": 2.0}]
+    for p in accelerator.predict(rows, [0.0, 0.87]):
+        assert p["tokens_per_round"] == cost.tokens_per_round(p["acceptance"], 5)
+        assert p["tokens_per_s"] == pytest.approx(p["tokens_per_round"] / 0.5)
+        assert p["speedup_vs_autoregressive"] == pytest.approx(p["tokens_per_s"] / 10.0)
+    # At its own acceptance (0: one token a round) the model gives 1 / 0.5 s = 2 tokens/s.
+    stats = accelerator.predicted_agreement(rows)
+    assert stats["n"] == 1 and stats["mean_bias"] == pytest.approx(0.0)
 
 
-def test_bench_scoring_times_both_kernel_layouts_in_one_process(tiny_architectures):
-    """bench_scoring measures each K in each kernel layout on the same random
-    weights, against the limits measured in the same process."""
-    import bench_scoring  # noqa: PLC0415
-
-    report = bench_scoring.measure("tiny-drafter", [1, 3], "", ["in_out", "out_in"], True)
-    assert list(report["steps"]) == ["in_out K=1", "in_out K=3", "out_in K=1", "out_in K=3"]
-    for row in report["steps"].values():
-        assert row["step_s"] > 0 and row["over_limit"] > 0
-    assert report["steps"]["out_in K=1"]["over_k1"] == 1.0 and report["random_weights"]
-    text = bench_scoring.markdown({"model": "tiny-drafter", "variants": [report]})
-    assert "| out_in | 3 |" in text and "random weights" in text
+@pytest.mark.parametrize("binding, message", [
+    ("bench_accelerator.gammas = [0]", "gammas"),
+    ("bench_accelerator.batch_sizes = []", "batch_sizes is empty"),
+    ("bench_accelerator.target_step_widths = [0]", "target_step_widths"),
+    ("bench_accelerator.prompt_len = 1", "prompt_len"),
+    ("bench_accelerator.acceptance = [1.0]", r"\[0, 1\)"),
+    ("bench_accelerator.methods = ['nope']", "methods"),
+    ("bench_accelerator.peers = ['nope']", "peers"),
+    ("bench_accelerator.dtypes = ['float64']", "float64"),
+    ("bench_accelerator.kernel_layout = 'in_out'\nbench_accelerator.matmul_kernel = 'pallas'",
+     "out_in"),
+    ("DRAFTER = 'random:tiny-target:0'", "independent weights"),
+    ("TARGET = 'random:no-such-architecture'", "registered architecture"),
+    ("TARGET = 'no-such-model'", "unknown model"),
+])
+def test_bench_accelerator_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, binding,
+                                                                message):
+    monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(timing, "device_limits", lambda *a, **k: pytest.fail("timed"))
+    with pytest.raises(ValueError, match=message):
+        run_tiny(tmp_path, *binding.split("\n"))

@@ -7,8 +7,6 @@ SpecDec++ equals greedy target decoding token for token.
 
 import dataclasses
 import json
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -353,6 +351,20 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     from specdec_jax.training.specdecpp.train import evaluate_head  # noqa: PLC0415
 
     assert evaluate_head(str(head_dir / "head"), str(tmp_path / "corpus"), 1)["binary_kl"] >= 0
+    # The heads benchmark (configs/bench/specdecpp_heads.gin): that head on both builds.
+    from eval import main as eval_main  # noqa: PLC0415
+
+    assert eval_main.main([
+        "--gin_file", "configs/bench/specdecpp_heads.gin",
+        f"--gin.DATA=['{tmp_path / 'corpus'}', '{tmp_path / 'target'}']",
+        f"--gin.HEADS=['{head_dir / 'head'}']", "--gin.HELD_OUT_SHARDS=1",
+        f"--gin.OUT_PATH='{tmp_path / 'heads.json'}'",
+        f"--gin.MARKDOWN_PATH='{tmp_path / 'heads.md'}'"]) == 0
+    scored = json.loads((tmp_path / "heads.json").read_text())
+    assert [r["data_source"] for r in scored] == ["corpus", "target"]
+    assert scored[0]["binary_kl"] == pytest.approx(
+        evaluate_head(str(head_dir / "head"), str(tmp_path / "corpus"), 1)["binary_kl"])
+    assert "| binary KL |" in (tmp_path / "heads.md").read_text()
     for source in ("target", "corpus"):
         with pytest.raises(ValueError, match="trained on some of the last 2 shards"):
             evaluate_head(str(head_dir / "head"), str(tmp_path / source), 2)
@@ -370,18 +382,20 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
                          f"--gin.DATA_DIR='{tmp_path / 'target'}'", f"--gin.WORKDIR='{head_dir}'",
                          "--gin.run_specdecpp_train.progress=False"])
 
-    # The benchmark on the toy pair: greedy SpecDec++ and greedy SpecDec
-    # reproduce the greedy target; the rates and the latency fit are sane.
-    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "eval"))
-    import bench_specdecpp  # noqa: PLC0415
+    # The benchmark on the toy pair (configs/bench/specdecpp.gin): greedy SpecDec++
+    # and greedy SpecDec reproduce the greedy target; the rates and the cost
+    # model's agreement with the timed runs are sane.
+    from specdec_jax.jobs.bench import specdecpp as bench_specdecpp  # noqa: PLC0415
 
     report_path = tmp_path / "bench.json"
-    argv = ["--target", "toy-bytes-large", "--drafter", "toy-bytes-small",
-            "--head", str(head_dir / "head"), "--num-prompts", "3", "--max-new-tokens", "12",
-            "--timed-prompts", "2", "--thresholds", "0.3", "0.8", "--ks", "3",
-            "--k-max", "6", "--target-widths", "3", "7", "--batch-size", "2",
-            "--out", str(report_path)]
-    bench_specdecpp.main([*argv, "--markdown", str(tmp_path / "bench.md")])
+    argv = ["--gin_file", "configs/bench/specdecpp.gin", *toys,
+            f"--gin.HEAD='{head_dir / 'head'}'", "--gin.bench_specdecpp.num_prompts=3",
+            "--gin.bench_specdecpp.max_new_tokens=12", "--gin.bench_specdecpp.timed_prompts=2",
+            "--gin.bench_specdecpp.thresholds=[0.3, 0.8]", "--gin.bench_specdecpp.ks=[3]",
+            "--gin.bench_specdecpp.k_max=6", "--gin.bench_specdecpp.target_widths=[3, 7]",
+            "--gin.bench_specdecpp.batch_size=2", "--gin.bench_specdecpp.calibration_repeats=1",
+            f"--gin.OUT_PATH='{report_path}'"]
+    assert eval_main.main([*argv, f"--gin.MARKDOWN_PATH='{tmp_path / 'bench.md'}'"]) == 0
     report = json.loads(report_path.read_text())
     # Phase 1 is logged per (configuration, batch); a rerun reads it back, runs nothing.
     log_lines = (tmp_path / "bench.counts.jsonl").read_text().splitlines()
@@ -389,13 +403,13 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     from specdec_jax.data import humaneval  # noqa: PLC0415
     from specdec_jax.runtime.resume import ResumeLog  # noqa: PLC0415
 
-    # --counts-only: phase 1 alone (its own log here) and a Markdown of the rates only.
-    bench_specdecpp.main([*argv, "--counts-only", "--out", str(tmp_path / "counts.json"),
-                          "--markdown", str(tmp_path / "counts.md")])
+    # counts_only: phase 1 alone (its own log here) and a Markdown of the rates only.
+    assert eval_main.main([*argv, "--gin.bench_specdecpp.counts_only=True",
+                           f"--gin.OUT_PATH='{tmp_path / 'counts.json'}'",
+                           f"--gin.MARKDOWN_PATH='{tmp_path / 'counts.md'}'"]) == 0
     counts_md = (tmp_path / "counts.md").read_text()
     assert "| SpecDec K=3 | 36 |" in counts_md and "best h" not in counts_md
     assert "wall_clock" not in json.loads((tmp_path / "counts.json").read_text())
-    args = bench_specdecpp.parse_args(argv)
     prompts = [list(p.encode()) for p in humaneval.load_prompts(3)]
     # The log names the head's weights, not just its path: counts made with a
     # head that was since retrained in place are refused, not reused.
@@ -409,27 +423,48 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     with pytest.raises(ValueError, match="other settings"):
         ResumeLog(tmp_path / "bench.counts.jsonl", retrained)
     resumed = bench_specdecpp.phase_counts(
-        lambda *_: pytest.fail("a logged batch ran again"), bench_specdecpp.configurations(args),
-        prompts, args, log=ResumeLog(tmp_path / "bench.counts.jsonl",
-                                     json.loads(log_lines[0])["settings"]))
+        lambda *_: pytest.fail("a logged batch ran again"),
+        bench_specdecpp.configurations(thresholds=[0.3, 0.8], ks=[3]), prompts, batch_size=2,
+        seed=0, log=ResumeLog(tmp_path / "bench.counts.jsonl",
+                              json.loads(log_lines[0])["settings"]))
     assert {k: v["rows"] for k, v in resumed.items()} == {
         k: v["rows"] for k, v in report["counts"].items()}
+    # A log committed gzipped resumes too (unpacked beside it first).
+    import gzip  # noqa: PLC0415
+
+    original = (tmp_path / "bench.counts.jsonl").read_bytes()
+    (tmp_path / "bench.counts.jsonl.gz").write_bytes(gzip.compress(original))
+    (tmp_path / "bench.counts.jsonl").unlink()
+    with pytest.raises(ValueError, match="other settings"):  # the unpacked log's header
+        bench_specdecpp.counts_log(out=str(report_path), settings={}, prompts=[],
+                                   head_meta={"config": {}}, head_params={})
+    assert (tmp_path / "bench.counts.jsonl").read_bytes() == original
     assert all(g["identical_to_target"] for g in report["greedy"].values())
     for counts in report["counts"].values():
         assert counts["tokens"] == 3 * 12
         assert 1 / 7 <= counts["verification_rate"]["value"] <= 1.0
         assert counts["discard_rate"]["value"] >= 0.0
-    assert report["latency_model"]["runs"] == 2 * 3  # speculative runs only
-    assert "| SpecDec++ (best h)" in (tmp_path / "bench.md").read_text()
+        assert counts["predicted_tokens_per_s"] > 0
+    # The calibrated cost model priced every timed run (3 configurations and the
+    # autoregressive target on 2 prompts) and its agreement is reported.
+    # (Toy timings are noise: a decode time, end to end minus a prefill, can be < 0.)
+    assert report["agreement"]["n"] == 4 * 2 and report["agreement"]["mean_bias"] is not None
+    assert all(w["modelled_tokens_per_s"] > 0 for w in report["wall_clock"].values())
+    assert report["calibration"]["target"].keys() == {"1", "2", "3", "4", "7"}
+    assert report["cost_model"]["target"]["by_width_s"].keys() == {"1", "2", "3", "4", "7"}
+    bench_md = (tmp_path / "bench.md").read_text()
+    assert "| SpecDec++ (best h)" in bench_md and "Pearson r =" in bench_md
     assert report["target_widths"] == [3, 7]
     assert (tmp_path / "bench.png").exists()
-    # --device-steps: another device's step costs priced over these counts, no models.
+    # specdecpp_device.gin: another device's step costs priced over these counts, no models.
     steps = {"environment": {"machine": "some gpu", "jax": "0"}, "by_dtype": {"bfloat16": {
         "steps": {"target": {"1": {str(w): {"step_s": 0.001 * w} for w in (1, 4, 7)}},
                   "drafter": {"1": {"1": {"step_s": 0.0005}}}}}}}
     (tmp_path / "steps.json").write_text(json.dumps(steps))
-    bench_specdecpp.main(["--out", str(report_path), "--markdown", str(tmp_path / "bench.md"),
-                          "--device-steps", str(tmp_path / "steps.json")])
+    assert eval_main.main(["--gin_file", "configs/bench/specdecpp_device.gin",
+                           f"--gin.OUT_PATH='{report_path}'",
+                           f"--gin.MARKDOWN_PATH='{tmp_path / 'bench.md'}'",
+                           f"--gin.DEVICE_STEPS='{tmp_path / 'steps.json'}'"]) == 0
     device = json.loads(report_path.read_text())["device_predictions"][0]
     assert set(device["configurations"]) == set(report["counts"])
     assert device["configurations"]["SpecDec K=3"]["target_width"] == 4
@@ -440,29 +475,59 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
                          "--gin.run_specdecpp_data.source='web'"])
 
 
-def _bench_specdecpp():
-    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "eval"))
-    import bench_specdecpp  # noqa: PLC0415
+def test_cost_model_prices_counts_at_their_widths_and_agrees_with_itself():
+    """The calibrated cost model prices a configuration's counts: drafted tokens
+    at the drafter's one-token call, target calls at K + 1 (fixed K), at the
+    mean draft per round + 1 rounded up to a compiled width (SpecDec++), or at
+    width 1 (autoregressive), plus the round overhead for speculative rounds.
+    Timed runs that take exactly the modelled time agree perfectly."""
+    from specdec_jax.jobs import cost as cost_lib  # noqa: PLC0415
+    from specdec_jax.jobs.bench import specdecpp as bench  # noqa: PLC0415
 
-    return bench_specdecpp
-
-
-def test_latency_fit_refuses_autoregressive_runs():
-    fit_latency_model = _bench_specdecpp().fit_latency_model
-    # Runs made by T = 0.1 D + 0.3 N_target: the fit recovers both and R² = 1.
-    runs = [{"tokens": n, "target_calls": c, "drafted": d, "discarded": d + c - n,
-             "decode_s": 0.1 * d + 0.3 * c} for n, c, d in ((10, 4, 8), (12, 3, 11), (9, 5, 5))]
-    fit = fit_latency_model(runs)
-    assert fit["t_draft"] == pytest.approx(0.1) and fit["t_target"] == pytest.approx(0.3)
-    assert fit["r2"] == pytest.approx(1.0)
-    autoregressive = {"tokens": 10, "target_calls": 10, "drafted": 0, "discarded": 0,
-                      "decode_s": 1.0}
-    with pytest.raises(ValueError, match="speculative runs only"):
-        fit_latency_model([*runs, autoregressive])
+    cost = cost_lib.CostModel(
+        target=cost_lib.CallCost.from_steps({1: 0.2, 2: 0.25, 3: 0.3, 4: 0.35, 7: 0.5}),
+        drafter=cost_lib.CallCost.from_steps({1: 0.1, 2: 0.12}), round_overhead_s=0.01)
+    fixed = {"name": "SpecDec K=2", "kind": "fixed", "k": 2}
+    adaptive = {"name": "SpecDec++ h=0.5", "kind": "specdecpp", "h": 0.5}
+    rows = [{"tokens": 10, "target_calls": 4, "drafted": 8}]
+    # K = 2: 8 drafter calls, 4 calls of width 3, 4 round overheads.
+    assert bench.decode_seconds(cost, fixed, rows) == (pytest.approx(0.8 + 1.2 + 0.04), 3)
+    # SpecDec++: 8 drafts in 4 rounds -> 2 a round -> width 3 -> compiled 4 (of 2, 4, 7).
+    assert bench.decode_seconds(cost, adaptive, rows, compiled=(2, 4, 7)) == (
+        pytest.approx(0.8 + 1.4 + 0.04), 4)
+    ar = [{"tokens": 5, "target_calls": 5, "drafted": 0}]
+    assert bench.decode_seconds(cost, bench.AUTOREGRESSIVE, ar) == (pytest.approx(1.0), 1)
+    # Timed runs made by the model itself: Pearson r = 1, no bias, ratio 1.
+    report = {"target_widths": [2, 4, 7], "counts": {}, "wall_clock": {}}
+    for config, runs in ((fixed, [{"tokens": n, "target_calls": c, "drafted": d}
+                                  for n, c, d in ((10, 4, 8), (12, 5, 10), (9, 3, 6))]),
+                         (adaptive, [{"tokens": n, "target_calls": c, "drafted": d}
+                                     for n, c, d in ((10, 3, 8), (12, 6, 6))]),
+                         (bench.AUTOREGRESSIVE, ar)):
+        for run in runs:
+            run["decode_s"] = bench.decode_seconds(cost, config, [run], compiled=(2, 4, 7))[0]
+        report["wall_clock"][config["name"]] = {"runs": runs, "tokens_per_s": 1.0}
+        if config is not bench.AUTOREGRESSIVE:
+            report["counts"][config["name"]] = {"config": config, "rows": runs}
+    bench.summarise_wall_clock(report, cost)
+    agreement = report["agreement"]
+    assert agreement["n"] == 6 and agreement["pearson"] == pytest.approx(1.0)
+    assert agreement["mean_bias"] == pytest.approx(0.0, abs=1e-12)
+    assert agreement["mean_ratio"] == pytest.approx(1.0)
+    assert report["counts"]["SpecDec K=2"]["predicted_tokens_per_s"] == pytest.approx(
+        31 / sum(r["decode_s"] for r in report["wall_clock"]["SpecDec K=2"]["runs"]))
+    assert report["cost_model"] == cost.to_json()
+    # A report made before the calibration is priced by its stored fit, flat in width.
+    legacy, source = bench.cost_model_of({"latency_model": {"t_draft": 0.1, "t_target": 0.3}})
+    assert "latency_model" in source
+    assert bench.decode_seconds(legacy, fixed, rows)[0] == pytest.approx(0.8 + 1.2)
+    with pytest.raises(ValueError, match="neither a calibrated cost_model"):
+        bench.cost_model_of({})
 
 
 def test_device_predictions_price_rounds_at_the_device_steps():
-    bench = _bench_specdecpp()
+    from specdec_jax.jobs.bench import specdecpp as bench  # noqa: PLC0415
+
     counts = {"SpecDec K=2": {"config": {"kind": "fixed", "k": 2},
                               "rows": [{"tokens": 10, "target_calls": 4, "drafted": 8}]},
               "SpecDec++ h=0.5": {"config": {"kind": "specdecpp", "h": 0.5},
@@ -482,15 +547,15 @@ def test_device_predictions_price_rounds_at_the_device_steps():
     assert adaptive["tokens_per_s"] == pytest.approx(10 / (0.006 + 0.015))
     assert device["best"] == {"fixed": "SpecDec K=2", "specdecpp": "SpecDec++ h=0.5"}
     counts["SpecDec K=2"]["config"]["k"] = 4  # width 5: wider than any step measured
-    with pytest.raises(ValueError, match="--target-step-widths ... 5"):
+    with pytest.raises(ValueError, match=r"target_step_widths = \[\.\.\., 5\]"):
         bench.device_predictions({"counts": counts}, steps, "bfloat16")
-    with pytest.raises(ValueError, match="pass --device-dtype"):
+    with pytest.raises(ValueError, match="set device_dtype to one of them"):
         bench.device_predictions({"counts": counts}, steps, "float32")
 
 
 def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
-    _bench_specdecpp()  # puts eval/ on the path
-    import specdecpp_head_sources  # noqa: PLC0415
+    from specdec_jax.jobs import cost as cost_lib  # noqa: PLC0415
+    from specdec_jax.jobs.bench import specdecpp_head_sources  # noqa: PLC0415
 
     fixed = [{"tokens": 10, "target_calls": 4, "drafted": 8, "accepted": 6, "discarded": 2}]
 
@@ -507,14 +572,93 @@ def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
         path.write_text("\n".join(json.dumps(x) for x in lines))
         return str(path)
 
+    import gzip  # noqa: PLC0415
+
     logs = {"corpus": log(tmp_path / "a.jsonl", 5, True),
             "target": log(tmp_path / "b.jsonl", 3, False)}
-    fit = {"t_draft": 0.1, "t_target": 0.3}
-    result = specdecpp_head_sources.compare(logs, {0}, fit, None)
+    # A log committed gzipped is read by its suffix.
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress((tmp_path / "b.jsonl").read_bytes()))
+    logs["target"] = str(tmp_path / "b.jsonl.gz")
+    # Calls flat in width: 0.3 s a target call, 0.1 s a drafter call.
+    cost = cost_lib.CostModel(
+        target=cost_lib.CallCost.from_steps({w: 0.3 for w in range(1, 12)}),
+        drafter=cost_lib.CallCost.from_steps({1: 0.1}))
+    result = specdecpp_head_sources.compare(logs, {0}, cost, None)
     assert result["SpecDec++ h=0.5"]["corpus"]["verification_rate"]["value"] == 0.5
     assert result["SpecDec++ h=0.5"]["target"]["verification_rate"]["value"] == 0.3
     # 10 tokens: 8 drafts at 0.1 s and 3 target calls at 0.3 s.
     assert result["SpecDec++ h=0.5"]["target"]["cpu_predicted_tokens_per_s"] == pytest.approx(
         10 / 1.7)
     with pytest.raises(ValueError, match="pick batches both cover"):
-        specdecpp_head_sources.compare(logs, {0, 1}, fit, None)  # batch 1: corpus only
+        specdecpp_head_sources.compare(logs, {0, 1}, cost, None)  # batch 1: corpus only
+
+    # The job (configs/bench/specdecpp_head_sources.gin), priced by a report's cost model.
+    from eval import main as eval_main  # noqa: PLC0415
+
+    (tmp_path / "report.json").write_text(json.dumps({"cost_model": cost.to_json()}))
+    assert eval_main.main([
+        "--gin_file", "configs/bench/specdecpp_head_sources.gin",
+        f"--gin.LOGS={{'corpus': '{logs['corpus']}', 'target': '{tmp_path / 'b.jsonl'}'}}",
+        "--gin.BATCHES=[0]", f"--gin.COST_REPORT='{tmp_path / 'report.json'}'",
+        "--gin.DEVICE_STEPS=None", f"--gin.OUT_PATH='{tmp_path / 'sources.json'}'",
+        f"--gin.MARKDOWN_PATH='{tmp_path / 'sources.md'}'"]) == 0
+    assert json.loads((tmp_path / "sources.json").read_text()) == result
+    assert "calibrated cost model" in (tmp_path / "sources.md").read_text()
+
+
+def test_head_sources_job_runs_as_shipped(tmp_path):
+    """configs/bench/specdecpp_head_sources.gin as is: the shipped counts logs
+    (plain or gzipped) on the 16 prompts both cover, priced by the shipped CPU
+    report and the H200 steps; fixed K agrees between the logs."""
+    from eval import main as eval_main  # noqa: PLC0415
+
+    assert eval_main.main([
+        "--gin_file", "configs/bench/specdecpp_head_sources.gin",
+        f"--gin.OUT_PATH='{tmp_path / 'sources.json'}'",
+        f"--gin.MARKDOWN_PATH='{tmp_path / 'sources.md'}'"]) == 0
+    result = json.loads((tmp_path / "sources.json").read_text())
+    assert set(result["SpecDec K=2"]) == {"corpus", "target"}
+    assert set(result["SpecDec++ h=0.5"]) == {"corpus", "target"}
+    for heads in result.values():
+        for row in heads.values():
+            assert row["cpu_predicted_tokens_per_s"] > 0
+            assert row["device_predicted_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("gin_file, bindings, error, message", [
+    ("specdecpp", ["bench_specdecpp.timed_prompts=50"], ValueError,
+     r"timed_prompts must be in \[1, num_prompts = 40\]"),
+    ("specdecpp", ["bench_specdecpp.thresholds=[0.5, 1.0]"], ValueError,
+     r"thresholds must be a non-empty list of h in \(0, 1\)"),
+    ("specdecpp", ["bench_specdecpp.ks=[0, 2]"], ValueError, "ks must be integer"),
+    ("specdecpp", ["bench_specdecpp.target_widths=[3, 7]"], ValueError,
+     r"must be >= 1 and end at K_max \+ 1 = 21"),
+    ("specdecpp", ["HEAD='/nonexistent/head'"], FileNotFoundError, "holds no acceptance head"),
+    ("specdecpp_heads", ["DATA=['/nonexistent/data']"], FileNotFoundError,
+     "holds no acceptance data"),
+    ("specdecpp_heads", ["DATA='/one/dir'"], ValueError, "data must be a non-empty list"),
+    ("specdecpp_head_sources", ["LOGS=['corpus=x.jsonl']"], ValueError,
+     "logs must map each head's name"),
+    ("specdecpp_head_sources", ["BATCHES=[]"], ValueError, "batches must be a non-empty"),
+    ("specdecpp_head_sources", ["COST_REPORT='/nonexistent.json'"], FileNotFoundError,
+     "cost_report='/nonexistent.json' does not exist"),
+    ("specdecpp_device", ["OUT_PATH='/nonexistent.json'"], FileNotFoundError,
+     "out='/nonexistent.json' does not exist"),
+])
+def test_bad_benchmark_settings_are_refused_before_loading(monkeypatch, tmp_path, gin_file,
+                                                           bindings, error, message):
+    from eval import main as eval_main  # noqa: PLC0415
+    from specdec_jax.checkpoints import resolver  # noqa: PLC0415
+
+    monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "head.json").write_text("{}")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    defaults = {"specdecpp": [f"HEAD='{head}'"],
+                "specdecpp_heads": [f"DATA=['{data}']", f"HEADS=['{head}']"]}.get(gin_file, [])
+    with pytest.raises(error, match=message):
+        eval_main.main(["--gin_file", f"configs/bench/{gin_file}.gin",
+                        *(f"--gin.{b}" for b in [*defaults, *bindings])])

@@ -72,6 +72,25 @@ def acceptance_for_tokens_per_round(tokens: float, gamma: int) -> float:
     return (low + high) / 2
 
 
+def agreement_stats(predicted, measured) -> dict:
+    """How well modelled figures match measured ones, pair by pair (same units):
+    ``n``, ``pearson`` (None under 3 pairs or when either side is constant),
+    ``mean_bias`` (mean of predicted - measured) and ``mean_ratio`` (mean of
+    measured / predicted, as ``jobs.report.agreement``); None when ``n`` is 0."""
+    predicted, measured = (np.asarray(v, np.float64) for v in (predicted, measured))
+    if predicted.shape != measured.shape:
+        raise ValueError(f"{predicted.size} predicted values against {measured.size} measured.")
+    stats: dict = {"n": int(predicted.size), "pearson": None, "mean_bias": None,
+                   "mean_ratio": None}
+    if not predicted.size:
+        return stats
+    stats["mean_bias"] = float(np.mean(predicted - measured))
+    stats["mean_ratio"] = float(np.mean(measured / predicted))
+    if predicted.size >= 3 and np.std(predicted) > 0 and np.std(measured) > 0:
+        stats["pearson"] = float(np.corrcoef(predicted, measured)[0, 1])
+    return stats
+
+
 @dataclasses.dataclass(frozen=True)
 class CallCost:
     """One model's latency per call, by the number of tokens it scores."""

@@ -31,6 +31,20 @@ JOBS = {
     "run_distillation": "specdec_jax.training.recipes:run_distillation",
     "run_specdecpp_data": "specdec_jax.jobs.specdecpp:run_specdecpp_data",
     "run_specdecpp_train": "specdec_jax.jobs.specdecpp:run_specdecpp_train",
+    "bench_accelerator": "specdec_jax.jobs.bench.accelerator:run_bench_accelerator",
+    "bench_scoring": "specdec_jax.jobs.bench.scoring:run_bench_scoring",
+    "bench_models": "specdec_jax.jobs.bench.models:run_bench_models",
+    "bench_specdecpp": "specdec_jax.jobs.bench.specdecpp:run_bench_specdecpp",
+    "bench_specdecpp_device": "specdec_jax.jobs.bench.specdecpp:run_bench_specdecpp_device",
+    "bench_specdecpp_heads": "specdec_jax.jobs.bench.specdecpp_heads:run_bench_specdecpp_heads",
+    "bench_specdecpp_head_sources":
+        "specdec_jax.jobs.bench.specdecpp_head_sources:run_bench_specdecpp_head_sources",
+    "bench_drafting": "specdec_jax.jobs.bench.drafting:run_bench_drafting",
+    "bench_drafter_variants":
+        "specdec_jax.jobs.bench.drafter_variants:run_bench_drafter_variants",
+    "bench_verifiers": "specdec_jax.jobs.bench.verifiers:run_bench_verifiers",
+    "bench_speculative": "specdec_jax.jobs.bench.speculative:run_bench_speculative",
+    "bench_batch": "specdec_jax.jobs.bench.batch:run_bench_batch",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
 # writing; training: batches split along the data axis, orbax writing every

@@ -1,9 +1,9 @@
 """Decoding speed on an accelerator (or the CPU), in-loop, at explicit acceptance regimes.
 
-Runs where the real weights are not at hand: ``--random-weights`` builds the
-registered architectures' exact shapes (``registry.ARCHITECTURES``) with random
-weights, since a step's cost depends on shapes and dtype, not on values. For
-each dtype, in one process:
+Runs where the real weights are not at hand: the resolver's ``random:<arch>:<seed>``
+names build the registered architectures' exact shapes (``registry.ARCHITECTURES``)
+with random weights, since a step's cost depends on shapes and dtype, not on
+values. For each dtype, in one process:
 
 1. **Device limits**: read, copy and matmul rates (``timing.device_limits``).
 2. **In-loop steps**: each model's ``extend`` of K tokens (K = 1 and every
@@ -25,40 +25,53 @@ each dtype, in one process:
    sampling settings (backend compile events counted, must be 0 after the
    first call).
 4. **Predicted tokens/s** of the real pair at acceptance rates measured on
-   CPU with the real weights (``--acceptance``): i.i.d. acceptance ``a`` gives
-   ``(1 - a^(G+1)) / (1 - a)`` tokens per round, at the measured round time
-   of the none-accepted regime (the real drafter's shapes).
+   CPU with the real weights (``acceptance``): i.i.d. acceptance ``a`` gives
+   ``cost.tokens_per_round(a, G)`` tokens per round, at the measured round time
+   of the none-accepted regime (the real drafter's shapes). The same model at
+   the none-accepted runs' own measured acceptance is compared with their
+   measured tokens/s (``predicted_agreement``: Pearson r and mean bias).
 5. **Peers** (batch 1, same weights): ``transformers`` eager and with a static
    cache + ``torch.compile`` (its own ``generate`` path, the fair peer), AR and
    assisted generation (eager: ``transformers`` refuses assisted generation
    with a static cache) in both regimes; greedy outputs compared token for
    token with ours (float32).
 
-    # GPU (bf16 is the accelerator default):
-    python eval/bench_accelerator.py --random-weights --dtypes bfloat16 float32 \\
-        --batch-sizes 1 8 --gammas 3 5 7
-    # CPU (the README's figures; 2 cores take ~15 min):
-    python eval/bench_accelerator.py --random-weights --dtypes float32 --batch-sizes 1 \\
-        --gammas 5 --max-new-tokens 32 --steps 8 --repeats 3
+``configs/bench/accelerator.gin`` runs it (random weights of the Qwen2.5-Coder
+shapes); ``configs/bench/accelerator_tiny.gin`` is a smoke run on tiny shapes::
 
-Writes a JSON report after every section (``--out``) and a Markdown summary.
+    # GPU (bf16 is the accelerator default):
+    python -m eval.main --gin_file=configs/bench/accelerator.gin \\
+        --gin_bindings="bench_accelerator.dtypes = ['bfloat16', 'float32']"
+    # CPU (the README's figures; 2 cores take ~15 min):
+    python -m eval.main --gin_file=configs/bench/accelerator.gin \\
+        --gin_bindings="bench_accelerator.dtypes = ['float32']" \\
+        --gin_bindings="bench_accelerator.batch_sizes = [1]" \\
+        --gin_bindings="bench_accelerator.gammas = [5]" \\
+        --gin_bindings="bench_accelerator.max_new_tokens = 32" \\
+        --gin_bindings="bench_accelerator.steps = 8" --gin_bindings="bench_accelerator.repeats = 3"
+
+Writes a JSON report after every section (``out``) and a Markdown summary; its
+``steps`` are what ``configs/bench/specdecpp_device.gin`` (``device_steps``) reads.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import time
 import warnings
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from specdec_jax import api, precision
-from specdec_jax.checkpoints import load
-from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
+from specdec_jax.checkpoints import resolver
+from specdec_jax.jobs import cost
+from specdec_jax.jobs.bench import shared
+from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
 
@@ -70,63 +83,149 @@ SPECULATIVE = ("specdecode", "token-v3")
 MEASURED_ACCEPTANCE = (0.87, 0.84)
 TOKEN_V3_ALPHA = 0.3
 PEERS = ("eager", "compiled", "assisted")
+MATMUL_KERNELS = ("xla", "pallas")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--drafter", default="qwen2.5-coder-0.5b")
-    p.add_argument("--random-weights", action="store_true",
-                   help="random weights of the models' exact shapes (no download)")
-    p.add_argument("--dtypes", nargs="+", default=["auto"],
-                   help="auto (float32 on CPU, bfloat16 on accelerators), float32, bfloat16")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--gammas", type=int, nargs="+", default=[3, 5, 7])
-    p.add_argument("--methods", nargs="+", default=list(SPECULATIVE), choices=SPECULATIVE)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--steps", type=int, default=32, help="steps per in-loop timing")
-    p.add_argument("--repeats", type=int, default=5,
-                   help="timed repeats (in-loop) and prompts (decoding)")
-    p.add_argument("--kernel-layout", default="out_in", choices=["out_in", "in_out"],
-                   help="dense kernels while decoding: out_in (sj.decode_layout, the "
-                        "library's way) or in_out (the checkpoint tree)")
-    p.add_argument("--matmul-kernel", default="xla", choices=["xla", "pallas"],
-                   help="few-row products of out_in kernels: XLA's dot or the Pallas "
-                        "program of specdec_jax.kernels (Triton on GPUs)")
-    p.add_argument("--target-step-widths", type=int, nargs="*", default=[],
-                   help="more widths K for the target's in-loop step table (decoding runs "
-                        "only at --gammas): SpecDec++'s compiled target widths, say, whose "
-                        "costs eval/bench_specdecpp.py --device-steps turns into tokens/s")
-    p.add_argument("--acceptance", type=float, nargs="+", default=list(MEASURED_ACCEPTANCE))
-    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
-                   help="transformers variants to time (none: skip the peer)")
-    p.add_argument("--out", default="results/bench_accelerator.json")
-    p.add_argument("--markdown", default=None)
-    args = p.parse_args(argv)
-    if min(args.gammas) < 1 or min(args.batch_sizes) < 1 or min(args.target_step_widths,
-                                                                 default=1) < 1:
-        p.error("--gammas, --batch-sizes and --target-step-widths must be >= 1.")
-    if args.prompt_len < 2 or args.max_new_tokens < 1:
-        p.error("--prompt-len must be >= 2 and --max-new-tokens >= 1.")
-    if not all(0 <= a < 1 for a in args.acceptance):
-        p.error("--acceptance rates must lie in [0, 1).")
-    if args.matmul_kernel == "pallas" and args.kernel_layout != "out_in":
-        p.error("--matmul-kernel pallas multiplies out_in kernels; use --kernel-layout out_in.")
-    args.dtypes = [precision.resolve_dtype(d) for d in args.dtypes]
-    return args
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one run measures (the job's arguments; ``dtypes`` resolved)."""
+
+    target: str
+    drafter: str
+    dtypes: list[str]
+    batch_sizes: list[int]
+    gammas: list[int]
+    methods: list[str]
+    prompt_len: int
+    max_new_tokens: int
+    steps: int
+    repeats: int
+    kernel_layout: str
+    matmul_kernel: str
+    target_step_widths: list[int]
+    acceptance: list[float]
+    peers: list[str]
+
+    @property
+    def random_weights(self) -> bool:
+        """Both models are random weights of registered shapes (``random:`` names)."""
+        return all(name.startswith(resolver.RANDOM_PREFIX) for name in (self.target,
+                                                                        self.drafter))
+
+    def to_json(self) -> dict:
+        """The report's ``settings`` (the keys the script's reports have)."""
+        fields = dataclasses.asdict(self)
+        return {"target": fields.pop("target"), "drafter": fields.pop("drafter"),
+                "random_weights": self.random_weights, **fields}
 
 
-def build_models(args, dtype: str) -> dict:
-    """name -> (model, params): the target and the drafter (independent weights),
-    in ``--kernel-layout`` with ``--matmul-kernel``."""
+def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
+                          drafter: str = "qwen2.5-coder-0.5b",
+                          dtypes: Sequence[str] = ("auto",),
+                          batch_sizes: Sequence[int] = (1, 8),
+                          gammas: Sequence[int] = (3, 5, 7),
+                          methods: Sequence[str] = SPECULATIVE, prompt_len: int = 128,
+                          max_new_tokens: int = 128, steps: int = 32, repeats: int = 5,
+                          kernel_layout: str = OUT_IN, matmul_kernel: str = "xla",
+                          target_step_widths: Sequence[int] = (),
+                          acceptance: Sequence[float] = MEASURED_ACCEPTANCE,
+                          peers: Sequence[str] = PEERS,
+                          out: str = "results/bench_accelerator.json",
+                          markdown_path: str | None = None) -> dict:
+    """The benchmark (module docstring) for ``target`` and ``drafter`` (resolver
+    names: ``random:<architecture>:<seed>`` for random weights of its shapes,
+    different seeds giving independent weights) at each of ``dtypes`` (auto:
+    float32 on CPU, bfloat16 on accelerators).
+
+    ``steps``: steps per in-loop timing; ``repeats``: timed repeats (in-loop)
+    and prompts (decoding). ``kernel_layout``: dense kernels while decoding,
+    ``out_in`` (``api.decode_layout``, the library's way) or ``in_out`` (the
+    checkpoint tree); ``matmul_kernel``: few-row products of ``out_in`` kernels
+    by XLA's dot (``xla``) or the Pallas program of ``specdec_jax.kernels``
+    (``pallas``; Triton on GPUs). ``target_step_widths``: more widths K for the
+    target's in-loop step table (decoding runs only at ``gammas``): SpecDec++'s
+    compiled target widths, say, whose costs ``configs/bench/specdecpp_device.gin``
+    turns into tokens/s. ``peers``: the ``transformers`` variants to time
+    (empty: none). Writes ``out`` (JSON) after every section and prints the
+    Markdown summary (also to ``markdown_path`` if given)."""
+    settings = check_settings(
+        target=target, drafter=drafter, dtypes=list(dtypes), batch_sizes=list(batch_sizes),
+        gammas=list(gammas), methods=list(methods), prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens, steps=steps, repeats=repeats,
+        kernel_layout=kernel_layout, matmul_kernel=matmul_kernel,
+        target_step_widths=list(target_step_widths), acceptance=list(acceptance),
+        peers=list(peers))
+    report = {"environment": timing.environment(), "backend": jax.default_backend(),
+              "settings": settings.to_json(), "by_dtype": {}}
+    for dtype in settings.dtypes:
+        section = report["by_dtype"][dtype] = {}
+        section["limits"] = timing.device_limits(dtype)
+        models = build_models(settings, dtype)
+        section["weight_bytes"] = {role: weight_bytes(p) for role, (_, p) in models.items()}
+        section["steps"] = measure_steps(models, settings, section["limits"])
+        shared.write_report(report, out)
+        rows = section["decoding"] = []
+        jobs = [(b, c) for b in settings.batch_sizes for c in decode_configs(settings)]
+        prefill_by_role = prefill_fns(models, settings)
+        for batch, config in tqdm(jobs, desc=f"decoding ({dtype})"):
+            rows.append(run_decode(config, models, settings, batch, section["steps"],
+                                   prefill_by_role))
+            shared.write_report(report, out)
+        section["predicted"] = predict(rows, settings.acceptance)
+        section["predicted_agreement"] = predicted_agreement(rows)
+        if settings.peers:
+            ours_tokens_per_s, ours = ours_on_peer_prompts(models, settings)
+            section["peers"] = run_peers(models, settings, dtype, ours)
+            section["peers"]["ours_autoregressive_tokens_per_s"] = ours_tokens_per_s
+            match_peers_with_ours(section)
+        shared.write_report(report, out)
+        del models
+    timing.print_markdown(markdown(report), markdown_path)
+    return report
+
+
+def check_settings(**arguments) -> Settings:
+    """The job's arguments, checked before any model is loaded."""
+    s = arguments
+    shared.check_at_least(1, gammas=s["gammas"], batch_sizes=s["batch_sizes"],
+                          max_new_tokens=s["max_new_tokens"], steps=s["steps"],
+                          repeats=s["repeats"])
+    if s["target_step_widths"]:
+        shared.check_at_least(1, target_step_widths=s["target_step_widths"])
+    shared.check_at_least(2, prompt_len=s["prompt_len"])
+    shared.check_choices("methods", s["methods"], SPECULATIVE)
+    shared.check_choices("peers", s["peers"], PEERS, allow_empty=True)
+    shared.check_choices("kernel_layout", s["kernel_layout"], KERNEL_LAYOUTS)
+    shared.check_choices("matmul_kernel", s["matmul_kernel"], MATMUL_KERNELS)
+    if s["matmul_kernel"] == "pallas" and s["kernel_layout"] != OUT_IN:
+        raise ValueError("matmul_kernel 'pallas' multiplies out_in kernels; set "
+                         "kernel_layout = 'out_in'.")
+    if not s["acceptance"] or not all(isinstance(a, (int, float)) and 0 <= a < 1
+                                      for a in s["acceptance"]):
+        raise ValueError(f"acceptance rates must lie in [0, 1), one or more; got "
+                         f"{s['acceptance']!r}.")
+    if not s["dtypes"]:
+        raise ValueError("dtypes is empty; give one or more of 'auto', 'float32', 'bfloat16'.")
+    s["dtypes"] = [precision.resolve_dtype(d) for d in s["dtypes"]]
+    for role in ("target", "drafter"):
+        resolver.family_of(s[role])  # an unknown name fails here, listing the known ones
+        if s[role].startswith(resolver.RANDOM_PREFIX):
+            resolver.parse_random(s[role])
+    if s["target"] == s["drafter"]:
+        raise ValueError(f"target and drafter are both {s['target']!r}: the none-accepted "
+                         "regime needs a drafter with independent weights (random weights: "
+                         "another seed, e.g. random:<architecture>:1).")
+    return Settings(**s)
+
+
+def build_models(settings: Settings, dtype: str) -> dict:
+    """role -> (model, params): the target and the drafter (independent weights),
+    in ``kernel_layout`` with ``matmul_kernel``."""
     models = {}
-    for role, name, seed in (("target", args.target, 0), ("drafter", args.drafter, 1)):
-        model, params = (load.random_model(name, dtype, seed=seed) if args.random_weights
-                         else load.load_model(name, dtype)[:2])
-        model, params = with_kernel_layout(model, params, args.kernel_layout)
-        config = dataclasses.replace(model.config, matmul_kernel=args.matmul_kernel)
+    for role in ("target", "drafter"):
+        model, params, _ = resolver.resolve(getattr(settings, role), dtype=dtype,
+                                            kernel_layout=settings.kernel_layout)
+        config = dataclasses.replace(model.config, matmul_kernel=settings.matmul_kernel)
         models[role] = (DecoderOnlyLM(config), params)
     return models
 
@@ -143,16 +242,17 @@ def random_prompts(vocab_size: int, batch: int, length: int, count: int, seed: i
 
 # -- in-loop steps -------------------------------------------------------------------------
 
-def measure_steps(models: dict, args, limits: dict) -> dict:
+def measure_steps(models: dict, settings: Settings, limits: dict) -> dict:
     """role -> batch -> K -> step figures."""
-    ks = {1} | {g + 1 for g in args.gammas}
-    jobs = [(role, b, k) for role in models for b in args.batch_sizes
-            for k in sorted(ks | (set(args.target_step_widths) if role == "target" else set()))]
+    ks = {1} | {g + 1 for g in settings.gammas}
+    jobs = [(role, b, k) for role in models for b in settings.batch_sizes
+            for k in sorted(ks | (set(settings.target_step_widths) if role == "target"
+                                  else set()))]
     steps: dict = {}
     for role, batch, k in tqdm(jobs, desc="in-loop steps"):
         model, params = models[role]
-        timed = timing.in_loop_step(model, params, k, batch, fill=args.prompt_len,
-                                    steps=args.steps, repeats=args.repeats)
+        timed = timing.in_loop_step(model, params, k, batch, fill=settings.prompt_len,
+                                    steps=settings.steps, repeats=settings.repeats)
         gb_s = weight_bytes(params) / timed.median_s / 1e9
         steps.setdefault(role, {}).setdefault(str(batch), {})[str(k)] = {
             "step_s": timed.median_s, "compile_s": timed.compile_s,
@@ -179,32 +279,32 @@ def count_compiles():
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def decode_configs(args) -> list[dict]:
+def decode_configs(settings: Settings) -> list[dict]:
     configs = [{"name": "autoregressive", "method": "autoregressive", "gamma": 0,
                 "regime": None}]
     configs += [{"name": f"{m} G={g} {r}", "method": m, "gamma": g, "regime": r}
-                for m in args.methods for g in args.gammas for r in REGIMES]
+                for m in settings.methods for g in settings.gammas for r in REGIMES]
     return configs
 
 
-def prefill_fns(models: dict, args) -> dict:
+def prefill_fns(models: dict, settings: Settings) -> dict:
     """role -> jitted prefill at the decoders' cache length (one program per
     model and prompt shape, shared by every configuration)."""
-    max_length = args.prompt_len + args.max_new_tokens + max(args.gammas) + 2
+    max_length = settings.prompt_len + settings.max_new_tokens + max(settings.gammas) + 2
     return {role: timing.prefill_fn(model, max_length) for role, (model, _) in models.items()}
 
 
-def run_decode(config: dict, models: dict, args, batch: int, steps: dict,
+def run_decode(config: dict, models: dict, settings: Settings, batch: int, steps: dict,
                prefill_by_role: dict) -> dict:
-    """Times one configuration over ``args.repeats`` prompts, prefills subtracted."""
+    """Times one configuration over ``settings.repeats`` prompts, prefills subtracted."""
     target, target_params = models["target"]
     drafter_role = "target" if config["regime"] == "all-accept" else "drafter"
     drafter, drafter_params = models[drafter_role]
     fn = api.make_generate_fn(target=target, drafter=drafter, method=config["method"],
                               gamma=max(config["gamma"], 1),
-                              max_new_tokens=args.max_new_tokens)
-    prompts = random_prompts(target.vocab_size, batch, args.prompt_len, args.repeats + 1,
-                             seed=batch)
+                              max_new_tokens=settings.max_new_tokens)
+    prompts = random_prompts(target.vocab_size, batch, settings.prompt_len,
+                             settings.repeats + 1, seed=batch)
     alpha = TOKEN_V3_ALPHA if config["method"] == "token-v3" else 0.0
     greedy = api.sampling_params(temperature=0.0, alpha=alpha)
     with count_compiles() as compiles:
@@ -260,6 +360,13 @@ def run_decode(config: dict, models: dict, args, batch: int, steps: dict,
     return row
 
 
+def predicted_tokens_per_s(row: dict, acceptance: float) -> tuple[float, float]:
+    """Tokens per round and tokens/s of ``row``'s configuration at i.i.d.
+    acceptance ``acceptance``, at its measured round time."""
+    per_round = cost.tokens_per_round(acceptance, row["gamma"])
+    return per_round, row["batch"] * per_round / row["round_s"]
+
+
 def predict(rows: list[dict], acceptance: list[float]) -> list[dict]:
     """Tokens/s of the real pair at CPU-measured acceptance, from measured rounds."""
     predicted = []
@@ -268,13 +375,21 @@ def predict(rows: list[dict], acceptance: list[float]) -> list[dict]:
             continue
         ar = next(r for r in rows if r["batch"] == row["batch"] and not r["gamma"])
         for a in acceptance:
-            per_round = (1 - a ** (row["gamma"] + 1)) / (1 - a)
-            tps = row["batch"] * per_round / row["round_s"]
+            per_round, tps = predicted_tokens_per_s(row, a)
             predicted.append({"batch": row["batch"], "method": row["method"],
                               "gamma": row["gamma"], "acceptance": a,
                               "tokens_per_round": per_round, "tokens_per_s": tps,
                               "speedup_vs_autoregressive": tps / ar["decode_tokens_per_s"]})
     return predicted
+
+
+def predicted_agreement(rows: list[dict]) -> dict:
+    """``predict``'s model against the wall clock where the real pair ran (the
+    none-accepted runs): tokens/s at each run's own measured acceptance vs its
+    measured tokens/s (``cost.agreement_stats``; bias in tokens/s)."""
+    pairs = [(predicted_tokens_per_s(row, row["acceptance"])[1], row["decode_tokens_per_s"])
+             for row in rows if row["regime"] == "none-accepted"]
+    return cost.agreement_stats(*zip(*pairs)) if pairs else cost.agreement_stats([], [])
 
 
 # -- peers ---------------------------------------------------------------------------------
@@ -308,7 +423,8 @@ def hf_model(model, params, dtype: str):
                   dtype=torch_dtype).eval()
 
 
-def run_peers(models: dict, args, dtype: str, ours_greedy: list[list[int]]) -> dict:
+def run_peers(models: dict, settings: Settings, dtype: str,
+              ours_greedy: list[list[int]]) -> dict:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
     from transformers import CompileConfig  # noqa: PLC0415
@@ -317,9 +433,9 @@ def run_peers(models: dict, args, dtype: str, ours_greedy: list[list[int]]) -> d
     drafter = hf_model(*models["drafter"], dtype)
     device = target.device
     prompts = [torch.tensor(p.tokens.tolist(), device=device)
-               for p in random_prompts(models["target"][0].vocab_size, 1, args.prompt_len,
-                                       args.repeats + 1, seed=1)]
-    gamma = args.gammas[len(args.gammas) // 2]
+               for p in random_prompts(models["target"][0].vocab_size, 1, settings.prompt_len,
+                                       settings.repeats + 1, seed=1)]
+    gamma = settings.gammas[len(settings.gammas) // 2]
     for assistant in (target, drafter):
         assistant.generation_config.num_assistant_tokens = gamma
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -327,26 +443,27 @@ def run_peers(models: dict, args, dtype: str, ours_greedy: list[list[int]]) -> d
     compile_config = CompileConfig()
     compile_config._compile_all_devices = True  # its switch to compile on CPU too
     variants = {}
-    if "eager" in args.peers:
+    if "eager" in settings.peers:
         variants["eager autoregressive"] = {}
-    if "assisted" in args.peers:
+    if "assisted" in settings.peers:
         variants[f"eager assisted G={gamma} all-accept"] = {"assistant_model": target}
         variants[f"eager assisted G={gamma} none-accepted"] = {"assistant_model": drafter}
     # Last: compiling leaves a compiled forward on the model. On the H200 run the
     # eager assisted variants, timed after it, did not finish in ~170 s (3 prompts
     # x 128 tokens; eager decoding took 2.4 s a prompt); recompiling at every new
     # shape is the suspect, not confirmed. Timed last, it cannot slow the others.
-    if "compiled" in args.peers:
+    if "compiled" in settings.peers:
         variants["static cache + torch.compile autoregressive"] = {
             "cache_implementation": "static", "compile_config": compile_config}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = {"transformers": transformers.__version__, "torch": torch.__version__,
                "gamma": gamma, "variants": {}}
+    new_tokens = settings.max_new_tokens
     for name, extra in tqdm(variants.items(), desc="transformers"):
         def generate(ids, extra=extra):
             with torch.no_grad():
-                return target.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens,
-                                       min_new_tokens=args.max_new_tokens, **extra)
+                return target.generate(ids, do_sample=False, max_new_tokens=new_tokens,
+                                       min_new_tokens=new_tokens, **extra)
         start = time.perf_counter()
         generate(prompts[0])
         sync()
@@ -357,8 +474,8 @@ def run_peers(models: dict, args, dtype: str, ours_greedy: list[list[int]]) -> d
             out = generate(ids)
             sync()
             seconds += time.perf_counter() - start
-            outputs.append(out[0, args.prompt_len:].tolist())
-        tokens = args.max_new_tokens * len(outputs)
+            outputs.append(out[0, settings.prompt_len:].tolist())
+        tokens = new_tokens * len(outputs)
         results["variants"][name] = {"tokens_per_s": tokens / seconds, "first_call_s": warm_s,
                                      "outputs_identical_to_ours": sum(
                                          a == b for a, b in zip(outputs, ours_greedy))}
@@ -366,21 +483,22 @@ def run_peers(models: dict, args, dtype: str, ours_greedy: list[list[int]]) -> d
     return results
 
 
-def ours_on_peer_prompts(models: dict, args) -> tuple[float, list[list[int]]]:
+def ours_on_peer_prompts(models: dict, settings: Settings) -> tuple[float, list[list[int]]]:
     """Our greedy autoregressive tokens/s and outputs on the peers' prompts, at
     batch 1 and end to end (prefill included) as the peers' ``generate`` runs."""
     target, params = models["target"]
-    fn = api.make_generate_fn(target=target, method="autoregressive",
-                              max_new_tokens=args.max_new_tokens)
-    prompts = random_prompts(target.vocab_size, 1, args.prompt_len, args.repeats + 1, seed=1)
+    new_tokens = settings.max_new_tokens
+    fn = api.make_generate_fn(target=target, method="autoregressive", max_new_tokens=new_tokens)
+    prompts = random_prompts(target.vocab_size, 1, settings.prompt_len, settings.repeats + 1,
+                             seed=1)
     greedy = api.sampling_params()
     jax.block_until_ready(fn(params, params, prompts[0], jax.random.PRNGKey(0), greedy))
     seconds, outs = 0.0, []
     for prompt in prompts[1:]:
         total_s, out = timing.seconds(fn, params, params, prompt, jax.random.PRNGKey(0), greedy)
         seconds += total_s
-        outs.append(np.asarray(out.tokens[0, :args.max_new_tokens]).tolist())
-    return args.max_new_tokens * len(outs) / seconds, outs
+        outs.append(np.asarray(out.tokens[0, :new_tokens]).tolist())
+    return new_tokens * len(outs) / seconds, outs
 
 
 def match_peers_with_ours(section: dict) -> None:
@@ -400,41 +518,28 @@ def match_peers_with_ours(section: dict) -> None:
 
 # -- report --------------------------------------------------------------------------------
 
-def main(argv=None):
-    args = parse_args(argv)
-    report = {"environment": timing.environment(), "backend": jax.default_backend(),
-              "settings": {k: v for k, v in vars(args).items() if k not in ("out", "markdown")},
-              "by_dtype": {}}
-    for dtype in args.dtypes:
-        section = report["by_dtype"][dtype] = {}
-        section["limits"] = timing.device_limits(dtype)
-        models = build_models(args, dtype)
-        section["weight_bytes"] = {role: weight_bytes(p) for role, (_, p) in models.items()}
-        section["steps"] = measure_steps(models, args, section["limits"])
-        timing.write_report(report, args.out)
-        rows = section["decoding"] = []
-        jobs = [(b, c) for b in args.batch_sizes for c in decode_configs(args)]
-        prefill_by_role = prefill_fns(models, args)
-        for batch, config in tqdm(jobs, desc=f"decoding ({dtype})"):
-            rows.append(run_decode(config, models, args, batch, section["steps"],
-                                   prefill_by_role))
-            timing.write_report(report, args.out)
-        section["predicted"] = predict(rows, args.acceptance)
-        if args.peers:
-            ours_tokens_per_s, ours = ours_on_peer_prompts(models, args)
-            section["peers"] = run_peers(models, args, dtype, ours)
-            section["peers"]["ours_autoregressive_tokens_per_s"] = ours_tokens_per_s
-            match_peers_with_ours(section)
-        timing.write_report(report, args.out)
-        del models
-    timing.print_markdown(markdown(report), args.markdown)
+def _weights_line(settings: dict) -> str:
+    if settings["random_weights"]:
+        return "random weights of the exact shapes"
+    if any(settings[role].startswith(resolver.RANDOM_PREFIX) for role in ("target", "drafter")):
+        return "random weights for the random: names, real weights for the other"
+    return "real weights"
+
+
+def _agreement_line(stats: dict) -> str:
+    if not stats["n"]:
+        return "No none-accepted run to compare the prediction with."
+    pearson = "–" if stats["pearson"] is None else f"{stats['pearson']:.3f}"
+    runs = "run" if stats["n"] == 1 else "runs"
+    return (f"The same model at the measured acceptance vs the measured tokens/s of the "
+            f"{stats['n']} none-accepted {runs}: mean bias {stats['mean_bias']:+.2f} tokens/s, "
+            f"mean ratio measured / modelled {stats['mean_ratio']:.3f}, Pearson r {pearson}.")
 
 
 def markdown(report: dict) -> str:
     env, s = report["environment"], report["settings"]
-    weights = "random weights of the exact shapes" if s["random_weights"] else "real weights"
-    lines = [f"{s['target']} <- {s['drafter']} ({weights}); prompt {s['prompt_len']} tokens, "
-             f"{s['max_new_tokens']} new tokens, greedy; kernels "
+    lines = [f"{s['target']} <- {s['drafter']} ({_weights_line(s)}); prompt {s['prompt_len']} "
+             f"tokens, {s['max_new_tokens']} new tokens, greedy; kernels "
              f"{s.get('kernel_layout', 'in_out')}, matmul {s.get('matmul_kernel', 'xla')}; "
              f"{env['machine']}, jax {env['jax']}.", ""]
     for dtype, sec in report["by_dtype"].items():
@@ -471,6 +576,8 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {p['batch']} | {p['method']} | {p['gamma']} | "
                              f"{p['acceptance']:.2f} | {p['tokens_per_round']:.2f} | "
                              f"{p['tokens_per_s']:.2f} | {p['speedup_vs_autoregressive']:.2f}x |")
+            if "predicted_agreement" in sec:  # reports written before it lack it
+                lines += ["", _agreement_line(sec["predicted_agreement"])]
         if "peers" in sec:
             peers = sec["peers"]
             ours = peers["ours_autoregressive_tokens_per_s"]
@@ -492,7 +599,3 @@ def markdown(report: dict) -> str:
         lines.append("GPU: not measured in this run (no accelerator); the command in the "
                      "module docstring produces the same tables there.")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,8 @@
 
 Serving conditions, not a lab setting: HumanEval prompts of mixed lengths
 (sorted by length, each batch padded to its own longest prompt rounded up to
-``--width-bucket``), per-row EOS and the end-of-block stop rule, greedy.
-Autoregressive target decoding and ``specdecode`` (G = ``--gamma``) at each
+``width_bucket``), per-row EOS and the end-of-block stop rule, greedy.
+Autoregressive target decoding and ``specdecode`` (G = ``gamma``) at each
 batch size, timed in one run (compilation excluded; one timed call per
 batch). Throughput counts the tokens each row produced up to its own stop.
 
@@ -16,53 +16,29 @@ less from batching than the decode phase does: each batch's prefill is also
 timed alone (every model of the method), and ``decode_tokens_per_s`` is the
 rate over the rest.
 
-    python eval/bench_batch.py --batch-sizes 1 8 32 64 --max-new-tokens 64 \\
-        --out results/bench_batch.json --markdown results/bench_batch.md
+    python -m eval.main --gin_file=configs/bench/batch.gin \\
+        --gin_bindings="bench_batch.batch_sizes = [1, 8]"
 
-Batch B decodes the first max(B, --min-prompts) HumanEval prompts, so every
-batch size measures at least ``--min-prompts`` rows.
+Batch B decodes the first max(B, ``min_prompts``) HumanEval prompts, so every
+batch size measures at least ``min_prompts`` rows.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
-from specdec_jax import api, batching
-from specdec_jax.checkpoints.load import load_for_decoding
+from specdec_jax import api, batching, precision
 from specdec_jax.data import humaneval
+from specdec_jax.jobs.bench import shared
+from specdec_jax.jobs.study import load_pair
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
 
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--drafter", default="qwen2.5-coder-0.5b")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
-    p.add_argument("--min-prompts", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--gamma", type=int, default=5)
-    p.add_argument("--width-bucket", type=int, default=128)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--out", default="results/bench_batch.json")
-    p.add_argument("--markdown", default=None)
-    p.add_argument("--no-stops", action="store_true",
-                   help="no EOS or stop rule: every row generates --max-new-tokens (equal "
-                        "work per row, no idle rows; the machine's batching gain alone)")
-    p.add_argument("--methods", nargs="+", default=["autoregressive", "specdecode"],
-                   choices=["autoregressive", "specdecode"])
-    args = p.parse_args(argv)
-    if min(args.batch_sizes) < 1 or args.min_prompts < 1 or args.max_new_tokens < 1:
-        p.error("--batch-sizes, --min-prompts and --max-new-tokens must all be >= 1.")
-    if max(max(args.batch_sizes), args.min_prompts) > humaneval.NUM_PROBLEMS:
-        p.error(f"HumanEval has {humaneval.NUM_PROBLEMS} prompts; lower --batch-sizes or "
-                "--min-prompts.")
-    return args
+METHODS = ("autoregressive", "specdecode")
 
 
 def prefill_seconds(models, prompt, compiled):
@@ -115,54 +91,72 @@ def decode_all(fn, params, prompts, batch_size, width_bucket, compiled_by_width,
             "idle_row_fraction": 1.0 - live_rounds / max(slot_rounds, 1)}, outputs
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def run_bench_batch(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2.5-coder-0.5b",
+                    batch_sizes: Sequence[int] = (1, 8, 32, 64), min_prompts: int = 8,
+                    max_new_tokens: int = 64, gamma: int = 5, width_bucket: int = 128,
+                    dtype: str = "auto", out: str = "results/bench_batch.json",
+                    markdown_path: str | None = None, no_stops: bool = False,
+                    methods: Sequence[str] = METHODS) -> dict:
+    """Tokens/s (end to end and decode phase), idle rows and output equality of
+    each method at each batch size; writes ``out`` (JSON) and prints the
+    Markdown (also to ``markdown_path`` if given).
+
+    ``no_stops``: no EOS or stop rule, every row generates ``max_new_tokens``
+    (equal work per row, no idle rows; the machine's batching gain alone)."""
+    batch_sizes, methods = list(batch_sizes), list(methods)
+    shared.check_choices("methods", methods, METHODS)
+    shared.check_at_least(1, batch_sizes=batch_sizes, min_prompts=min_prompts,
+                          max_new_tokens=max_new_tokens, gamma=gamma, width_bucket=width_bucket)
+    if max(max(batch_sizes), min_prompts) > humaneval.NUM_PROBLEMS:
+        raise ValueError(f"HumanEval has {humaneval.NUM_PROBLEMS} prompts; lower batch_sizes "
+                         f"{batch_sizes} or min_prompts ({min_prompts}).")
+    precision.resolve_dtype(dtype)  # an unknown dtype fails here, before loading
     start = time.perf_counter()
-    target, target_params, tok = load_for_decoding(args.target, dtype=args.dtype)
-    drafter, drafter_params, _ = load_for_decoding(args.drafter, dtype=args.dtype)
+    # The end-of-block rule reads code tokenizers' token texts (checkpoint
+    # models); load_pair gives none for the byte-level toys.
+    pair = load_pair(target=target, drafter=drafter, dtype=dtype,
+                     stop_at_block_end=not no_stops)
     load_s = time.perf_counter() - start
-    texts = humaneval.load_prompts(max(max(args.batch_sizes), args.min_prompts))
-    prompts = [tok.encode(t) for t in texts]
-    stops = {} if args.no_stops else dict(eos_ids=tuple(tok.eos_token_ids),
-                                          stop_rule=humaneval.end_of_block_stop(tok))
-    common = dict(target=target, max_new_tokens=args.max_new_tokens, **stops)
-    sd = f"specdecode G={args.gamma}"
-    methods = {"autoregressive": lambda: api.make_generate_fn(method="autoregressive", **common),
-               sd: lambda: api.make_generate_fn(drafter=drafter, method="specdecode",
-                                                gamma=args.gamma, **common)}
-    methods = {name: make() for name, make in methods.items()
-               if name.split()[0] in args.methods}
-    prefills = {"autoregressive": [(target, target_params)],
-                sd: [(target, target_params), (drafter, drafter_params)]}
-    report = {"environment": timing.environment(), "dtype": str(target.config.dtype),
-              "target": args.target, "drafter": args.drafter, "load_s": load_s,
-              "max_new_tokens": args.max_new_tokens, "width_bucket": args.width_bucket,
-              "stops": not args.no_stops,
+    prompts = shared.humaneval_prompts(pair.encode, max(max(batch_sizes), min_prompts))
+    stops = {} if no_stops else dict(eos_ids=pair.eos_ids, stop_rule=pair.stop_rule)
+    common = dict(target=pair.target, max_new_tokens=max_new_tokens, **stops)
+    sd = f"specdecode G={gamma}"
+    makers = {"autoregressive": lambda: api.make_generate_fn(method="autoregressive", **common),
+              sd: lambda: api.make_generate_fn(drafter=pair.drafter, method="specdecode",
+                                               gamma=gamma, **common)}
+    fns = {name: make() for name, make in makers.items() if name.split()[0] in methods}
+    prefills = {"autoregressive": [(pair.target, pair.target_params)],
+                sd: [(pair.target, pair.target_params), (pair.drafter, pair.drafter_params)]}
+    report = {"environment": timing.environment(), "dtype": str(pair.target.config.dtype),
+              "target": target, "drafter": drafter, "load_s": load_s,
+              "max_new_tokens": max_new_tokens, "width_bucket": width_bucket,
+              "stops": not no_stops,
               "prompt_tokens": {"min": min(map(len, prompts)), "max": max(map(len, prompts))},
               "runs": {}}
     reference = {}
-    for batch_size in tqdm(args.batch_sizes, desc="batch sizes"):
-        rows = prompts[:max(batch_size, args.min_prompts)]
-        for name, fn in methods.items():
-            figures, outputs = decode_all(fn, (target_params, drafter_params), rows,
-                                          batch_size, args.width_bucket, {}, prefills[name])
+    for batch_size in tqdm(batch_sizes, desc="batch sizes"):
+        rows = prompts[:max(batch_size, min_prompts)]
+        for name, fn in fns.items():
+            figures, outputs = decode_all(fn, (pair.target_params, pair.drafter_params), rows,
+                                          batch_size, width_bucket, {}, prefills[name])
             # Greedy: every batch size and method must give the same text
             # (padding and batch neighbours change nothing, exactness holds).
             same = [o == reference.setdefault(i, o) for i, o in enumerate(outputs)]
             figures["outputs_equal_to_first_run"] = float(np.mean(same))
             report["runs"][f"B={batch_size} {name}"] = {"batch_size": batch_size,
                                                         "method": name, **figures}
-            timing.write_report(report, args.out)
+            shared.write_report(report, out)
     runs = report["runs"].values()
     for rate in ("tokens_per_s", "decode_tokens_per_s"):
-        base = {r["method"]: r[rate] for r in runs if r["batch_size"] == min(args.batch_sizes)}
+        base = {r["method"]: r[rate] for r in runs if r["batch_size"] == min(batch_sizes)}
         ar_at = {r["batch_size"]: r[rate] for r in runs if r["method"] == "autoregressive"}
         for run in runs:
             run[f"{rate}_over_smallest_batch"] = run[rate] / base[run["method"]]
             if ar_at:
                 run[f"{rate}_over_autoregressive_here"] = run[rate] / ar_at[run["batch_size"]]
-    timing.write_report(report, args.out)
-    timing.print_markdown(markdown(report), args.markdown)
+    shared.write_report(report, out)
+    timing.print_markdown(markdown(report), markdown_path)
+    return report
 
 
 def markdown(report: dict) -> str:
@@ -191,7 +185,3 @@ def markdown(report: dict) -> str:
             f"{ratio(run, 'decode_tokens_per_s_over_autoregressive_here')} | "
             f"{run['idle_row_fraction']:.2f} | {run['outputs_equal_to_first_run']:.0%} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

@@ -6,41 +6,34 @@ subtracted, over the drafter calls of a round plus one scoring call of G + 1
 tokens, every call timed inside a jitted loop as the decoder runs it:
 ``timing.round_overhead``), and ours vs Hugging Face
 ``transformers`` assisted generation on the same GGUF weights (greedy; outputs
-compared token for token). Compile time is excluded everywhere.
+compared token for token; ``no_peer=True`` skips it). Compile time is excluded
+everywhere.
 
-    python eval/bench_speculative.py --num-prompts 10 --max-new-tokens 64
+    python -m eval.main --gin_file=configs/bench/speculative.gin \\
+        --gin_bindings="bench_speculative.num_prompts = 10"
+
+``configs/runs/benchmark.gin`` (``run_benchmark``) is the task-level wall-clock
+comparison of every method; this one adds the round overhead, batched rates
+and the transformers peer for plain speculative decoding.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import os
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
-from specdec_jax import api
-from specdec_jax.checkpoints.load import load_for_decoding
-from specdec_jax.data import humaneval
+from specdec_jax import api, precision
+from specdec_jax.checkpoints import registry
+from specdec_jax.jobs.bench import shared
+from specdec_jax.jobs.study import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--drafter", default="qwen2.5-coder-0.5b")
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--gammas", type=int, nargs="+", default=[3, 5, 7])
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    p.add_argument("--batch-sizes", type=int, nargs="*", default=[4, 8])
-    p.add_argument("--no-peer", action="store_true", help="skip transformers")
-    p.add_argument("--out", default="results/bench_speculative.json")
-    return p.parse_args(argv)
 
 
 def run_prompts(fn, params, prompts, width, temperature, batch_size=1, seed=0, prefills=()):
@@ -116,35 +109,71 @@ def peer_assisted(target_path, drafter_path, prompts, gamma, max_new_tokens):
     return results
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    target, target_params, tok = load_for_decoding(args.target)
-    drafter, drafter_params, _ = load_for_decoding(args.drafter)
-    prompts = [tok.encode(p) for p in humaneval.load_prompts(args.num_prompts)]
-    width = max(len(p) for p in prompts)
-    params = (target_params, drafter_params)
-    # No EOS: every row generates max_new_tokens, so runs compare equal work.
-    common = dict(target=target, max_new_tokens=args.max_new_tokens)
-    report = {"environment": timing.environment(), "precision": "float32",
-              "target": args.target, "drafter": args.drafter, "num_prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "batch_1": {}, "batched": {}}
+def check_peer(target: str, drafter: str, temperatures: Sequence[float]) -> None:
+    """The transformers peer reads the registry's GGUF files of both models,
+    runs greedy, and needs torch and transformers (the dev extra)."""
+    unknown = [name for name in (target, drafter) if name not in registry.MODELS]
+    if unknown:
+        raise ValueError(f"the transformers peer loads registry models' GGUF files; {unknown} "
+                         f"are not registry models ({', '.join(registry.MODELS)}). Set "
+                         "bench_speculative.no_peer = True.")
+    if 0.0 not in [float(t) for t in temperatures]:
+        raise ValueError(f"the transformers peer is compared greedy: temperatures "
+                         f"{list(temperatures)} need 0.0, or set no_peer = True.")
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"the transformers peer needs {' and '.join(missing)} (pip install -e "
+                         "'.[dev]'), or set bench_speculative.no_peer = True.")
 
-    t_draft = in_loop_step_s(drafter, drafter_params, 1, fill=width)
+
+def run_bench_speculative(*, target: str = "qwen2.5-coder-1.5b",
+                          drafter: str = "qwen2.5-coder-0.5b", num_prompts: int = 10,
+                          max_new_tokens: int = 64, gammas: Sequence[int] = (3, 5, 7),
+                          temperatures: Sequence[float] = (0.0, 1.0),
+                          batch_sizes: Sequence[int] = (4, 8), no_peer: bool = False,
+                          out: str = "results/bench_speculative.json",
+                          markdown_path: str | None = None) -> dict:
+    """Batch-1 tokens/s, block efficiency and round overhead of speculative
+    decoding at each (T, G) against autoregressive target decoding; batched
+    rates at ``batch_sizes`` (greedy, best G); the transformers peer unless
+    ``no_peer``. Writes ``out`` (JSON), prints the Markdown (and writes it to
+    ``markdown_path`` if given)."""
+    gammas, temperatures, batch_sizes = list(gammas), list(temperatures), list(batch_sizes)
+    shared.check_at_least(1, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                          gammas=gammas)
+    if batch_sizes:  # empty: no batched runs
+        shared.check_at_least(1, batch_sizes=batch_sizes)
+    shared.check_temperatures("temperatures", temperatures)
+    shared.check_humaneval_prompts(num_prompts=num_prompts)
+    if not no_peer:
+        check_peer(target, drafter, temperatures)
+
+    pair = load_pair(target=target, drafter=drafter)
+    tgt, tp, drf, dp = pair.target, pair.target_params, pair.drafter, pair.drafter_params
+    prompts = shared.humaneval_prompts(pair.encode, num_prompts)
+    width = max(len(p) for p in prompts)
+    params = (tp, dp)
+    # No EOS: every row generates max_new_tokens, so runs compare equal work.
+    common = dict(target=tgt, max_new_tokens=max_new_tokens)
+    report = {"environment": timing.environment(), "precision": precision.resolve_dtype("auto"),
+              "target": target, "drafter": drafter, "num_prompts": len(prompts),
+              "max_new_tokens": max_new_tokens, "batch_1": {}, "batched": {}}
+
+    t_draft = in_loop_step_s(drf, dp, 1, fill=width)
     report["drafter_step_s"] = t_draft
-    report["target_step_s"] = in_loop_step_s(target, target_params, 1, fill=width)
-    max_length = width + args.max_new_tokens + max(args.gammas) + 2
-    prefills = {"autoregressive": [(timing.prefill_fn(target, max_length), target_params)]}
+    report["target_step_s"] = in_loop_step_s(tgt, tp, 1, fill=width)
+    max_length = width + max_new_tokens + max(gammas) + 2
+    prefills = {"autoregressive": [(timing.prefill_fn(tgt, max_length), tp)]}
     prefills["specdecode"] = prefills["autoregressive"] + [
-        (timing.prefill_fn(drafter, max_length), drafter_params)]
-    jobs = [(t, g) for t in args.temperatures for g in [0] + args.gammas]
+        (timing.prefill_fn(drf, max_length), dp)]
+    jobs = [(t, g) for t in temperatures for g in [0] + gammas]
     greedy_outputs = {}
     for temperature, gamma in tqdm(jobs, desc="batch-1 runs"):
         method = "autoregressive" if gamma == 0 else "specdecode"
-        fn = api.make_generate_fn(drafter=drafter, method=method, gamma=max(gamma, 1),
-                                  **common)
+        fn = api.make_generate_fn(drafter=drf, method=method, gamma=max(gamma, 1), **common)
         row, outputs = run_prompts(fn, params, prompts, width, temperature,
                                    prefills=prefills[method])
-        t_score = (in_loop_step_s(target, target_params, gamma + 1, fill=width) if gamma
+        t_score = (in_loop_step_s(tgt, tp, gamma + 1, fill=width) if gamma
                    else report["target_step_s"])
         # Autoregressive: no drafter calls, a round is one target step.
         row.update(score_step_s=t_score, round_overhead=timing.round_overhead(
@@ -155,27 +184,26 @@ def main(argv=None):
         if temperature == 0:
             greedy_outputs[gamma] = outputs
         report["batch_1"][f"T={temperature:g},G={gamma}"] = row
-    for temperature in args.temperatures:
+    for temperature in temperatures:
         ar = report["batch_1"][f"T={temperature:g},G=0"]["tokens_per_s"]
-        for gamma in args.gammas:
+        for gamma in gammas:
             row = report["batch_1"][f"T={temperature:g},G={gamma}"]
             row["speedup_vs_autoregressive"] = row["tokens_per_s"] / ar
     report["greedy_specdecode_equals_autoregressive"] = all(
-        greedy_outputs[g] == greedy_outputs[0] for g in args.gammas if g in greedy_outputs)
+        greedy_outputs[g] == greedy_outputs[0] for g in gammas if g in greedy_outputs)
 
-    best_gamma = max(args.gammas, key=lambda g: report["batch_1"].get(
+    best_gamma = max(gammas, key=lambda g: report["batch_1"].get(
         f"T=0,G={g}", {"tokens_per_s": 0})["tokens_per_s"])
-    for batch_size in tqdm(args.batch_sizes, desc="batched runs"):
+    for batch_size in tqdm(batch_sizes, desc="batched runs"):
         for gamma in (0, best_gamma):
-            fn = api.make_generate_fn(drafter=drafter, method="autoregressive" if gamma == 0
+            fn = api.make_generate_fn(drafter=drf, method="autoregressive" if gamma == 0
                                       else "specdecode", gamma=max(gamma, 1), **common)
             row, _ = run_prompts(fn, params, prompts, width, 0.0, batch_size=batch_size)
             report["batched"][f"B={batch_size},G={gamma}"] = row
 
-    if not args.no_peer:
-        from specdec_jax.checkpoints import registry  # noqa: PLC0415
-        peer = peer_assisted(registry.local_path(args.target), registry.local_path(args.drafter),
-                             prompts, best_gamma, args.max_new_tokens)
+    if not no_peer:
+        peer = peer_assisted(registry.local_path(target), registry.local_path(drafter),
+                             prompts, best_gamma, max_new_tokens)
         ours_ar = report["batch_1"]["T=0,G=0"]
         ours_sd = report["batch_1"][f"T=0,G={best_gamma}"]
         report["peer"] = {
@@ -191,8 +219,9 @@ def main(argv=None):
                 a == b for a, b in zip(peer["assisted"]["outputs"], greedy_outputs[best_gamma])),
             "prompts": len(prompts),
         }
-    timing.write_report(report, args.out)
-    print(markdown(report))
+    shared.write_report(report, out)
+    timing.print_markdown(markdown(report), markdown_path)
+    return report
 
 
 def markdown(report) -> str:
@@ -222,7 +251,3 @@ def markdown(report) -> str:
                   f"{peer['ours_over_theirs_autoregressive']:.2f}x); identical outputs "
                   f"{peer['assisted_outputs_identical_to_ours']}/{peer['prompts']}"]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

@@ -10,55 +10,29 @@ over units; improvements are paired (same prompt and seed) differences, so
 prompt difficulty cancels. The verification kernel's share of a round is its
 jitted time on [1, G, V] inputs over the measured batch-1 round time.
 
-    python eval/bench_verifiers.py            # 50 HumanEval prompts x 3 seeds, G 4 6 8
+    python -m eval.main --gin_file=configs/bench/verifiers.gin   # 50 prompts x 3 seeds, G 4 6 8
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
+import os
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api
-from specdec_jax.checkpoints.load import load_for_decoding
-from specdec_jax.data import humaneval
+from specdec_jax import api, precision
 from specdec_jax.decoding import required_cache_length
+from specdec_jax.jobs.bench import shared
+from specdec_jax.jobs.bench.shared import mean_ci
+from specdec_jax.jobs.study import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
 
 VERIFIERS = ("token", "block", "block-seed")
-Z95 = 1.959964
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--drafter", default="qwen2.5-coder-0.5b")
-    p.add_argument("--num-prompts", type=int, default=50)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--gammas", type=int, nargs="+", default=[4, 6, 8])
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--batch-size", type=int, default=30, help="rows per efficiency batch")
-    p.add_argument("--wallclock-prompts", type=int, default=5,
-                   help="prompts timed at batch 1 (per seed) for wall clock")
-    p.add_argument("--phases", nargs="+", choices=("efficiency", "wallclock"),
-                   default=["efficiency", "wallclock"],
-                   help="'wallclock' alone adds wall clock to the efficiency figures in --out")
-    p.add_argument("--out", default="results/bench_verifiers.json")
-    return p.parse_args(argv)
-
-
-def mean_ci(values) -> tuple[float, float]:
-    values = np.asarray(values, np.float64)
-    half = Z95 * values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return float(values.mean()), float(half)
+PHASES = ("efficiency", "wallclock")
 
 
 def prefill_once(decoder, params, prompts, max_length, group=10):
@@ -107,31 +81,6 @@ def efficiency_units(decoder, params, prefilled, units, temperature, batch_size)
     return [eff[u] for u in units]
 
 
-def wallclock(fns, params, prompts, width, seed, temperature):
-    """Per-prompt seconds per token at batch 1, prefill included (what a user
-    waits), for every labelled generate function. The functions are timed
-    interleaved, prompt by prompt in a rotating order, so a machine that
-    drifts in speed over the run biases no configuration against another."""
-    sp = api.sampling_params(temperature=temperature)
-    example = make_prompt([prompts[0]], pad_to=width)
-    compiled = {label: timing.Compiled(fn, *params, example, jax.random.PRNGKey(0), sp)
-                for label, fn in tqdm(fns.items(), desc="compile (batch 1)")}
-    labels = list(fns)
-    per_token = {label: [] for label in labels}
-    seconds = dict.fromkeys(labels, 0.0)
-    calls = dict.fromkeys(labels, 0)
-    for i, p in enumerate(tqdm(prompts, desc="wall clock")):
-        prompt, key = make_prompt([p], pad_to=width), jax.random.PRNGKey(1000 * seed + i)
-        shift = i % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            timed = compiled[label].time(*params, prompt, key, sp)
-            per_token[label].append(timed.median_s / int(timed.output.lengths[0]))
-            seconds[label] += timed.median_s
-            calls[label] += int(timed.output.stats.target_calls[0])
-    return {label: {"seconds_per_token": per_token[label],
-                    "round_s": seconds[label] / max(calls[label], 1)} for label in labels}
-
-
 def verifier_kernel_seconds(name, gamma, vocab, repeats=50):
     verifier = api.get_verifier(name)
     key = jax.random.PRNGKey(0)
@@ -144,54 +93,79 @@ def verifier_kernel_seconds(name, gamma, vocab, repeats=50):
     return compiled.time(key, drafts, q, pi, pi[:, 0], state, repeats=repeats).median_s
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    target, target_params, tok = load_for_decoding(args.target)
-    drafter, drafter_params, _ = load_for_decoding(args.drafter)
-    prompts = [tok.encode(p) for p in humaneval.load_prompts(args.num_prompts)]
+def run_bench_verifiers(*, target: str = "qwen2.5-coder-1.5b",
+                        drafter: str = "qwen2.5-coder-0.5b", num_prompts: int = 50,
+                        seeds: Sequence[int] = (0, 1, 2), gammas: Sequence[int] = (4, 6, 8),
+                        temperature: float = 1.0, max_new_tokens: int = 48,
+                        batch_size: int = 30, wallclock_prompts: int = 5,
+                        phases: Sequence[str] = PHASES,
+                        out: str = "results/bench_verifiers.json",
+                        markdown_path: str | None = None) -> dict:
+    """Block efficiency (and, with the ``wallclock`` phase, batch-1 wall clock)
+    of token, block and block-seed verification at each G; writes ``out``
+    (JSON) and prints the Markdown table (also to ``markdown_path`` if given).
+
+    ``batch_size``: rows per efficiency batch; ``wallclock_prompts``: prompts
+    timed at batch 1 (per seed) for wall clock; ``phases`` = ``("wallclock",)``
+    alone adds wall clock to the efficiency figures already in ``out``."""
+    phases = list(phases)
+    shared.check_choices("phases", phases, PHASES)
+    shared.check_at_least(1, num_prompts=num_prompts, gammas=list(gammas),
+                          max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          wallclock_prompts=wallclock_prompts)
+    shared.check_at_least(0, seeds=list(seeds))
+    shared.check_temperatures("temperature", temperature)
+    shared.check_humaneval_prompts(num_prompts=num_prompts)
+    if "efficiency" not in phases and not os.path.exists(out):
+        raise ValueError(f"phases={phases} adds wall clock to the efficiency figures in {out}, "
+                         "which does not exist; run the 'efficiency' phase first.")
+    seeds, gammas = list(seeds), list(gammas)
+
+    pair = load_pair(target=target, drafter=drafter)
+    prompts = shared.humaneval_prompts(pair.encode, num_prompts)
     width = max(len(p) for p in prompts)
-    params = (target_params, drafter_params)
-    common = dict(target=target, max_new_tokens=args.max_new_tokens)
-    static = {(g, name): dict(drafter=drafter, method="specdecode", gamma=g, verifier=name,
-                              **common) for g in args.gammas for name in VERIFIERS}
-    if "efficiency" in args.phases:
-        report = {"environment": timing.environment(), "precision": "float32",
-                  "target": args.target, "drafter": args.drafter,
-                  "temperature": args.temperature, "num_prompts": len(prompts),
-                  "seeds": args.seeds, "max_new_tokens": args.max_new_tokens,
-                  "batch_size": args.batch_size, "rows": {}}
-        largest = api.make_decoder(drafter=drafter, gamma=max(args.gammas), **common)
+    params = (pair.target_params, pair.drafter_params)
+    common = dict(target=pair.target, max_new_tokens=max_new_tokens)
+    static = {(g, name): dict(drafter=pair.drafter, method="specdecode", gamma=g, verifier=name,
+                              **common) for g in gammas for name in VERIFIERS}
+    if "efficiency" in phases:
+        report = {"environment": timing.environment(),
+                  "precision": precision.resolve_dtype("auto"),
+                  "target": target, "drafter": drafter,
+                  "temperature": temperature, "num_prompts": len(prompts),
+                  "seeds": seeds, "max_new_tokens": max_new_tokens,
+                  "batch_size": batch_size, "rows": {}}
+        largest = api.make_decoder(drafter=pair.drafter, gamma=max(gammas), **common)
         prefilled = prefill_once(largest, params, prompts, required_cache_length(
-            width, args.max_new_tokens, max(args.gammas)))
-        units = [(i, s) for s in args.seeds for i in range(len(prompts))]
-        for gamma in args.gammas:
+            width, max_new_tokens, max(gammas)))
+        units = [(i, s) for s in seeds for i in range(len(prompts))]
+        for gamma in gammas:
             row = report["rows"].setdefault(f"G={gamma}", {})
             for name in tqdm(VERIFIERS, desc=f"G={gamma}"):
                 values = efficiency_units(api.make_decoder(**static[gamma, name]), params,
-                                          prefilled, units, args.temperature, args.batch_size)
+                                          prefilled, units, temperature, batch_size)
                 eff, eff_ci = mean_ci(values)
                 row[name] = {"block_efficiency": eff, "ci95": eff_ci, "units": list(values)}
             paired_improvements(row, "units", "improvement_pct")
-            timing.write_report(report, args.out)
+            shared.write_report(report, out)
     else:  # wall clock only: add it to the efficiency figures of an earlier run
-        with open(args.out) as f:
-            report = json.load(f)
-    if "wallclock" in args.phases:
-        timed_prompts = prompts[: args.wallclock_prompts]
+        report = shared.read_report(out)
+    if "wallclock" in phases:
+        timed_prompts = prompts[:wallclock_prompts]
         fns = {"AR": api.make_generate_fn(method="autoregressive", **common)}
         fns.update({f"G={g} {name}": api.make_generate_fn(**static[g, name])
-                    for g in args.gammas for name in VERIFIERS})
-        clock = wallclock(fns, params, timed_prompts, width, args.seeds[0], args.temperature)
+                    for g in gammas for name in VERIFIERS})
+        clock = shared.wallclock(fns, params, timed_prompts, width, seeds[0], temperature)
         ar_per_token = np.asarray(clock["AR"]["seconds_per_token"])
         report["wallclock_prompts"] = len(timed_prompts)
         report["wallclock_environment"] = timing.environment()
         report["autoregressive_tokens_per_s"] = float(1 / ar_per_token.mean())
-        for gamma in args.gammas:
+        for gamma in gammas:
             row = report["rows"][f"G={gamma}"]
             for name in VERIFIERS:
                 c = clock[f"G={gamma} {name}"]
                 normalized = np.asarray(c["seconds_per_token"]) / ar_per_token
-                kernel_s = verifier_kernel_seconds(name, gamma, target.vocab_size)
+                kernel_s = verifier_kernel_seconds(name, gamma, pair.target.vocab_size)
                 mean, ci = mean_ci(normalized)
                 row[name].update({
                     "wallclock_normalized": mean, "wallclock_ci95": ci,
@@ -200,8 +174,9 @@ def main(argv=None):
                     "round_s": c["round_s"], "verify_kernel_s": kernel_s,
                     "verify_share_of_round": kernel_s / c["round_s"]})
             paired_improvements(row, "wallclock_units", "wallclock_improvement_pct")
-        timing.write_report(report, args.out)
-    print(markdown(report))
+        shared.write_report(report, out)
+    timing.print_markdown(markdown(report), markdown_path)
+    return report
 
 
 def paired_improvements(row, units_key, metric):
@@ -215,8 +190,9 @@ def paired_improvements(row, units_key, metric):
 
 
 def markdown(report) -> str:
-    """Seed 002's Table 2 layout, one row per G, with the seed form added
-    (wall-clock columns show "–" until the wall-clock phase has run)."""
+    """Sun et al.'s Table 2 layout, one row per G, with the seeded block
+    verifier added (wall-clock columns show "–" until the wall-clock phase has
+    run)."""
     env = report["environment"]
     clock = ("wall clock: not measured" if "wallclock_prompts" not in report else
              f"wall clock: batch 1, {report['wallclock_prompts']} prompts, AR "
@@ -254,7 +230,3 @@ def markdown(report) -> str:
             parts += ["–", "–"]
         lines.append("| " + " | ".join(parts) + " |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

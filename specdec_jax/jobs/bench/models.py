@@ -1,44 +1,76 @@
 """Per-model costs on CPU float32, ours vs Hugging Face ``transformers`` (same GGUF).
 
 For each model, in one run: load time (GGUF read + dequantise + device put),
-resident memory added by the load (each side measured in a fresh subprocess, so
-memory freed by one load cannot hide the next), decode latency of one token (K = 1) and
-scoring latency of K = 6 tokens at a fixed cache fill, with the ratio
-theirs / ours (> 1 means we are faster). Compile time is excluded.
+resident memory added by the load (each side measured in a fresh process,
+``jobs.bench.child``, so memory freed by one load cannot hide the next), decode
+latency of one token (K = 1) and scoring latency of K = 6 tokens at a fixed
+cache fill, with the ratio theirs / ours (> 1 means we are faster). Compile
+time is excluded (``configs/bench/models.gin``)::
 
-    python eval/bench_models.py --models smollm2-135m qwen2.5-coder-0.5b
+    python -m eval.main --gin_file=configs/bench/models.gin \\
+        --gin_bindings="bench_models.models = ['smollm2-135m', 'qwen2.5-coder-0.5b']"
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import multiprocessing
 import os
 import statistics
 import time
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import psutil
 
 from specdec_jax import api
-from specdec_jax.checkpoints import registry
-from specdec_jax.checkpoints.load import load_model
+from specdec_jax.checkpoints import registry, resolver
+from specdec_jax.jobs.bench import child, shared
+from specdec_jax.models.layers import IN_OUT
 from specdec_jax.runtime import timing
 
 FILL = 128  # tokens already in the cache when K tokens are fed
 REPEATS = 10
+SIDES = ("ours", "transformers")
+
+
+def run_bench_models(*, models: Sequence[str] = tuple(registry.MODELS),
+                     out: str = "results/bench_models.json",
+                     markdown_path: str | None = None) -> dict:
+    """Both sides of every model (registry names: the peer loads the same GGUF
+    file), each side in a fresh process. Writes the JSON report to ``out`` after
+    every model and prints the Markdown table as it grows (the last one also to
+    ``markdown_path`` if given)."""
+    models = list(models)
+    # Registry names only: the peer loads the same GGUF file.
+    shared.check_choices("models", models, registry.MODELS)
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    report = {"environment": timing.environment(), "precision": "float32",
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "torch_threads": torch.get_num_threads(), "cache_fill": FILL, "models": {}}
+    for name in models:
+        registry.local_path(name)  # fetch outside the timed region
+        # A fresh process per side: clean RSS and caches.
+        report["models"][name] = {side: child.run_in_child(
+            f"specdec_jax.jobs.bench.models:{function}", {"name": name})
+            for side, function in zip(SIDES, ("ours", "theirs"), strict=True)}
+        shared.write_report(report, out)
+        if name != models[-1]:
+            print(markdown(report), flush=True)
+    timing.print_markdown(markdown(report), markdown_path)
+    return report
 
 
 def rss() -> int:
+    import psutil  # noqa: PLC0415 (a dev dependency; the launcher imports every job)
+
     return psutil.Process().memory_info().rss
 
 
-def ours(name):
+def ours(*, name: str) -> dict:
     gc.collect()
     before, start = rss(), time.perf_counter()
-    model, params, _ = load_model(name)
+    model, params, _ = resolver.resolve(name, kernel_layout=IN_OUT)  # the tree as loaded
     jax.block_until_ready(params)
     load_s, mem = time.perf_counter() - start, rss() - before
     row = {"load_s": load_s, "rss_gb": mem / 2**30}
@@ -49,10 +81,10 @@ def ours(name):
         tokens = jnp.ones((1, k), jnp.int32)
         compiled = timing.Compiled(fn, params, tokens, cache)
         row[f"k{k}_s"] = compiled.time(params, tokens, cache, repeats=REPEATS).median_s
-    return row  # model and params are freed on return, before the peer loads
+    return row
 
 
-def theirs(name):
+def theirs(*, name: str) -> dict:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
@@ -78,29 +110,6 @@ def theirs(name):
     return row
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=list(registry.MODELS))
-    p.add_argument("--out", default="results/bench_models.json")
-    args = p.parse_args(argv)
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-    report = {"environment": timing.environment(), "precision": "float32",
-              "torch": torch.__version__, "transformers": transformers.__version__,
-              "torch_threads": torch.get_num_threads(), "cache_fill": FILL, "models": {}}
-    spawn = multiprocessing.get_context("spawn")
-    for name in args.models:
-        registry.local_path(name)  # fetch outside the timed region
-        row = {}
-        for side, fn in (("ours", ours), ("transformers", theirs)):
-            with spawn.Pool(1) as pool:  # a fresh process per side: clean RSS and caches
-                row[side] = pool.apply(fn, (name,))
-        report["models"][name] = row
-        print(markdown(report), flush=True)
-    timing.write_report(report, args.out)
-
-
 def markdown(report) -> str:
     env = report["environment"]
     lines = [f"CPU float32, {env['machine']}, {env['cpu_count']} cores; jax {env['jax']}, "
@@ -116,7 +125,3 @@ def markdown(report) -> str:
             f"{t['k1_s'] / o['k1_s']:.2f}x | {1e3 * o['k6_s']:.0f} / {1e3 * t['k6_s']:.0f}, "
             f"{t['k6_s'] / o['k6_s']:.2f}x |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()
