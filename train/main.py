@@ -6,7 +6,7 @@ v1.1 pre-training by span corruption or fine-tuning on a task, resumable from
 its workdir. Example::
 
     python -m train.main --gin_file=configs/runs/finetune_t5.gin \\
-        --gin_bindings="WORKDIR = '/tmp/t5-small'" --gin_bindings="run_training.num_steps = 50"
+        --gin_bindings="WORKDIR = 'results/t5-small'" --gin_bindings="run_training.num_steps = 50"
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ by the sha256 of its ``.model`` file plus its number of extra ids
 (``fingerprint``); training runs store it with every checkpoint, so a model
 never meets a vocabulary it was not trained with.
 
-    path = train_sentencepiece(texts, "/tmp/spm", vocab_size=8000)
+    path = train_sentencepiece(texts, "results/spm", vocab_size=8000)
     vocab = SentencePieceVocabulary(path, extra_ids=100)
     vocab.encode("Hallo Welt")  # -> [..., ] (no EOS; add vocab.eos_id yourself)
 """

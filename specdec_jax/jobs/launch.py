@@ -77,7 +77,7 @@ GIN_FLAG_PREFIX = "--gin."
 
 def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
     """Flags; t5x's ``--gin.NAME=VALUE`` (VALUE a gin literal, strings quoted:
-    ``--gin.WORKDIR="'/tmp/run'"``) is the same as ``--gin_bindings="NAME = VALUE"``."""
+    ``--gin.WORKDIR="'results/run'"``) is the same as ``--gin_bindings="NAME = VALUE"``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--gin_file", action="append", required=True,
                         help="gin config (repeatable); paths relative to the repository root "

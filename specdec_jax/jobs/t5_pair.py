@@ -4,7 +4,7 @@ first use)::
 
     python -m specdec_jax.jobs.t5_pair t5-cpu translation_en_de   # builds all three
     python -m specdec_jax.jobs.t5_pair t5-cpu translation_en_de \\
-        --report /tmp/t5_cpu_translation_en_de.md                  # + held-out quality
+        --report results/t5_cpu_translation_en_de.md                  # + held-out quality
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and the run's ``workdir``. A recipe states its sizes here and its budget in
 its gin file (``configs/runs/*_t5.gin``)::
 
     python -m train.main --gin_file=configs/runs/finetune_t5.gin \\
-        --gin_bindings="MODEL_SIZE = 't5-small-cpu'" --gin_bindings="WORKDIR = '/tmp/t5'"
+        --gin_bindings="MODEL_SIZE = 't5-small-cpu'" --gin_bindings="WORKDIR = 'results/t5'"
 """
 
 from __future__ import annotations

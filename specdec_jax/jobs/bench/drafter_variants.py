@@ -16,7 +16,7 @@ The outputs must be equal token for token (checked: every variant is exact;
 the job fails after writing its report if one is not).
 
     python -m eval.main --gin_file=configs/bench/drafter_variants.gin \\
-        --gin_bindings="bench_drafter_variants.out = '/tmp/variants.json'"
+        --gin_bindings="bench_drafter_variants.out = 'results/variants.json'"
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Two phases, one job (``configs/bench/specdecpp.gin``):
    token against the greedy target.
 
     python -m eval.main --gin_file=configs/bench/specdecpp.gin \\
-        --gin.HEAD="'/tmp/specdecpp/head-d3-w6/head'"
+        --gin.HEAD="'results/specdecpp/head-d3-w6/head'"
 
 Writes a JSON report and a Markdown summary (``markdown_path``) with the plot.
 Phase 1 keeps each finished batch in ``<out stem>.counts.jsonl``: a rerun with
@@ -81,7 +81,7 @@ def check_settings(*, head: str, num_prompts: int, max_new_tokens: int,
     if not head:
         raise ValueError("head is required: the directory of an acceptance head trained for "
                          "the drafter (configs/runs/specdecpp_train.gin writes <workdir>/head), "
-                         "e.g. --gin.HEAD=\"'/tmp/head-d3-w6/head'\".")
+                         "e.g. --gin.HEAD=\"'results/head-d3-w6/head'\".")
     if not pathlib.Path(head, META_FILE).exists():
         raise FileNotFoundError(f"head={head!r} holds no acceptance head ({META_FILE} missing); "
                                 "train one with configs/runs/specdecpp_train.gin.")
