@@ -117,7 +117,7 @@ def test_a_process_that_cannot_join_fails_with_the_settings_named():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     for process_id, expected in ((1, "could not reach the coordinator"),
                                  (0, "process 0 of 2 joining the coordinator")):
-        code = ("from specdec_jax import distributed\n"
+        code = ("from specdec_jax.runtime import distributed\n"
                 f"distributed.initialize('127.0.0.1:{free_port()}', 2, {process_id}, "
                 "timeout_s=3)\n")
         result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
