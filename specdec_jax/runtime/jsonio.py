@@ -23,12 +23,12 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(path.read_text())
 
 
-def write_json(path: str | os.PathLike, data: Any) -> None:
+def write_json(path: str | os.PathLike, data: Any, *, indent: int = 1) -> None:
     """Writes ``data`` atomically (a temporary file, then a rename: a kill
     never leaves half a file), compressed when ``path`` ends in ``.gz``."""
     path = pathlib.Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    text = json.dumps(data, indent=1)
+    text = json.dumps(data, indent=indent)
     if path.suffix == GZIP_SUFFIX:
         # mtime=0: the same data gives the same bytes (no spurious diffs when committed)
         with gzip.GzipFile(tmp, "wb", mtime=0) as f:

@@ -8,7 +8,6 @@ cancels out; the helpers here make sure compilation never leaks into them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -19,6 +18,7 @@ from typing import Any
 import jax
 
 from specdec_jax.drafting.base import start_token_and_prefill
+from specdec_jax.runtime import jsonio
 
 
 @dataclasses.dataclass
@@ -150,10 +150,10 @@ def environment() -> dict[str, str]:
 def write_report(report: dict, path: str) -> None:
     """Writes a benchmark's JSON report (figures plus ``environment()``), making
     the directory; benchmarks call it after every section so a long run that
-    is stopped early keeps what it measured."""
+    is stopped early keeps what it measured. Atomic, and compressed when the
+    path ends in ``.gz`` (as committed reports are)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
+    jsonio.write_json(path, report, indent=2)
 
 
 def print_markdown(text: str, path: str | None = None) -> None:

@@ -5,7 +5,6 @@ argument checks every job runs before it loads a model."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Collection, Iterable
 
 import jax
@@ -67,14 +66,7 @@ def read_report(path: str) -> dict:
     return jsonio.read_json(path)
 
 
-def write_report(report: dict, path: str) -> None:
-    """Writes a report (after every section, so a stopped run keeps what it
-    measured); a ``.gz`` path is written compressed, as committed reports are."""
-    if path.endswith(jsonio.GZIP_SUFFIX):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        jsonio.write_json(path, report)
-    else:
-        timing.write_report(report, path)
+write_report = timing.write_report  # plain or .gz by suffix, after every section
 
 
 # --- argument checks (before any model is loaded) --------------------------------------------
