@@ -52,6 +52,7 @@ def byte_table(tmp_path_factory):
 
 # --- bench_drafting --------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_bench_drafting_end_to_end_resumes_and_reprints(tmp_path, byte_table, monkeypatch,
                                                         capsys):
     configs = ["sd-g7", "csd-[[4,4],[0,4]]"]  # Max-Gram runs inside the cascade
@@ -148,6 +149,7 @@ def test_bench_drafter_variants_end_to_end(tmp_path, byte_table):
 
 # --- bench_verifiers -------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_bench_verifiers_efficiency_then_wallclock(tmp_path):
     common = ["bench_verifiers.num_prompts = 2", "bench_verifiers.seeds = [0]",
               "bench_verifiers.gammas = [2]", "bench_verifiers.max_new_tokens = 6",

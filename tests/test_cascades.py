@@ -167,6 +167,7 @@ def pi_of(rule, alpha):
     return next_dist
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("method, rule, alpha", [("oracle", targets.Diff(), 0.05),
                                                  ("token-cascade", targets.Chow(), 0.45)])
 def test_sampled_cascade_tokens_follow_pi(method, rule, alpha):

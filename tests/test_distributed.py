@@ -149,6 +149,7 @@ def test_the_launcher_takes_the_multi_process_flags():
                      "--process_id", "1"])
 
 
+@pytest.mark.long
 def test_the_training_job_on_two_processes_trains_like_one_process(tmp_path):
     """``train.main`` (finetune_t5.gin, tiny T5) on 2 processes x 2 devices: the
     batch split over a 4-device data axis across processes logs the losses of

@@ -85,6 +85,7 @@ def target_probs():
     return exact_sequence_probs(lambda c: TARGET.next_probs(TARGET_PARAMS, c))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name, drafter, gamma, lenience", STRATEGIES,
                          ids=[s[0] for s in STRATEGIES])
 def test_drafting_strategy_is_exact(name, drafter, gamma, lenience):
@@ -107,6 +108,7 @@ class InnerQVertical(VerticalCascade):
         return q_xV
 
 
+@pytest.mark.long
 def test_outer_review_with_the_inner_q_is_rejected():
     """The same statistic rejects the wrong law: p-value < 1e-12 (asserted)."""
     wrong = InnerQVertical(DRAFTER, SMALL_D, inner_gamma=2, name="big")

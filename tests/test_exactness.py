@@ -37,6 +37,9 @@ from tests.exactness import (
     exact_sequence_probs,
 )
 
+# Chi-square tests on 40 000 samples each: `pytest -m long` (CI runs them after the default suite).
+pytestmark = pytest.mark.long
+
 GAMMA = 2
 
 

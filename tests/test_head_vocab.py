@@ -57,6 +57,7 @@ def test_restricted_head_is_the_full_law_renormalised_over_the_kept_tokens(tie, 
                                   -np.inf)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("verifier", ["token", "block"])
 def test_restricted_drafter_keeps_the_target_law(verifier):
     """Drafts only ever come from {0, 2}; the target still emits 1 and 3

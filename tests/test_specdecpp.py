@@ -78,6 +78,7 @@ def target_probs():
     return exact_sequence_probs(lambda c: TARGET.next_probs(TARGET_PARAMS, c))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("verifier", [TokenVerifier(), BlockVerifier()], ids=["token", "block"])
 def test_adaptive_drafting_keeps_the_target_law(verifier):
     out = generate(verifier)
@@ -113,6 +114,7 @@ class BonusFromResidual(TokenVerifier):
         return VerifyOutput(num_accepted=accepted_B, next_token=next_B, state=state)
 
 
+@pytest.mark.long
 def test_ignoring_the_count_for_the_bonus_is_caught():
     """The chi-square test separates the known-wrong verifier (measured
     p = 1.5e-297; the correct token verifier on the same draws: p = 0.067)."""
@@ -317,6 +319,7 @@ def test_head_trains_on_the_core_and_beats_the_constant_predictor(tmp_path):
         train.split_shards(str(tmp_path / "data"), pair, held_out_shards=4)
 
 
+@pytest.mark.long
 def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     """The gin jobs end to end on the byte-level toy pair (scores mean nothing)."""
     import json  # noqa: PLC0415

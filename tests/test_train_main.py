@@ -87,6 +87,7 @@ def test_span_corruption_pretraining_job(tmp_path):
     assert 4 <= summary["tokens_per_epoch"] / 16 <= 14
 
 
+@pytest.mark.long
 def test_finetune_starts_from_our_own_pretraining_run(tmp_path):
     """Span corruption, then fine-tuning from that run's directory: the fine-tune's
     first loss is the pre-trained parameters' loss; another vocabulary is refused."""
@@ -146,6 +147,7 @@ def test_load_run_names_a_missing_run(tmp_path):
         recipes.load_run(tmp_path)
 
 
+@pytest.mark.long
 def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeypatch):
     """A study names pair members; absent ones are trained (here the 't5-test'
     recipe, seconds) into the cache, then the sweep runs on them. The distilled
@@ -206,6 +208,7 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
     assert f"{summary['before']['block_efficiency']:.3f}" in text
 
 
+@pytest.mark.long
 def test_a_pretrained_pair_member_fine_tunes_from_its_span_corruption_run(tmp_path,
                                                                         monkeypatch):
     import dataclasses  # noqa: PLC0415

@@ -323,6 +323,7 @@ def test_mixture_rejects_bad_settings():
         training.MixtureDataset(components=(data, lm), rates=(1.0, 1.0))
 
 
+@pytest.mark.long
 def test_training_on_length_buckets_resumes_with_the_same_losses(tmp_path):
     data = training.bucket_by_length(_ragged_seq2seq(), [(4, 8), (8, 8), (16, 8)])
     optimizer = training.OptimizerConfig(name="adamw", learning_rate=1e-3, schedule="constant")

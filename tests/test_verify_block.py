@@ -283,6 +283,7 @@ def drop_older_zones(state: SeedBlockState, tau_B, gamma: int) -> SeedBlockState
 # Exactness over many rounds (Monte Carlo, chi-square on all 243 sequences)
 # ---------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_forward_block_is_exact_over_rounds():
     """Stateless form vs autoregressive p: p-value 0.79. The known-wrong
     residual norm(p) instead of norm((w_tau p - q)_+): p-value 0 (underflow)."""
@@ -293,6 +294,7 @@ def test_forward_block_is_exact_over_rounds():
     assert chi_square_pvalue(wrong, expected, V) < P_WRONG
 
 
+@pytest.mark.long
 def test_seed_block_is_exact_over_rounds_with_stacked_zones():
     """Seed form with carried zones vs autoregressive p: p-value 0.56. Of the
     rounds that shape the 5 measured tokens, ~82k start inside a zone, ~33k
@@ -310,6 +312,7 @@ def test_seed_block_is_exact_over_rounds_with_stacked_zones():
     assert chi_square_pvalue(no_stack, expected, V) < P_WRONG
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("verifier", [BlockVerifier(), SeedBlockVerifier()],
                          ids=["block", "block-seed"])
 def test_block_verified_cascade_follows_pi(verifier):
@@ -453,6 +456,7 @@ def exact_output_law(form: str, pair: ToyPair, gamma: int, length: int
     return law, stacked_mass
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("pair_seed,cascade", [(5, False), (0, True)], ids=["p", "cascade-pi"])
 def test_multi_round_law_is_exact_by_enumeration(pair_seed, cascade):
     """Exact law of the first 4 tokens (V = 3, G = 3): both forms equal
@@ -635,6 +639,7 @@ def test_huge_ratios_stay_finite():
 ENGINE_ROWS = 40_000
 
 
+@pytest.mark.long
 def test_seed_block_in_the_decoding_engine():
     """The seed form's state rides the jitted engine loop (per-row masking of
     finished rows included): sequences ~ p on the engine's toy models
