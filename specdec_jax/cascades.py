@@ -48,12 +48,12 @@ from specdec_jax import sampling, targets
 from specdec_jax.decoding import (
     EndOfBlockStop,
     GenerationOutput,
-    _zero_stats,
     emit_round,
     extend_bucketed,
     initial_history,
     required_cache_length,
     run_rounds,
+    zero_stats,
 )
 from specdec_jax.drafting.base import (
     Context,
@@ -266,7 +266,7 @@ class DraftUntilDecoder:
             num_generated=jnp.zeros((batch,), jnp.int32), history=history, length=length,
             done=jnp.zeros((batch,), bool), target_cache=target_cache,
             drafter_cache=drafter_cache, key=key,
-            stats=_zero_stats(batch, self.max_drafts, 1))
+            stats=zero_stats(batch, self.max_drafts, 1))
         return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
                           self.max_new_tokens)
 

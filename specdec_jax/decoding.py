@@ -204,7 +204,9 @@ def emit_round(decoder, state, drafts_BxG, accepted_B, next_B, pending_B):
     return candidates, tokens, num_generated, done, keep_B
 
 
-def _zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
+def zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
+    """All-zero statistics for ``batch`` rows, ``gamma`` drafts a round and
+    ``num_models`` drafters: where every decoding loop starts counting."""
     zeros = jnp.zeros((batch,), jnp.int32)
     by_model = jnp.zeros((batch, num_models), jnp.int32)
     return GenerationStats(target_calls=zeros, target_fed=zeros, target_single_calls=zeros,
@@ -300,7 +302,7 @@ class SpeculativeDecoder:
             length=prefilled.length, done=jnp.zeros((batch,), bool),
             target_cache=prefilled.target_cache, drafter_state=prefilled.drafter_state,
             verifier_state=self.verifier.init_state(batch), key=key,
-            stats=_zero_stats(batch, self.gamma, len(self.drafter.model_names)))
+            stats=zero_stats(batch, self.gamma, len(self.drafter.model_names)))
 
     def round(self, target_params, drafter_params, state: _LoopState,
               sp: SamplingParams) -> _LoopState:
@@ -454,7 +456,7 @@ class AutoregressiveDecoder:
             tokens=jnp.full((batch, self.max_new_tokens + 1), self.pad_id, jnp.int32),
             num_generated=jnp.zeros((batch,), jnp.int32), pending=pending,
             done=jnp.zeros((batch,), bool), target_cache=cache, key=key,
-            stats=_zero_stats(batch, 0))
+            stats=zero_stats(batch, 0))
 
         def cond_fn(state):
             return ~jnp.all(state.done)
