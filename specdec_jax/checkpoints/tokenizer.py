@@ -10,6 +10,8 @@ llama.cpp.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,8 +129,6 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> TextTokenizer:
 
 def tokenizer_from_hf_dir(path) -> TextTokenizer:
     """A Hugging Face ``tokenizer.json`` (+ ``tokenizer_config.json``) directory."""
-    import json  # noqa: PLC0415
-    import os  # noqa: PLC0415
 
     from tokenizers import Tokenizer  # noqa: PLC0415
 

@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import flax
 import jax
+import jax.numpy as jnp
 
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.runtime import jsonio
@@ -59,7 +61,6 @@ def device_limits(dtype: str = "float32", nbytes: int = 2**30, matmul_n: int = 2
     (``nbytes`` in, ``nbytes`` out) and matmul FLOP rate (``matmul_n``
     cubed in ``dtype``), each the median of 5 runs: the limits a decoder
     step is compared with."""
-    import jax.numpy as jnp  # noqa: PLC0415
 
     big = jnp.ones((nbytes // 4,), jnp.float32)
     read = Compiled(jax.jit(jnp.sum), big).time(big, repeats=5).median_s
@@ -84,7 +85,6 @@ def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: 
     step's argmax (a real data dependency) at a fixed cache fill, so every
     step costs the same.
     """
-    import jax.numpy as jnp  # noqa: PLC0415
 
     cache = model.init_cache(batch, fill + k).replace(
         lengths=jnp.full((batch,), fill, jnp.int32))
@@ -134,7 +134,6 @@ def seconds(fn, *args) -> tuple[float, Any]:
 
 def environment() -> dict[str, str]:
     """Machine, precision and versions, recorded with every figure."""
-    import flax  # noqa: PLC0415
 
     device = jax.devices()[0]
     return {

@@ -17,6 +17,7 @@ with the target's logits computed on the fly, inside the same jitted step::
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,7 +104,6 @@ def teacher_continuations(*, teacher, teacher_params, prompts: Sequence[Sequence
     longest (rounded up to a multiple), instead of every batch to the longest
     of all. ``cache_path``: a JSON-lines file of finished batches; a rerun
     with the same settings (``cache_key`` names the models) resumes from it."""
-    import hashlib  # noqa: PLC0415
 
 
     speculative = ({"method": "specdecode", "drafter": drafter, "drafter_params": drafter_params,

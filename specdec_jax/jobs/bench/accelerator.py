@@ -67,6 +67,7 @@ import numpy as np
 
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import resolver
+from specdec_jax.checkpoints.hf_decoder import decoder_config_to_hf, decoder_params_to_hf
 from specdec_jax.jobs import cost
 from specdec_jax.jobs.bench import shared
 from specdec_jax.models.decoder import DecoderOnlyLM
@@ -398,11 +399,6 @@ def hf_model(model, params, dtype: str):
     """A ``transformers`` model holding exactly our weights."""
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
-
-    from specdec_jax.checkpoints.hf_decoder import (  # noqa: PLC0415
-        decoder_config_to_hf,
-        decoder_params_to_hf,
-    )
 
     hf = decoder_config_to_hf(model.config)
     torch_dtype = getattr(torch, dtype)

@@ -20,6 +20,7 @@ The plain mean's binary KL is reported too (``mean_constant_binary_kl``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import flax.struct
@@ -202,7 +203,6 @@ def evaluate_head(head_dir: str, data_dir: str, held_out_shards: int) -> dict:
     prediction against the mean label (calibration), and the best constant
     under the head's own training loss. The head must have been trained for
     the drafter whose features the data holds."""
-    import json  # noqa: PLC0415
 
 
     pair = json.loads(pathlib.Path(data_dir, data_lib.MANIFEST).read_text())["pair"]
