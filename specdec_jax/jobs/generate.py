@@ -23,6 +23,7 @@ from specdec_jax.checkpoints import resolver
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
 from specdec_jax.drafting import model as drafter_model
+from specdec_jax.jobs import cost
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
 
@@ -179,13 +180,18 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
              "drafter_calls_per_round": drafter_calls / rounds,
              "catch_ups_per_round": full_accepts / rounds,
              "catch_up": "2-token call" if two_token_catch_up else "1-token call"}
-    round_s = (model["scoring_call_s"]
-               + (model["drafter_calls_per_round"] - model["catch_ups_per_round"])
-               * model["drafter_step_s"]
-               + model["catch_ups_per_round"] * model["drafter_catch_up_s"])
+    # Priced by the one cost model (jobs.cost), with no per-round overhead: the
+    # measured speedup beside it shows what the loop around the calls costs.
+    costs = cost.CostModel(
+        target=cost.CallCost.from_steps({1: model["target_step_s"],
+                                         gamma + 1: model["scoring_call_s"]}),
+        drafter=cost.CallCost.from_steps({1: model["drafter_step_s"],
+                                          2: model["drafter_catch_up_s"]}))
+    round_s = costs.round_seconds(gamma=gamma, drafter_calls=model["drafter_calls_per_round"],
+                                  catch_ups=model["catch_ups_per_round"])
     model["round_s"] = round_s
-    model["predicted_speedup"] = (model["tokens_per_target_call"] * model["target_step_s"]
-                                  / round_s)
+    model["predicted_speedup"] = costs.predicted_speedup(
+        tokens_per_round=model["tokens_per_target_call"], round_s=round_s)
     # Tokens per target call at which a round would just pay for itself.
     model["break_even_tokens_per_call"] = round_s / model["target_step_s"]
     return model
