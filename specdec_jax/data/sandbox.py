@@ -14,7 +14,8 @@ every sample runs inside layers that each catch what the others miss:
    network and PID namespaces. The harness builds a new root in the mount
    namespace: the host's tree bound read-only (recursively, by the kernel),
    the box bound writable, an empty read-only /tmp (other boxes, other users'
-   files are out of sight) and a /proc of the new PID namespace; it pivots
+   files are out of sight; only the sample's own Python environment, when it
+   lives there, is bound in read-only) and a /proc of the new PID namespace; it pivots
    into it and detaches the old root. The sample then drops every capability
    (no_new_privs, locked securebits, an empty bounding set), so it cannot
    mount, remount or unmount its way out. No network but a downed loopback,
@@ -224,6 +225,11 @@ def confine_filesystem(box, want_proc):
     mount("/", root, None, MS_BIND | MS_REC)
     if os.path.isdir(root + "/tmp") and not os.path.islink(root + "/tmp"):
         mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, EMPTY_TMPFS)
+        # The Python the sample runs with may live under /tmp (a CI checkout's
+        # virtual environment): it stays visible, read-only like the rest.
+        for path in python_paths_under("/tmp"):
+            os.makedirs(root + path, exist_ok=True)
+            mount(path, root + path, None, MS_BIND | MS_REC)
     os.makedirs(root + box, exist_ok=True)
     mount("/proc/self/fd/%d" % box_fd, root + box, None, MS_BIND)
     os.close(box_fd)
@@ -245,6 +251,16 @@ def confine_filesystem(box, want_proc):
     call("umount2", "detach the old root", b".", MNT_DETACH)
     os.chdir(box)
     return own_proc
+
+
+def python_paths_under(directory: str) -> list[str]:
+    """The interpreter's installation and environment folders (prefixes, and the
+    folder of the executable) that lie under ``directory``, outermost only."""
+    inside = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                   os.path.dirname(sys.executable))
+                     if os.path.realpath(p).startswith(directory.rstrip("/") + "/")})
+    return [p for i, p in enumerate(inside)
+            if not any(p.startswith(q + "/") for q in inside[:i])]
 
 
 def minimal_dev(mount, dev):
