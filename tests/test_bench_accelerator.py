@@ -81,6 +81,7 @@ def run_tiny(tmp_path, *bindings):
     return json.loads((tmp_path / "accel.json").read_text())
 
 
+@pytest.mark.long
 def test_bench_accelerator_end_to_end(tmp_path):
     # accelerator_tiny.gin: G = 3, 12 new tokens (a multiple of G + 1: every
     # all-accept round is whole), 2 steps and 2 repeats, peers eager and assisted,

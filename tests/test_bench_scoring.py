@@ -35,6 +35,7 @@ def scoring_args(tmp_path, *bindings):
     return args
 
 
+@pytest.mark.long
 def test_bench_scoring_job_runs_each_flag_set_in_its_own_process(tmp_path):
     """The defaults first, then each variant; a variant's flags are in its
     process's XLA_FLAGS (``measure`` refuses to run otherwise)."""

@@ -40,6 +40,7 @@ def _models():
             drafter.init_params(jax.random.PRNGKey(1)))
 
 
+@pytest.mark.long
 def test_distillation_raises_block_efficiency(tmp_path):
     target, target_params, drafter, drafter_params = _models()
     rng = np.random.default_rng(0)

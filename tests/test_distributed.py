@@ -46,6 +46,7 @@ def check_exit_codes(codes, errors):
                     pytrace=False)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("data, model", [(2, 4)])
 def test_two_processes_decode_like_one_device(tmp_path, data, model):
     codes, errors = launch(0, tmp_path / "one.npz", devices=1)
@@ -72,6 +73,7 @@ def test_two_processes_decode_like_one_device(tmp_path, data, model):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.long
 def test_the_generate_job_on_two_processes_writes_what_one_process_writes(tmp_path):
     """The gin job itself (``eval.main``, configs/runs/generate.gin) on the
     toy pair, T = 1: 2 processes x 4 devices, models sharded (data=4,

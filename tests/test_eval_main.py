@@ -30,6 +30,7 @@ def run_main(tmp_path, task, methods, extra=()):
     return json.loads((tmp_path / "cascades_toy.json").read_text())
 
 
+@pytest.mark.long
 def test_humaneval_pipeline_every_kind_of_method_and_resume(tmp_path):
     methods = {"specdecode": [], "opt": [0.3], "token-cascade": [0.3], "oracle": [0.3],
                "seq-cascade": [0.3, 0.9]}
@@ -56,6 +57,7 @@ def test_humaneval_pipeline_every_kind_of_method_and_resume(tmp_path):
     assert len(again["records"]) == len(data["records"])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("task", ["translation_en_de", "summarisation_debian"])
 def test_text_task_pipelines(tmp_path, task):
     data = run_main(tmp_path, task, {"specdecode": []},
@@ -123,6 +125,7 @@ def test_generate_job_lists_its_missing_macros():
         eval_main.main(["--gin_file", "configs/runs/generate.gin"])
 
 
+@pytest.mark.long
 def test_benchmark_job_through_the_cli(tmp_path, capsys):
     """``specdec-jax eval`` is the same launcher; the benchmark job times every
     method against the target at batch 1 and prints the ratios."""

@@ -50,6 +50,7 @@ def test_finetune_job_writes_a_resumable_run(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"] == 3
 
 
+@pytest.mark.long
 def test_finetune_starts_from_a_t5x_checkpoint(tmp_path):
     model = recipes.t5_model("t5-tiny", vocab().vocab_size)
     params = model.init_params(jax.random.PRNGKey(7))
