@@ -22,8 +22,8 @@ def test_round_trip_in_both_forms_and_compressed_bytes_are_stable(tmp_path):
 
 
 def test_a_compressed_sweep_is_found_first_and_names_its_reports(tmp_path):
-    assert jsonio.existing_or_plain(tmp_path, "s") == tmp_path / "s.json"
+    assert jsonio.existing(tmp_path / "s.json") == tmp_path / "s.json"
     jsonio.write_json(tmp_path / "s.json.gz", {"records": []})
-    assert jsonio.existing_or_plain(tmp_path, "s") == tmp_path / "s.json.gz"
+    assert jsonio.existing(tmp_path / "s.json") == tmp_path / "s.json.gz"
     assert jsonio.stem_of(tmp_path / "s.json.gz") == "s" == jsonio.stem_of("s.json")
     assert report.load_sweep(tmp_path / "s.json.gz") == ({}, [])

@@ -120,7 +120,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
         settings["weights"] = {"target": params_fingerprint(pair.target_params),
                                "drafter": params_fingerprint(pair.drafter_params)}
     out = pathlib.Path(out_dir)
-    json_path = jsonio.existing_or_plain(out, stem)  # a committed sweep may be compressed
+    json_path = jsonio.existing(out / f"{stem}.json")  # a committed sweep may be compressed
     stored = sweep.load_or_start(json_path, settings)  # fails early on a settings mismatch
     if "prefill_per_token_s" in stored.get("cost_model", {}).get("target", {}):
         cost = cost_lib.CostModel.from_json(stored["cost_model"])

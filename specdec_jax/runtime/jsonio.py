@@ -38,10 +38,13 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int = 1) -> None:
     os.replace(tmp, path)
 
 
-def existing_or_plain(directory: str | os.PathLike, stem: str) -> pathlib.Path:
-    """``<stem>.json.gz`` in ``directory`` when it exists, else ``<stem>.json``."""
-    compressed = pathlib.Path(directory) / f"{stem}.json{GZIP_SUFFIX}"
-    return compressed if compressed.exists() else pathlib.Path(directory) / f"{stem}.json"
+def existing(path: str | os.PathLike) -> pathlib.Path:
+    """``path``, or its compressed copy (``path.gz``) where only that exists."""
+    plain = pathlib.Path(path)
+    packed = plain.with_name(plain.name + GZIP_SUFFIX)
+    if plain.exists() or not packed.exists():
+        return plain
+    return packed
 
 
 def stem_of(path: str | os.PathLike) -> str:

@@ -599,15 +599,6 @@ def plot(report: dict, path: str) -> None:
     plt.close(fig)
 
 
-def existing(path: str) -> pathlib.Path:
-    """``path``, or its gzipped copy (``path.gz``) where only that exists."""
-    plain = pathlib.Path(path)
-    packed = plain.with_name(plain.name + jsonio.GZIP_SUFFIX)
-    if plain.exists() or not packed.exists():
-        return plain
-    return packed
-
-
 # --- jobs --------------------------------------------------------------------------------------
 
 def run_bench_specdecpp(*, head: str, target: str = "qwen2.5-coder-1.5b",
@@ -708,7 +699,7 @@ def run_bench_specdecpp_device(*, out: str, device_steps: str, device_dtype: str
     gzipped) gains (or replaces) the predictions for the device that timed
     ``device_steps`` (an accelerator benchmark report, ``device_dtype`` of its
     dtypes); its Markdown (``markdown_path``) is rewritten. No models are loaded."""
-    report_path, steps_path = existing(out), existing(device_steps)
+    report_path, steps_path = jsonio.existing(out), jsonio.existing(device_steps)
     for name, path in (("out", report_path), ("device_steps", steps_path)):
         if not path.exists():
             raise FileNotFoundError(f"{name}={str(path)!r} does not exist; "

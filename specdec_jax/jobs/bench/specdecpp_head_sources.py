@@ -29,7 +29,7 @@ def read_log(path: str, batches: set[int]
     """configuration name -> per-prompt rows of the chosen batches; name ->
     configuration as the benchmark built it from the log's settings; and the
     log's settings (its header)."""
-    path = bench.existing(path)
+    path = jsonio.existing(path)
     rows: dict[str, list[dict]] = {}
     opener = gzip.open if path.suffix == jsonio.GZIP_SUFFIX else open
     with opener(path, "rt", encoding="utf-8") as f:
@@ -112,10 +112,10 @@ def run_bench_specdecpp_head_sources(
     if device_steps:
         named["device_steps"] = device_steps
     for name, path in named.items():
-        if not bench.existing(path).exists():
+        if not jsonio.existing(path).exists():
             raise FileNotFoundError(f"{name}={path!r} does not exist (nor {path}.gz).")
-    cost, source = bench.cost_model_of(jsonio.read_json(bench.existing(cost_report)))
-    steps = jsonio.read_json(bench.existing(device_steps)) if device_steps else None
+    cost, source = bench.cost_model_of(jsonio.read_json(jsonio.existing(cost_report)))
+    steps = jsonio.read_json(jsonio.existing(device_steps)) if device_steps else None
     result = compare(logs, batches, cost, steps, device_dtype)
     if markdown_path:
         pathlib.Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
