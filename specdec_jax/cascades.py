@@ -195,7 +195,7 @@ class DraftUntilDecoder:
         fed_BxM1 = jnp.concatenate([pending_B[:, None], d.tokens], axis=1)
         old_target_len = state.target_cache.lengths
         needed = jnp.max(jnp.where(active_B, k_B + 1, 1))
-        logits, target_cache, width = extend_bucketed(
+        logits, _, target_cache, width = extend_bucketed(
             self.target, target_params, fed_BxM1, needed, state.target_cache, self.target_widths)
         dist = sampling.distributions(logits, sp.temperature, sp.top_p, self.sampling_config)
         pick = lambda x, i_B: jnp.take_along_axis(x, i_B[:, None, None], axis=1)[:, 0]

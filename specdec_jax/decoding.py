@@ -37,9 +37,11 @@ from specdec_jax import sampling
 from specdec_jax.drafting.base import (
     Context,
     is_drafter,
+    needs_features,
     start_token_and_prefill,
     write_rows,
 )
+from specdec_jax.drafting.feature import prefill_with_features
 from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
 from specdec_jax.sampling import SamplingParams
@@ -99,6 +101,9 @@ class Prefilled:
     history: Array  # int32 [B, S]: prompt (decoder-only) or start token; room for the output
     length: Array  # int32 [B]: history[b, length[b] - 1] is the first pending token
     prompt_width: int = flax.struct.field(pytree_node=False, default=0)
+    # [B, S, D]: the target's hidden states along the history, for drafters that
+    # read them (drafting.needs_features); None otherwise.
+    features: Any = None
 
 
 @flax.struct.dataclass
@@ -113,6 +118,7 @@ class _LoopState:
     verifier_state: Any
     key: Array
     stats: GenerationStats
+    features: Any = None  # [B, S, D] target hidden states (feature drafters) or None
 
 
 def required_cache_length(prompt_width: int, max_new_tokens: int, gamma: int) -> int:
@@ -170,21 +176,22 @@ def extend_bucketed(model: LanguageModel, params, tokens_BxW: Array, needed: Arr
                     widths: tuple[int, ...]):
     """Extends by ``tokens[:, :w]`` for the smallest compiled ``w >= needed``
     (``lax.switch``: one program), so a round whose rows need few positions
-    does not pay for all ``W``. Returns (logits zero-padded to [B, W, V],
-    cache holding ``w`` more tokens, w); the caller rolls the cache back."""
+    does not pay for all ``W``. Returns (logits and hidden states zero-padded
+    to [B, W, ...], cache holding ``w`` more tokens, w); the caller rolls the
+    cache back."""
     full = tokens_BxW.shape[1]
     sizes = sorted({min(w, full) for w in widths} | {full})
 
     def run(width):
         def fn(cache):
             out = model.extend(params, tokens_BxW[:, :width], cache)
-            logits = jnp.pad(out.logits, ((0, 0), (0, full - width), (0, 0)))
-            return logits, out.cache
+            pad = lambda x: jnp.pad(x, ((0, 0), (0, full - width), (0, 0)))  # noqa: E731
+            return pad(out.logits), pad(out.hidden), out.cache
         return fn
 
     branch = jnp.sum(needed > jnp.asarray(sizes)).astype(jnp.int32)
-    logits, cache = jax.lax.switch(branch, [run(w) for w in sizes], cache)
-    return logits, cache, jnp.asarray(sizes, jnp.int32)[branch]
+    logits, hidden, cache = jax.lax.switch(branch, [run(w) for w in sizes], cache)
+    return logits, hidden, cache, jnp.asarray(sizes, jnp.int32)[branch]
 
 
 def emit_round(decoder, state, drafts_BxG, accepted_B, next_B, pending_B):
@@ -284,14 +291,20 @@ class SpeculativeDecoder:
             raise ValueError(f"max_length {max_length} is below the {needed} positions this "
                              f"decoder needs (prompt width {width} + max_new_tokens "
                              f"{self.max_new_tokens} + gamma {self.gamma} + 1).")
-        target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
-                                                  max_length)
+        features = None
+        if needs_features(self.drafter):
+            target_cache, _, features = prefill_with_features(self.target, target_params,
+                                                              prompt, max_length)
+        else:
+            target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
+                                                      max_length)
         encoder_decoder = is_encoder_decoder(self.target)
         drafter_state = self.drafter.init(drafter_params, prompt, max_length, encoder_decoder)
         history, length = initial_history(prompt, max_length, encoder_decoder,
                                           getattr(self.target, "decoder_start_token_id", None))
         return Prefilled(target_cache=target_cache, drafter_state=drafter_state,
-                         history=history, length=length, prompt_width=width)
+                         history=history, length=length, prompt_width=width,
+                         features=features)
 
     def init_state(self, prefilled: Prefilled, key) -> _LoopState:
         batch = prefilled.length.shape[0]
@@ -302,7 +315,8 @@ class SpeculativeDecoder:
             length=prefilled.length, done=jnp.zeros((batch,), bool),
             target_cache=prefilled.target_cache, drafter_state=prefilled.drafter_state,
             verifier_state=self.verifier.init_state(batch), key=key,
-            stats=zero_stats(batch, self.gamma, len(self.drafter.model_names)))
+            stats=zero_stats(batch, self.gamma, len(self.drafter.model_names)),
+            features=prefilled.features)
 
     def round(self, target_params, drafter_params, state: _LoopState,
               sp: SamplingParams) -> _LoopState:
@@ -310,7 +324,8 @@ class SpeculativeDecoder:
         key, draft_key, verify_key = jax.random.split(state.key, 3)
         g = self.gamma
         old_target_len = state.target_cache.lengths
-        context = Context(history=state.history, length=state.length)
+        context = Context(history=state.history, length=state.length, features=state.features,
+                          feature_length=old_target_len)
         pending_B = jnp.take_along_axis(state.history, (state.length - 1)[:, None], 1)[:, 0]
         proposal, drafter_state = self.drafter.propose(
             drafter_params, state.drafter_state, context, g, self.needs_next_q, draft_key, sp,
@@ -321,9 +336,9 @@ class SpeculativeDecoder:
         fed_BxG1 = jnp.concatenate([pending_B[:, None], drafts_BxG], axis=1)
         if count_B is None:
             out = self.target.extend(target_params, fed_BxG1, state.target_cache)
-            logits, target_cache, fed_width = out.logits, out.cache, g + 1
+            logits, hidden, target_cache, fed_width = out.logits, out.hidden, out.cache, g + 1
         else:  # adaptive drafting: score only as wide as the longest row needs
-            logits, target_cache, fed_width = extend_bucketed(
+            logits, hidden, target_cache, fed_width = extend_bucketed(
                 self.target, target_params, fed_BxG1,
                 jnp.max(jnp.where(state.done, 0, count_B)) + 1, state.target_cache,
                 self.drafter.target_widths(g))
@@ -380,7 +395,12 @@ class SpeculativeDecoder:
         # The history gains d_1 .. d_j, y (slots past length + keep are scratch);
         # the drafter keeps what it fed of history[:length + j].
         history = write_rows(state.history, candidates, state.length)
+        # The scoring call's hidden states are the target's features of the
+        # pending token and the drafts; those past what it keeps are scratch.
+        features = None if state.features is None else write_rows(
+            state.features, hidden, old_target_len)
         return state.replace(
+            features=features,
             tokens=tokens, num_generated=num_generated, history=history,
             length=state.length + keep_B, done=done,
             target_cache=target_cache.replace(lengths=old_target_len + keep_B),

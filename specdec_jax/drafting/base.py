@@ -53,10 +53,19 @@ Array = jax.Array
 
 @flax.struct.dataclass
 class Context:
-    """The sequence so far, as every drafter sees it."""
+    """The sequence so far, as every drafter sees it.
+
+    ``features`` is given only to drafters that declare ``needs_target_features``
+    (``needs_features``): ``features[b, s]`` is the target's last hidden state
+    after it fed ``history[b, s]`` (what predicts token ``s + 1``), known for
+    ``s < feature_length[b]`` (the tokens the target's cache holds). The
+    target computed them while scoring; no extra call is made for them.
+    """
 
     history: Array  # int32 [B, S]: prompt then emitted tokens (decoder-side ids)
     length: Array  # int32 [B]: tokens in history; history[b, length[b] - 1] is pending
+    features: Any = None  # [B, S, D] target hidden states, or None
+    feature_length: Any = None  # int32 [B]: features[b, :feature_length[b]] are known
 
 
 @flax.struct.dataclass
@@ -93,6 +102,13 @@ class Drafter(Protocol):
 
 def is_drafter(obj: Any) -> bool:
     return callable(getattr(obj, "propose", None)) and callable(getattr(obj, "rewind", None))
+
+
+def needs_features(drafter: Any) -> bool:
+    """Whether a drafter (or one inside a cascade) reads the target's hidden
+    states (``Context.features``); most drafters do not, and their decoding
+    loop keeps no feature buffer."""
+    return bool(getattr(drafter, "needs_target_features", False))
 
 
 def start_token_and_prefill(model: LanguageModel, params, prompt: Prompt, max_length: int):
@@ -140,8 +156,10 @@ def append(context: Context, tokens_BxK: Array, count_B: Array | None = None) ->
     """Appends ``tokens[b, :count[b]]`` to each row (all K when count is None)."""
     k = tokens_BxK.shape[1]
     count = jnp.full_like(context.length, k) if count_B is None else count_B
-    return Context(history=write_rows(context.history, tokens_BxK, context.length, count),
-                   length=context.length + count)
+    # replace (not a new Context): the target's features stay with the context.
+    return context.replace(history=write_rows(context.history, tokens_BxK, context.length,
+                                              count),
+                           length=context.length + count)
 
 
 def extend_from_history(model: LanguageModel, params, cache, context: Context,

@@ -119,7 +119,10 @@ def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = Fa
                   precision=cfg.compute_precision, matmul_kernel=cfg.matmul_kernel, name=name)
 
 
-class _Attention(nn.Module):
+class Attention(nn.Module):
+    """Grouped-query self-attention against a cache (rotary positions, Qwen2's
+    optional q/k/v bias); returns the output and the updated key/value buffers."""
+
     config: DecoderConfig
 
     @nn.compact
@@ -148,7 +151,9 @@ class _Attention(nn.Module):
         return out, keys, values
 
 
-class _SwiGLU(nn.Module):
+class SwiGLU(nn.Module):
+    """The gated MLP: ``wo(silu(wi_0 x) * wi_1 x)``."""
+
     config: DecoderConfig
 
     @nn.compact
@@ -163,13 +168,16 @@ class _DecoderNet(nn.Module):
     """Embeds tokens, runs the layers against the cache, returns final hidden states.
 
     ``select_BxK`` (optional) picks which of the K positions get logits, so a
-    long prefill does not materialise [B, P, V] logits it will not use.
+    long prefill does not materialise [B, P, V] logits it will not use; the
+    hidden states are returned at those positions too, or at all K with
+    ``all_hidden`` (a feature drafter reads the whole prompt's).
     """
 
     config: DecoderConfig
 
     @nn.compact
-    def __call__(self, tokens_BxK, cache: DecoderCache, select_BxN=None, head=None):
+    def __call__(self, tokens_BxK, cache: DecoderCache, select_BxN=None, head=None,
+                 all_hidden: bool = False):
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
         embedder = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
@@ -181,16 +189,16 @@ class _DecoderNet(nn.Module):
         new_keys, new_values = [], []
         for i in range(cfg.num_layers):
             norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_attention_norm")
-            attn_out, keys, values = _Attention(cfg, name=f"layers_{i}_attention")(
+            attn_out, keys, values = Attention(cfg, name=f"layers_{i}_attention")(
                 norm(x), positions_BxK, mask_BxKxS, cache.keys[i], cache.values[i],
                 cache.lengths)
             x = x + attn_out
             norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_mlp_norm")
-            x = x + _SwiGLU(cfg, name=f"layers_{i}_mlp")(norm(x))
+            x = x + SwiGLU(cfg, name=f"layers_{i}_mlp")(norm(x))
             new_keys.append(keys)
             new_values.append(values)
-        hidden = RMSNorm(cfg.rms_norm_eps, dtype, name="decoder_norm")(x)
-        hidden = interface.select_positions(hidden, select_BxN)
+        every_hidden = RMSNorm(cfg.rms_norm_eps, dtype, name="decoder_norm")(x)
+        hidden = interface.select_positions(every_hidden, select_BxN)
         h32 = hidden.astype(jnp.float32)
         if head is not None:  # (token ids [N], their head rows [N, D])
             ids_N, rows_NxD = head
@@ -214,7 +222,7 @@ class _DecoderNet(nn.Module):
             logits = jnp.matmul(h32, kernel.astype(jnp.float32), precision=cfg.compute_precision)
         new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
                                   lengths=cache.lengths + k)
-        return logits, hidden, new_cache
+        return logits, every_hidden if all_hidden else hidden, new_cache
 
 
 # Flax names submodules with underscores when created inline; these two maps
@@ -274,7 +282,7 @@ class DecoderOnlyLM:
         return DecoderCache(keys=zeros(), values=zeros(),
                             lengths=jnp.zeros((batch_size,), jnp.int32))
 
-    def _apply(self, params, tokens, cache, select=None):
+    def _apply(self, params, tokens, cache, select=None, all_hidden=False):
         flat = _flatten(params)
         head = flat.pop(HEAD_VOCAB, None)
         if (head is None) != (self.config.head_vocab == 0):
@@ -284,20 +292,23 @@ class DecoderOnlyLM:
                 "with decoder.with_head_vocab.")
         if head is not None:
             head = (head["token_ids"], head["rows"])
-        return self._net.apply({"params": flat}, tokens, cache, select, head)
+        return self._net.apply({"params": flat}, tokens, cache, select, head, all_hidden)
 
-    def prefill(self, params: dict, prompt: Prompt, cache: DecoderCache) -> StepOutput:
+    def prefill(self, params: dict, prompt: Prompt, cache: DecoderCache,
+                all_hidden: bool = False) -> StepOutput:
         """Feeds each row's prompt; returns logits at the row's last prompt token.
 
         Rows are right-padded; padding is written past each row's length and
         masked. ``logits`` is [B, 1, V] (the next-token logits after the
         prompt); a row with an empty prompt gets the logits of position 0,
-        which callers must not use.
+        which callers must not use. ``hidden`` is [B, 1, D] at the same
+        position, or [B, P, D] at every position with ``all_hidden``.
         """
         interface.check_prompt(prompt, cache.lengths.shape[0], cache.max_length,
                                self.vocab_size)
         last_Bx1 = jnp.maximum(prompt.lengths - 1, 0)[:, None]
-        logits, hidden, new_cache = self._apply(params, prompt.tokens, cache, last_Bx1)
+        logits, hidden, new_cache = self._apply(params, prompt.tokens, cache, last_Bx1,
+                                                all_hidden)
         new_cache = new_cache.replace(lengths=cache.lengths + prompt.lengths)
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
 

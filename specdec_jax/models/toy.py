@@ -72,13 +72,15 @@ class TableLM:
         hidden = jax.nn.one_hot(index_BxK, self.vocab_size ** self.order)
         return logits, hidden, cache.replace(history=history, lengths=cache.lengths + k)
 
-    def prefill(self, params: dict, prompt: Prompt, cache: TableCache) -> StepOutput:
+    def prefill(self, params: dict, prompt: Prompt, cache: TableCache,
+                all_hidden: bool = False) -> StepOutput:
         interface.check_prompt(prompt, cache.lengths.shape[0], cache.max_length,
                                self.vocab_size)
         logits, hidden, new_cache = self._run(params, prompt.tokens, cache)
         last_Bx1 = jnp.maximum(prompt.lengths - 1, 0)[:, None]
         return StepOutput(logits=interface.select_positions(logits, last_Bx1),
-                          hidden=interface.select_positions(hidden, last_Bx1),
+                          hidden=hidden if all_hidden else
+                          interface.select_positions(hidden, last_Bx1),
                           cache=new_cache.replace(lengths=cache.lengths + prompt.lengths))
 
     def extend(self, params: dict, tokens: Array, cache: TableCache,
