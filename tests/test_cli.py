@@ -169,6 +169,9 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     (["--target", "smollm2-135m"], "do not share a vocabulary"),
     (["--prompts-file", "/nonexistent/prompts.txt"], "No such file"),
     (["--draft", "nope"], "unknown drafter 'nope'"),
+    (["--draft", "feature:/nonexistent/head"], "/nonexistent/head is not a directory"),
+    (["--draft", "feature:/"], "holds no feature head (feature_head.json missing)"),
+    (["--draft", "feature:"], "names no directory"),
 ])
 def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message, capsys,
                                                                   monkeypatch, tmp_path):
@@ -187,3 +190,29 @@ def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message,
     assert cli.main(["generate", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_a_feature_head_for_another_target_is_refused_before_anything_is_fetched(
+        capsys, monkeypatch, tmp_path):
+    """From the head's metadata alone: the target it was trained for, and a
+    method that cannot run a drafting strategy."""
+    import json  # noqa: PLC0415
+
+    from specdec_jax.checkpoints import resolver  # noqa: PLC0415
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "feature_head.json").write_text(json.dumps(
+        {"target": "toy-bytes-small", "config": {"vocab_size": 256}}))
+
+    def no_fetching(*args, **kwargs):
+        raise AssertionError("something was loaded before the arguments were checked")
+
+    monkeypatch.setattr(resolver, "resolve", no_fetching)
+    for argv, message in [
+            (["--target", "toy-bytes-large"], "trained for target 'toy-bytes-small', not "
+                                              "--target 'toy-bytes-large'"),
+            (["--target", "toy-bytes-small", "--method", "token-cascade"],
+             "runs one drafter model token by token")]:
+        assert cli.main(["generate", "--draft", f"feature:{head}", *argv]) == 2
+        assert message in capsys.readouterr().err

@@ -21,6 +21,11 @@ keeps the target's law, as for any fixed ``G``.
 Rows run in lockstep: the batch drafts until its last row stops, and rows
 that stopped earlier keep sampling scratch drafts (valid tokens, never
 verified) so every buffer holds real distributions.
+
+The loop (``draft_adaptively``) takes any drafter's step: ``AdaptiveDrafter``
+runs a model; ``AdaptiveFeatureDrafter`` runs a feature head
+(``drafting/feature.py``), whose ``e_i`` is its predicted feature after
+feeding ``d_i`` (the target's hidden size; the acceptance head is sized to it).
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ from specdec_jax.drafting.base import (
     Proposal,
     extend_from_history,
     start_token_and_prefill,
+    write_rows,
 )
+from specdec_jax.drafting.feature import FeatureDrafter, FeatureDrafterState
 from specdec_jax.drafting.model import ModelDrafterState, SingleModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
 from specdec_jax.verify import sample_from_weights
@@ -91,18 +98,10 @@ class AdaptiveDrafter(SingleModelDrafter):
         return f"{self.name}/acceptance_head"
 
     def target_widths(self, max_drafts: int) -> tuple[int, ...]:
-        widths = target_widths(max_drafts) if self.widths is None else tuple(sorted(self.widths))
-        if widths[-1] != max_drafts + 1 or widths[0] < 1:
-            raise ValueError(f"target widths {widths} must be >= 1 and end at K_max + 1 = "
-                             f"{max_drafts + 1} (a row may draft K_max tokens).")
-        return widths
+        return check_widths(self.widths, max_drafts)
 
     def select_params(self, named: dict):
-        missing = [k for k in (self.name, self.head_name) if k not in named]
-        if missing:
-            raise KeyError(f"adaptive drafter {self.name!r} needs params {missing}; pass the "
-                           "drafter's weights and its acceptance head's (load_head).")
-        return named[self.name], named[self.head_name]
+        return adaptive_params(named, self.name, self.head_name)
 
     def init(self, params, prompt: Prompt, max_length: int,
              encoder_decoder: bool) -> ModelDrafterState:
@@ -114,54 +113,165 @@ class AdaptiveDrafter(SingleModelDrafter):
                 with_next: bool, key: Array, sp: sampling.SamplingParams,
                 config: sampling.SamplingConfig) -> tuple[Proposal, ModelDrafterState]:
         del with_next  # every offered draft is fed (the head needs e_i): q_{count+1} is known
-        if num < 1:
-            raise ValueError(f"K_max (the decoder's gamma) must be >= 1, got {num}.")
         model_params, head_params = params
-        keys = jax.random.split(key, num + 1)
         logits, hidden, cache, calls_B, fed_B, single_B = extend_from_history(
             self.model, model_params, state.cache, context, None, self.catch_up_widths)
-        first = sampling.distributions(logits[:, 0], sp.temperature, sp.top_p, config)
-        batch = first.probs.shape[0]
-        tokens = jnp.zeros((batch, num), jnp.int32).at[:, 0].set(
-            sample_from_weights(keys[0], first.probs))
-        grid = lambda x_BxX: jnp.zeros((batch, num + 1) + x_BxX.shape[1:],  # noqa: E731
-                                       x_BxX.dtype).at[:, 0].set(x_BxX)
-        is_eos = lambda t_B: jnp.isin(t_B, jnp.asarray(self.eos_ids or (-1,), jnp.int32))  # noqa: E731
-        loop = _DraftLoop(step=jnp.int32(0), cache=cache, tokens=tokens, q=grid(first.probs),
-                          q_stat=grid(first.stats), hidden=grid(hidden[:, 0]),
-                          log_p_hat=jnp.zeros((batch,), jnp.float32),
-                          count=jnp.full((batch,), num, jnp.int32),
-                          stopped=jnp.zeros((batch,), bool), nan=has_nan(logits))
-        log_h = jnp.log1p(-sp.stop_threshold)  # stop when log P_hat < log(1 - h)
 
-        def cond_fn(loop):
-            return (loop.step < num) & ~jnp.all(loop.stopped)
+        def step(cache, token_B, previous_BxD):
+            del previous_BxD  # a model's cache holds all it reads
+            out = self.model.extend(model_params, token_B[:, None], cache)
+            return out.logits[:, 0], out.hidden[:, 0], out.cache
 
-        def body_fn(loop):
-            i = loop.step + 1  # feed d_i
-            token_B = loop.tokens[:, i - 1]
-            out = self.model.extend(model_params, token_B[:, None], loop.cache)
-            dist = sampling.distributions(out.logits[:, 0], sp.temperature, sp.top_p, config)
-            e_BxD = out.hidden[:, 0]
-            log_p_hat = loop.log_p_hat + jax.nn.log_sigmoid(
-                self.head.logits(head_params, e_BxD))
-            stop_now = ~loop.stopped & ((log_p_hat < log_h) | is_eos(token_B) | (i >= num))
-            # d_{i+1} ~ q_{i+1} goes to slot i (none is left after d_G).
-            slot = jnp.minimum(i, num - 1)
-            next_B = jnp.where(i < num, sample_from_weights(keys[i], dist.probs),
-                               loop.tokens[:, slot])
-            put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, i, 1)  # noqa: E731
-            return loop.replace(
-                step=i, cache=out.cache,
-                tokens=jax.lax.dynamic_update_index_in_dim(loop.tokens, next_B, slot, 1),
-                q=put(loop.q, dist.probs), q_stat=put(loop.q_stat, dist.stats),
-                hidden=put(loop.hidden, e_BxD), log_p_hat=log_p_hat,
-                count=jnp.where(stop_now, i, loop.count), stopped=loop.stopped | stop_now,
-                nan=loop.nan + has_nan(out.logits))
-
-        loop = jax.lax.while_loop(cond_fn, body_fn, loop)
+        loop = draft_adaptively(step, cache, logits[:, 0], hidden[:, 0], num, key, self.head,
+                                head_params, sp, config, self.eos_ids)
         steps = loop.step  # the batch's lockstep calls after the catch-up window
         proposal = Proposal(tokens=loop.tokens, q=loop.q, q_stat=loop.q_stat, hidden=loop.hidden,
                             calls=(calls_B + steps)[:, None], fed=(fed_B + steps)[:, None],
                             single=(single_B + steps)[:, None], nan=loop.nan, count=loop.count)
         return proposal, ModelDrafterState(cache=loop.cache)
+
+
+def check_widths(widths: tuple[int, ...] | None, max_drafts: int) -> tuple[int, ...]:
+    """The target call widths an adaptive drafter compiles: ``widths`` (or
+    ``target_widths``), checked to end at ``K_max + 1``."""
+    widths = target_widths(max_drafts) if widths is None else tuple(sorted(widths))
+    if widths[-1] != max_drafts + 1 or widths[0] < 1:
+        raise ValueError(f"target widths {widths} must be >= 1 and end at K_max + 1 = "
+                         f"{max_drafts + 1} (a row may draft K_max tokens).")
+    return widths
+
+
+def adaptive_params(named: dict, name: str, head_name: str):
+    """``(drafter params, acceptance head params)`` from a name -> params dict."""
+    missing = [k for k in (name, head_name) if k not in named]
+    if missing:
+        raise KeyError(f"adaptive drafter {name!r} needs params {missing}; pass the "
+                       "drafter's weights and its acceptance head's (load_head).")
+    return named[name], named[head_name]
+
+
+def draft_adaptively(step_fn, cache, first_logits_BxV: Array, first_hidden_BxD: Array,
+                     num: int, key: Array, head: AcceptanceHead, head_params,
+                     sp: sampling.SamplingParams, config: sampling.SamplingConfig,
+                     eos_ids: tuple[int, ...] = ()) -> _DraftLoop:
+    """SpecDec++'s lockstep draft loop (module docstring), for any drafter.
+
+    ``first_logits`` give ``q_1`` (the drafter's output after the pending
+    token, ``first_hidden`` = ``e_0``); ``step_fn(cache, d_i, e_{i-1}) ->
+    (logits [B, V], e_i [B, D], cache)`` feeds draft ``d_i`` (a model reads
+    its cache; a feature head also reads its previous prediction ``e_{i-1}``).
+    After each step the acceptance head reads ``e_i`` and a row stops at the
+    first ``i`` with ``log P_hat_i < log(1 - h)``, at an EOS draft, or at
+    ``i = num``. Keys: ``split(key, num + 1)``, ``d_i`` drawn with key ``i - 1``.
+    Returns the loop's final state: ``step`` is the number of lockstep steps.
+    """
+    if num < 1:
+        raise ValueError(f"K_max (the decoder's gamma) must be >= 1, got {num}.")
+    keys = jax.random.split(key, num + 1)
+    first = sampling.distributions(first_logits_BxV, sp.temperature, sp.top_p, config)
+    batch = first.probs.shape[0]
+    tokens = jnp.zeros((batch, num), jnp.int32).at[:, 0].set(
+        sample_from_weights(keys[0], first.probs))
+    grid = lambda x_BxX: jnp.zeros((batch, num + 1) + x_BxX.shape[1:],  # noqa: E731
+                                   x_BxX.dtype).at[:, 0].set(x_BxX)
+    is_eos = lambda t_B: jnp.isin(t_B, jnp.asarray(eos_ids or (-1,), jnp.int32))  # noqa: E731
+    loop = _DraftLoop(step=jnp.int32(0), cache=cache, tokens=tokens, q=grid(first.probs),
+                      q_stat=grid(first.stats), hidden=grid(first_hidden_BxD),
+                      log_p_hat=jnp.zeros((batch,), jnp.float32),
+                      count=jnp.full((batch,), num, jnp.int32),
+                      stopped=jnp.zeros((batch,), bool), nan=has_nan(first_logits_BxV))
+    log_h = jnp.log1p(-sp.stop_threshold)  # stop when log P_hat < log(1 - h)
+
+    def cond_fn(loop):
+        return (loop.step < num) & ~jnp.all(loop.stopped)
+
+    def body_fn(loop):
+        i = loop.step + 1  # feed d_i
+        token_B = loop.tokens[:, i - 1]
+        previous_BxD = jax.lax.dynamic_index_in_dim(loop.hidden, i - 1, 1, keepdims=False)
+        logits_BxV, e_BxD, cache = step_fn(loop.cache, token_B, previous_BxD)
+        dist = sampling.distributions(logits_BxV, sp.temperature, sp.top_p, config)
+        log_p_hat = loop.log_p_hat + jax.nn.log_sigmoid(head.logits(head_params, e_BxD))
+        stop_now = ~loop.stopped & ((log_p_hat < log_h) | is_eos(token_B) | (i >= num))
+        # d_{i+1} ~ q_{i+1} goes to slot i (none is left after d_G).
+        slot = jnp.minimum(i, num - 1)
+        next_B = jnp.where(i < num, sample_from_weights(keys[i], dist.probs),
+                           loop.tokens[:, slot])
+        put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, i, 1)  # noqa: E731
+        return loop.replace(
+            step=i, cache=cache,
+            tokens=jax.lax.dynamic_update_index_in_dim(loop.tokens, next_B, slot, 1),
+            q=put(loop.q, dist.probs), q_stat=put(loop.q_stat, dist.stats),
+            hidden=put(loop.hidden, e_BxD.astype(loop.hidden.dtype)), log_p_hat=log_p_hat,
+            count=jnp.where(stop_now, i, loop.count), stopped=loop.stopped | stop_now,
+            nan=loop.nan + has_nan(logits_BxV))
+
+    return jax.lax.while_loop(cond_fn, body_fn, loop)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveFeatureDrafter(FeatureDrafter):
+    """SpecDec++ on a feature head: ``FeatureDrafter``'s catch-up, then
+    ``draft_adaptively`` where each step feeds ``(d_i, e_{i-1})`` to the head
+    and ``e_i`` (its predicted feature after ``d_i``, ``Proposal.hidden[:, i]``)
+    is what the acceptance head reads. The stopping rule, ``Proposal.count``
+    and ``target_widths`` are ``AdaptiveDrafter``'s.
+
+    Params: ``select_params({name: feature.drafter_params(...), name +
+    "/acceptance_head": ...})`` -> ``(head params, acceptance head params)``;
+    the acceptance head's ``hidden_size`` is the target's (the features').
+    """
+
+    acceptance_head: AcceptanceHead | None = None
+    eos_ids: tuple[int, ...] = ()
+    widths: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.acceptance_head is None:
+            raise ValueError("AdaptiveFeatureDrafter needs acceptance_head=AcceptanceHead("
+                             "HeadConfig(hidden_size=<the target's hidden size>)).")
+        size = self.acceptance_head.config.hidden_size
+        if size != self.head.config.feature_size:
+            raise ValueError(f"the acceptance head reads {size}-wide states but the feature "
+                             f"head predicts {self.head.config.feature_size}-wide features; "
+                             "build it with HeadConfig(hidden_size=feature_size).")
+
+    @property
+    def head_name(self) -> str:
+        return f"{self.name}/acceptance_head"
+
+    def target_widths(self, max_drafts: int) -> tuple[int, ...]:
+        return check_widths(self.widths, max_drafts)
+
+    def select_params(self, named: dict):
+        return adaptive_params(named, self.name, self.head_name)
+
+    def propose(self, params, state: FeatureDrafterState, context: Context, num: int,
+                with_next: bool, key: Array, sp: sampling.SamplingParams,
+                config: sampling.SamplingConfig) -> tuple[Proposal, FeatureDrafterState]:
+        del with_next  # every offered draft is fed (e_i is read): q_{count+1} is known
+        feature_params, head_params = params
+        length_B = context.length
+        width = self.window or num + 1
+        cache, real_B, own, calls_B, fed_B, walked_B = self._catch_up(feature_params, state,
+                                                                      context, width)
+        e0_BxD = jnp.take_along_axis(own, (length_B - 1)[:, None, None], axis=1)[:, 0]
+
+        def step(cache, token_B, previous_BxD):
+            predicted, cache = self.head.step(feature_params, token_B[:, None],
+                                              previous_BxD[:, None], cache)
+            e_BxD = predicted[:, 0].astype(jnp.float32)
+            return self.head.logits(feature_params, e_BxD), e_BxD, cache
+
+        loop = draft_adaptively(step, cache, self.head.logits(feature_params, e0_BxD), e0_BxD,
+                                num, key, self.acceptance_head, head_params, sp, config,
+                                self.eos_ids)
+        # own[length + i - 1] = e_i for the fed drafts (slots past them are scratch).
+        own = write_rows(own, loop.hidden[:, 1:], length_B)
+        steps = loop.step
+        proposal = Proposal(tokens=loop.tokens, q=loop.q, q_stat=loop.q_stat, hidden=loop.hidden,
+                            calls=(calls_B + walked_B + steps)[:, None],
+                            fed=(fed_B + walked_B + steps)[:, None],
+                            single=(walked_B + steps + int(width == 1) * calls_B)[:, None],
+                            nan=loop.nan, count=loop.count)
+        return proposal, FeatureDrafterState(cache=loop.cache, real=real_B, own=own)

@@ -55,6 +55,17 @@ leaves a drafter out of a layer: ``[[4, 0], [0, 10]]`` is the pure vertical
 cascade, ``[[2, 10], [0, 0]]`` the pure horizontal one. Following the seed's
 App. B, a review of Max-Gram is never lenient.
 
+**Feature heads** (``drafting/feature.py``) take a model's place anywhere.
+As a segment or as an inner level they draft as usual; inside a level the
+history runs past the target's features (the level's own proposals), and
+the head feeds those tokens on its own predicted features (``base.append`` keeps
+the target's features in the level's context; ``needs_target_features`` on
+both cascades tells the decoding loop to keep them). As a reviewer
+(``FeatureVerticalCascade``) the head cannot score a block in one call: its
+input at position i is its own prediction at i - 1, so the k inner drafts go
+in one at a time (k one-token calls of the one-layer head, counted); the
+review and the reported law are the ones above, with the head's ``p``.
+
 Static shapes: a vertical level runs inner rounds until every row has the
 tokens asked for and keeps exactly that many (the seed's loop may keep an
 overshoot; here a caller asks for a fixed count and the next segment or round
@@ -79,11 +90,13 @@ from specdec_jax.drafting.base import (
     Proposal,
     append,
     extend_from_history,
+    needs_features,
     pad_history,
     pad_to,
     start_token_and_prefill,
     write_rows,
 )
+from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
@@ -95,6 +108,7 @@ from specdec_jax.verify import (
 )
 
 Array = jax.Array
+
 
 
 # ---------------------------------------------------------------------------
@@ -197,6 +211,12 @@ class VerticalCascade:
         return lenient_law(q_xV, p_xV, lenience)
 
     @property
+    def needs_target_features(self) -> bool:
+        """True when the reviewer or a drafter below it reads the target's
+        hidden states (the decoding loop then keeps them)."""
+        return needs_features(self.model) or needs_features(self.inner)
+
+    @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
@@ -211,10 +231,27 @@ class VerticalCascade:
         """Positions a call may use beyond what its caller asked (overshoot)."""
         return 2 * (self.inner_gamma + 2) + max(self.catch_up_widths)
 
+    # The reviewer's side, three hooks (``FeatureVerticalCascade`` overrides them).
+
+    def _init_reviewer(self, params, prompt: Prompt, max_length: int, encoder_decoder: bool):
+        del encoder_decoder  # the model knows its own kind
+        cache, _ = start_token_and_prefill(self.model, params, prompt, max_length)
+        return cache
+
+    def _score(self, params, reviewer, context: Context, drafts_BxK: Array):
+        """``(logits [B, k + 1, V], reviewer state holding the level's history
+        and the k drafts, calls_B, fed_B, single_B)``: one call of the model."""
+        logits, _, cache, calls_B, fed_B, single_B = extend_from_history(
+            self.model, params, reviewer, context, drafts_BxK, self.catch_up_widths)
+        return logits, cache, calls_B, fed_B, single_B
+
+    def _rewind_reviewer(self, reviewer, valid_B: Array):
+        return reviewer.replace(lengths=jnp.minimum(reviewer.lengths, valid_B))
+
     def init(self, params, prompt: Prompt, max_length: int, encoder_decoder: bool
              ) -> VerticalState:
         length = max_length + self._slack()
-        cache, _ = start_token_and_prefill(self.model, params[self.name], prompt, length)
+        cache = self._init_reviewer(params[self.name], prompt, length, encoder_decoder)
         inner = self.inner.init(self.inner.select_params(params), prompt, length,
                                 encoder_decoder)
         return VerticalState(cache=cache, inner=inner)
@@ -239,9 +276,8 @@ class VerticalCascade:
             active_B = loop.count < need
             inner_prop, inner_state = self.inner.propose(
                 inner_params, loop.inner, loop.context, k, False, inner_key, sp, config)
-            logits, _, cache, calls_B, fed_B, single_B = extend_from_history(
-                self.model, model_params, loop.cache, loop.context, inner_prop.tokens,
-                self.catch_up_widths)
+            logits, cache, calls_B, fed_B, single_B = self._score(
+                model_params, loop.cache, loop.context, inner_prop.tokens)
             dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
             review = lenient_review(review_key, inner_prop.tokens, inner_prop.q[:, :k],
                                     inner_prop.q_stat[:, :k], dist.probs, dist.stats,
@@ -260,7 +296,7 @@ class VerticalCascade:
                 tokens=write_rows(loop.tokens, review.tokens, loop.count, emitted_B),
                 law=write_rows(loop.law, review.law, loop.count, emitted_B),
                 stat=write_rows(loop.stat, stat_BxK1xV, loop.count, emitted_B),
-                cache=cache.replace(lengths=kept_B),
+                cache=self._rewind_reviewer(cache, kept_B),
                 inner=self.inner.rewind(inner_state, kept_B),
                 key=key,
                 calls=loop.calls + active * jnp.concatenate(
@@ -285,9 +321,47 @@ class VerticalCascade:
         return proposal, VerticalState(cache=loop.cache, inner=loop.inner)
 
     def rewind(self, state: VerticalState, valid_B: Array) -> VerticalState:
-        cache = state.cache
-        return VerticalState(cache=cache.replace(lengths=jnp.minimum(cache.lengths, valid_B)),
+        return VerticalState(cache=self._rewind_reviewer(state.cache, valid_B),
                              inner=self.inner.rewind(state.inner, valid_B))
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureVerticalCascade(VerticalCascade):
+    """A feature head (``model``: a ``FeatureDrafter``) drafts by reviewing
+    ``inner``'s proposals, e.g. Max-Gram's.
+
+    The review and the law it reports are ``VerticalCascade``'s (``lenient_review``,
+    ``lenient_law``; ``p`` is the head's law). What differs is the scoring: the
+    head's input at a position is its own predicted feature after the previous
+    one, so the ``k`` inner drafts cannot be scored in one parallel call; they
+    are fed one at a time (``FeatureDrafter.score``: ``k`` one-token calls of
+    the one-layer head, plus one for the token the previous review emitted,
+    plus the round's catch-up on the target's features in its first inner
+    round). ``calls`` counts each of them. ``name`` must be the head's name
+    (its params live under it); ``catch_up_widths`` is unused.
+    """
+
+    model: FeatureDrafter
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.model, FeatureDrafter):
+            raise ValueError("FeatureVerticalCascade reviews with a FeatureDrafter; got "
+                             f"{type(self.model).__name__} (use VerticalCascade for a model).")
+        if self.name != self.model.name:
+            raise ValueError(f"FeatureVerticalCascade name {self.name!r} must be its feature "
+                             f"drafter's name {self.model.name!r} (the params key).")
+
+    def _init_reviewer(self, params, prompt: Prompt, max_length: int, encoder_decoder: bool):
+        return self.model.init(params, prompt, max_length, encoder_decoder)
+
+    def _score(self, params, reviewer, context: Context, drafts_BxK: Array):
+        logits, _, state, calls_B, fed_B, single_B = self.model.score(params, reviewer,
+                                                                      context, drafts_BxK)
+        return logits, state, calls_B, fed_B, single_B
+
+    def _rewind_reviewer(self, reviewer, valid_B: Array):
+        return self.model.rewind(reviewer, valid_B)
 
 
 # ---------------------------------------------------------------------------
@@ -312,6 +386,11 @@ class HorizontalCascade:
     @property
     def gamma(self) -> int:
         return sum(self.lengths)
+
+    @property
+    def needs_target_features(self) -> bool:
+        """True when any segment's drafter reads the target's hidden states."""
+        return any(needs_features(d) for d in self.drafters)
 
     @property
     def vocab_size(self) -> int:
@@ -395,19 +474,32 @@ def parse_k_matrix(spec: str | Sequence[Sequence[int]], num_drafters: int
     return rows
 
 
-def cs_drafter(k_matrix, drafters: Sequence[ModelDrafter | MaxGramDrafter]) -> Drafter:
+def cs_drafter(k_matrix, drafters: Sequence[ModelDrafter | FeatureDrafter | MaxGramDrafter]
+               ) -> Drafter:
     """The CS Drafting composition of ``drafters`` (largest first, Max-Gram
-    last) under ``k_matrix`` (module docstring). Drafts ``sum(K[0])`` tokens."""
+    last) under ``k_matrix`` (module docstring). Drafts ``sum(K[0])`` tokens.
+
+    A ``FeatureDrafter`` (EAGLE-style head on the target's features) takes
+    any place a model takes: a segment of a layer, a level reviewed by a model
+    above it (``VerticalCascade`` feeds it the level's history; it walks the
+    tokens past the target's features on its own predictions), or a reviewer
+    of the layer below it (``FeatureVerticalCascade``: it scores the inner
+    drafts one at a time)."""
     drafters = tuple(drafters)
     if not drafters:
         raise ValueError("cs_drafter needs at least one drafter.")
     rows = parse_k_matrix(k_matrix, len(drafters))
+    reviewers = (ModelDrafter, FeatureDrafter)
     for index, leaf in enumerate(drafters):
         if isinstance(leaf, MaxGramDrafter) and index != len(drafters) - 1:
             raise ValueError("Max-Gram cannot review other drafters; list it last.")
-        if not isinstance(leaf, (ModelDrafter, MaxGramDrafter)):
-            raise ValueError(f"drafter {index} must be a ModelDrafter or MaxGramDrafter, got "
-                             f"{type(leaf).__name__}.")
+        if not isinstance(leaf, (*reviewers, MaxGramDrafter)):
+            raise ValueError(f"drafter {index} must be a ModelDrafter, FeatureDrafter or "
+                             f"MaxGramDrafter, got {type(leaf).__name__}.")
+        if callable(getattr(leaf, "target_widths", None)):
+            raise ValueError(f"drafter {index} ({type(leaf).__name__}) stops rows early "
+                             "(SpecDec++); a cascade's segments draft fixed lengths. Use it "
+                             "alone, or its FeatureDrafter in the cascade.")
     vocab = {leaf.vocab_size for leaf in drafters}
     if len(vocab) > 1:
         raise ValueError(f"the drafters have different vocabularies {sorted(vocab)}; every "
@@ -417,6 +509,9 @@ def cs_drafter(k_matrix, drafters: Sequence[ModelDrafter | MaxGramDrafter]) -> D
     # A drafter in an early segment misses the later segments' accepted tokens:
     # a second, wider catch-up window covers a whole round without chunking.
     widths = (1, 2, gamma + 2)
+    # A feature head re-feeds the positions whose target features a round
+    # revealed (at most gamma + 1) in one window, wherever it sits.
+    window = gamma + 1
 
     def layer(i: int) -> list[tuple[Drafter, int]]:
         segments = []
@@ -424,15 +519,21 @@ def cs_drafter(k_matrix, drafters: Sequence[ModelDrafter | MaxGramDrafter]) -> D
             if rows[i][j] == 0:
                 continue
             leaf = drafters[j]
-            inner = layer(j + 1) if isinstance(leaf, ModelDrafter) and j + 1 < len(drafters) \
+            if isinstance(leaf, FeatureDrafter):
+                leaf = dataclasses.replace(leaf, window=window)
+            inner = layer(j + 1) if isinstance(leaf, reviewers) and j + 1 < len(drafters) \
                 else []
             if inner:
                 inner_drafter = inner[0][0] if len(inner) == 1 else HorizontalCascade(
                     tuple(d for d, _ in inner), tuple(k for _, k in inner))
-                leaf = VerticalCascade(model=leaf.model, inner=inner_drafter, name=leaf.name,
-                                       inner_gamma=sum(k for _, k in inner),
-                                       lenient=not isinstance(inner_drafter, MaxGramDrafter),
-                                       catch_up_widths=widths[1:])
+                common = dict(inner=inner_drafter, name=leaf.name,
+                              inner_gamma=sum(k for _, k in inner),
+                              lenient=not isinstance(inner_drafter, MaxGramDrafter))
+                if isinstance(leaf, FeatureDrafter):
+                    leaf = FeatureVerticalCascade(model=leaf, **common)
+                else:
+                    leaf = VerticalCascade(model=leaf.model, catch_up_widths=widths[1:],
+                                           **common)
             elif isinstance(leaf, ModelDrafter):
                 leaf = dataclasses.replace(leaf, catch_up_widths=widths)
             segments.append((leaf, rows[i][j]))

@@ -7,19 +7,22 @@ speedup over autoregressive target decoding measured in the same run.
 Drafting strategies (``--draft``, default: the --drafter model alone):
     --draft mag --gamma 8                                   Max-Gram alone
     --draft qwen2.5-coder-0.5b+mag --k-matrix "[[2,10],[0,10]]"   CS Drafting
+    --draft feature:<dir>                   a feature head trained for --target
+    --draft feature:<dir>+mag --k-matrix "[[3,4],[0,0]]"    and composed like a model
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 
 import jax
 import numpy as np
 
 from specdec_jax import api, batching, cascades, drafting, targets
-from specdec_jax.checkpoints import resolver
+from specdec_jax.checkpoints import feature_heads, resolver
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
 from specdec_jax.drafting import model as drafter_model
@@ -48,8 +51,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name, .gguf or HF dir")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER)
     p.add_argument("--draft", default=None,
-                   help="drafting strategy: model names and 'mag' joined by '+', largest "
-                        "first (default: the --drafter model alone)")
+                   help="drafting strategy: model names, 'mag' and 'feature:<dir>' (a feature "
+                        "head saved for --target) joined by '+', largest first (default: the "
+                        "--drafter model alone)")
     p.add_argument("--k-matrix", default=None,
                    help="CS Drafting K-matrix as JSON, e.g. '[[2,10],[0,10]]' (needed when "
                         "--draft lists several drafters)")
@@ -232,11 +236,36 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
     return "\n".join(lines)
 
 
-def check_spec(spec: str, k_matrix: str | None) -> None:
-    """Rejects a bad --draft / --k-matrix before any weights are loaded."""
+def check_feature_head(item: str, target: str | None = None) -> dict:
+    """A ``feature:<dir>`` item names a saved head, trained for ``target``
+    (when given): checked from its metadata, before any weights are loaded.
+    Returns the metadata."""
+    path = pathlib.Path(drafting.feature_path(item)).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"--draft {item!r}: {path} is not a directory; name the directory "
+                         "of a saved feature head (checkpoints.feature_heads.save_feature_head)."
+                         )
+    if not feature_heads.is_feature_head(path):
+        raise ValueError(f"--draft {item!r}: {path} holds no feature head "
+                         f"({feature_heads.META_FILE} missing); train one for the target first.")
+    meta = json.loads((path / feature_heads.META_FILE).read_text())
+    if target is not None and meta.get("target") != target:
+        raise ValueError(f"--draft {item!r}: the head was trained for target "
+                         f"{meta.get('target')!r}, not --target {target!r}; it predicts that "
+                         "target's hidden states. Pass that target or a head trained for this "
+                         "one.")
+    return meta
+
+
+def check_spec(spec: str, k_matrix: str | None, target: str | None = None) -> None:
+    """Rejects a bad --draft / --k-matrix before any weights are loaded
+    (``target``: the --target a feature head must have been trained for)."""
     names = drafting.parse_spec(spec)
     for name in names:
         if name == drafting.spec.MAG:
+            continue
+        if drafting.feature_path(name) is not None:
+            check_feature_head(name, target)
             continue
         try:
             resolver.family_of(name)
@@ -250,16 +279,26 @@ def check_spec(spec: str, k_matrix: str | None) -> None:
                          "'[[2,10],[0,10]]' (the CS Drafting paper's decoder-only setting).")
 
 
-def _load_drafter(args, spec: str, names, target, tokenizer):
-    """Loads every model a draft spec names; returns (strategy, its params)."""
-    models, named = {}, {}
-    needs_table = drafting.spec.MAG in names or (
-        args.drafter_head_vocab and any(name != drafting.spec.MAG for name in names))
+def _load_drafter(args, spec: str, names, target, target_params, tokenizer):
+    """Loads every model and feature head a draft spec names; returns
+    (strategy, its params)."""
+    models, heads, named = {}, {}, {}
+    model_names = [n for n in names
+                   if n != drafting.spec.MAG and drafting.feature_path(n) is None]
+    needs_table = drafting.spec.MAG in names or bool(args.drafter_head_vocab and model_names)
     table = (bigram.table_for(args.bigram, tokenizer, target.vocab_size) if needs_table
              else args.bigram)
     for name in names:
         if name == drafting.spec.MAG:
             named[name] = bigram.load_table(table, target.vocab_size)
+            continue
+        if drafting.feature_path(name) is not None:
+            # Refuses a head trained for another target (by name or weights);
+            # its params share the target's embedding and output head.
+            head, named[name], _ = feature_heads.load_feature_head(
+                drafting.feature_path(name), target_name=args.target, target=target,
+                target_params=target_params, name=name)
+            heads[name] = head.head
             continue
         model, params, tok = resolver.resolve(name, kernel_layout=args.kernel_layout)
         if tok.fingerprint != tokenizer.fingerprint:
@@ -275,7 +314,7 @@ def _load_drafter(args, spec: str, names, target, tokenizer):
                              "head)") from error
         models[name], named[name] = model, params
     drafter = drafting.make_drafter(spec, models=models, vocab_size=target.vocab_size,
-                                    k_matrix=args.k_matrix)
+                                    k_matrix=args.k_matrix, feature_heads=heads, target=target)
     if isinstance(drafter, drafting.ModelDrafter):
         return drafter.model, named[drafter.name]  # the classic path, same as before
     return drafter, drafter.select_params(named)
@@ -294,7 +333,7 @@ def check_args(args) -> None:
     api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
                         beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
-    check_spec(spec, args.k_matrix)
+    check_spec(spec, args.k_matrix, args.target)
     head_vocab.check_size(args.drafter_head_vocab,
                           f"--drafter-head-vocab {args.drafter_head_vocab}")
     names = drafting.parse_spec(spec)
@@ -305,7 +344,8 @@ def check_args(args) -> None:
                              f"{fixed} tokens per round (the sum of its first row); drop "
                              "--gamma or change the K-matrix.")
     token_by_token = args.method in cascades.MODES
-    if token_by_token and (len(names) != 1 or names[0] == drafting.spec.MAG):
+    if token_by_token and (len(names) != 1 or names[0] == drafting.spec.MAG
+                           or drafting.feature_path(names[0]) is not None):
         raise ValueError(f"--method {args.method} runs one drafter model token by token; "
                          f"--draft {spec!r} is a drafting strategy. Pass one model name.")
     if (token_by_token or args.method == "autoregressive") and args.verifier != "token":
@@ -314,7 +354,9 @@ def check_args(args) -> None:
     if args.method != "autoregressive":
         target_vocab = resolver.known_vocab_size(args.target)
         for name in names:
-            vocab = resolver.known_vocab_size(name)
+            vocab = (check_feature_head(name)["config"]["vocab_size"]
+                     if drafting.feature_path(name) is not None
+                     else resolver.known_vocab_size(name))
             if name != drafting.spec.MAG and None not in (vocab, target_vocab) \
                     and vocab != target_vocab:
                 raise ValueError(f"drafter {name} ({vocab} tokens) and target {args.target} "
@@ -334,7 +376,8 @@ def run(args) -> int:
                                                         kernel_layout=args.kernel_layout)
     drafter = drafter_params = None
     if args.method != "autoregressive":
-        drafter, drafter_params = _load_drafter(args, spec, names, target, tokenizer)
+        drafter, drafter_params = _load_drafter(args, spec, names, target, target_params,
+                                                tokenizer)
     gamma = api.resolve_gamma(drafter, args.gamma) if drafter is not None else 0
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
              else p for p in prompts]
