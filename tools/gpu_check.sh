@@ -174,41 +174,10 @@ say "gpu_check ($MODE): root $ROOT, OUT $OUT, work $WORK, deadline ${DEADLINE} s
 
 # -- 1. install and restore ---------------------------------------------------------------
 start=$SECONDS
-if compgen -G "$CARRY/wheels/*.whl" >/dev/null; then
-  pip_flags=()
-  if (( TINY )); then
-    # Exercise the same install as there (cp312 wheels) into a temp folder, not used here.
-    pip_flags=(--python-version 3.12 --implementation cp --abi cp312
-               --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-               --platform manylinux2014_x86_64 --platform any)
-  fi
-  if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --disable-pip-version-check "${pip_flags[@]}" --target "$SITE" "$CARRY"/wheels/*.whl \
-      >"$WORK/install.log" 2>&1; then
-    rc=0
-    say "installed $(ls "$CARRY"/wheels/*.whl | wc -l) wheels into $SITE"
-  else
-    rc=$?
-    say "wheel install failed (rc $rc):"; tail -20 "$WORK/install.log"
-  fi
-  if (( ! TINY )); then
-    # The working tree first (it is what is tested), then the carried packages.
-    export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-    export PATH="$SITE/bin:$PATH"
-    # tests/test_layers.py runs lint-imports from the interpreter's own bin folder.
-    exe_dir=$("$PY" -c 'import os, sys; print(os.path.dirname(sys.executable))')
-    if [ -e "$SITE/bin/lint-imports" ] && [ ! -e "$exe_dir/lint-imports" ]; then
-      ln -s "$SITE/bin/lint-imports" "$exe_dir/lint-imports" 2>/dev/null \
-        && say "linked $exe_dir/lint-imports" || say "could not link lint-imports into $exe_dir"
-    fi
-  else
-    say "tiny: $SITE is not put on PYTHONPATH (this Python has the packages; the wheels are cp312)"
-  fi
-  record install "$rc" $((SECONDS - start)) 0 false "$(ls "$CARRY"/wheels/*.whl | wc -l) wheels"
-else
-  say "no wheels in $CARRY/wheels (run tools/gpu_check_prepare.sh here and carry $CARRY)"
-  record install 1 0 0 false "no wheels in $CARRY/wheels"
-fi
+# shellcheck source=tools/gpu_check_install.sh
+source "$ROOT/tools/gpu_check_install.sh"
+if gpu_check_install "$CARRY" "$SITE" "$TINY" "$WORK/install.log"; then rc=0; else rc=$?; fi
+record install "$rc" $((SECONDS - start)) 0 false "$INSTALL_NOTE"
 
 start=$SECONDS
 CACHE=$WORK/cache

@@ -31,6 +31,8 @@ JOBS = {
     "run_distillation": "specdec_jax.training.recipes:run_distillation",
     "run_specdecpp_data": "specdec_jax.jobs.specdecpp:run_specdecpp_data",
     "run_specdecpp_train": "specdec_jax.jobs.specdecpp:run_specdecpp_train",
+    "run_feature_head_data": "specdec_jax.jobs.feature_head:run_feature_head_data",
+    "run_feature_head_train": "specdec_jax.jobs.feature_head:run_feature_head_train",
     "bench_accelerator": "specdec_jax.jobs.bench.accelerator:run_bench_accelerator",
     "bench_scoring": "specdec_jax.jobs.bench.scoring:run_bench_scoring",
     "bench_models": "specdec_jax.jobs.bench.models:run_bench_models",
@@ -45,6 +47,9 @@ JOBS = {
     "bench_verifiers": "specdec_jax.jobs.bench.verifiers:run_bench_verifiers",
     "bench_speculative": "specdec_jax.jobs.bench.speculative:run_bench_speculative",
     "bench_batch": "specdec_jax.jobs.bench.batch:run_bench_batch",
+    "bench_feature_steps": "specdec_jax.jobs.bench.feature_steps:run_bench_feature_steps",
+    "bench_feature_drafter":
+        "specdec_jax.jobs.bench.feature_drafter:run_bench_feature_drafter",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
 # writing; training: batches split along the data axis, orbax writing every
