@@ -186,3 +186,27 @@ def test_recorded_architecture_is_the_gguf_architecture(name):
     assert recorded.tie_embeddings and from_file.tie_embeddings == (name == "smollm2-135m")
     same = dict(rms_norm_eps=from_file.rms_norm_eps, tie_embeddings=from_file.tie_embeddings)
     assert dataclasses.replace(recorded, **same) == from_file
+
+
+@pytest.mark.parametrize("verifier", ["token", "block-seed"])
+def test_greedy_feature_head_equals_greedy_target(verifier):
+    """A feature head (random weights: its drafts are mostly rejected) on the
+    1.5B target's real hidden states, its output head cut to 8 192 ids: the
+    output is still the target's greedy output token for token."""
+    import jax
+
+    from specdec_jax.drafting import feature
+    target, target_params, tok = load("qwen2.5-coder-1.5b")
+    head = feature.FeatureHead(feature.FeatureHeadConfig.for_target(target,
+                                                                    intermediate_size=512))
+    drafter = feature.FeatureDrafter(head)
+    params = feature.drafter_params(target, target_params, head.init_net(jax.random.PRNGKey(0)),
+                                    token_ids=np.arange(8192))
+    prompts = [encode(tok, kind) for kind in PROMPTS]
+    common = dict(target=target, target_params=target_params, prompts=prompts,
+                  max_new_tokens=NEW_TOKENS, eos_ids=tok.eos_token_ids)
+    reference = sj.generate(method="autoregressive", **common)
+    out = sj.generate(method="specdecode", drafter=drafter, drafter_params=params, gamma=4,
+                      verifier=verifier, **common)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
+    assert int(np.asarray(out.stats.drafted).sum()) > 0
