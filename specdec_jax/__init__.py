@@ -33,7 +33,7 @@ from specdec_jax.models import (
                                 make_prompt,
 )
 from specdec_jax.sampling import SamplingParams
-from specdec_jax.targets import METHODS
+from specdec_jax.target_functions import METHODS
 
 __version__ = "0.1.0"
 

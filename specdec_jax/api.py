@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import sampling, targets, verify_block
-from specdec_jax.cascades import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
+from specdec_jax import sampling, target_functions, verify_block
+from specdec_jax.cascade_baselines import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
 from specdec_jax.decoding import (
     AutoregressiveDecoder,
     EndOfBlockStop,
@@ -116,16 +116,16 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     ``make_drafter`` for the spec strings). ``gamma`` defaults to 5, or to the
     block length a K-matrix fixes (a different explicit gamma is an error).
 
-    The cascade baselines (``cascades.py``): ``oracle`` is a ``G = 0`` round
+    The cascade baselines (``cascade_baselines.py``): ``oracle`` is a ``G = 0`` round
     with the Diff rule (both models at every position); ``token-cascade``
     (Chow) and ``bild-original`` let the drafter run up to ``gamma`` tokens
     (default 10, the paper's cap) before the target is called;
     ``fallback_alpha`` is BiLD's fallback threshold. ``stop_rule`` ends rows
     besides ``eos_ids`` (e.g. at the end of a Python function).
     """
-    if method not in targets.METHODS:
+    if method not in target_functions.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
-                         f"{', '.join(targets.METHODS)}.")
+                         f"{', '.join(target_functions.METHODS)}.")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     config = sampling.SamplingConfig(top_k=top_k)
@@ -148,7 +148,7 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     if method == "oracle":
         _check_pair(target, drafter)
         return SpeculativeDecoder(
-            target=target, drafter=drafter, target_fn=targets.Diff(), gamma=0,
+            target=target, drafter=drafter, target_fn=target_functions.Diff(), gamma=0,
             max_new_tokens=max_new_tokens, sampling_config=config, eos_ids=tuple(eos_ids),
             pad_id=pad_id, stop_rule=stop_rule)
     gamma = resolve_gamma(drafter, gamma)
@@ -156,7 +156,7 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
         raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
     _check_pair(target, drafter)
     return SpeculativeDecoder(
-        target=target, drafter=drafter, target_fn=targets.get_target(method), gamma=gamma,
+        target=target, drafter=drafter, target_fn=target_functions.get_target(method), gamma=gamma,
         max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
         sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule)
 
@@ -250,8 +250,8 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
       prompts: token-id lists (ragged is fine) or a ``Prompt``.
       drafter, drafter_params: the small model, or a drafting strategy and its
         params (``make_drafter``); unused for ``autoregressive``.
-      method: one of ``targets.METHODS``.
-      alpha, beta: lenience of the method (see ``targets.py`` for each range).
+      method: one of ``target_functions.METHODS``.
+      alpha, beta: lenience of the method (see ``target_functions.py`` for each range).
       gamma: draft block length G (default 5; a K-matrix drafter fixes its own).
       verifier: ``token`` | ``block`` | ``block-seed``.
       lenience: CS Drafting lenience between drafters (>= 1; never the target).
@@ -266,10 +266,10 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
       ``GenerationOutput`` with tokens [B, max_new_tokens], lengths [B] and
       per-row statistics.
     """
-    if method not in targets.METHODS:
+    if method not in target_functions.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
-                         f"{', '.join(targets.METHODS)}.")
-    targets.validate_alpha(method, alpha, beta)
+                         f"{', '.join(target_functions.METHODS)}.")
+    target_functions.validate_alpha(method, alpha, beta)
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
     needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens,

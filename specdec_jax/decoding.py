@@ -45,7 +45,7 @@ from specdec_jax.drafting.feature import prefill_with_features
 from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
 from specdec_jax.sampling import SamplingParams
-from specdec_jax.targets import TargetFunction
+from specdec_jax.target_functions import TargetFunction
 from specdec_jax.verify import (
     TokenVerifier,
     VerifyOutput,
@@ -244,7 +244,7 @@ class SpeculativeDecoder:
 
     ``drafter`` is any strategy of ``specdec_jax.drafting`` (a bare
     ``LanguageModel`` is wrapped in a ``ModelDrafter``); ``target_fn`` any
-    target function of ``targets.py``; ``verifier`` any verifier of
+    target function of ``target_functions.py``; ``verifier`` any verifier of
     ``verify.py`` / ``verify_block.py``.
 
     The drafter is asked for ``q_{G+1}`` only when the target function needs

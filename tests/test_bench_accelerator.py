@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from eval import main as eval_main
-from specdec_jax.checkpoints import load, registry, resolver
+from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
-from specdec_jax.jobs import cost
+from specdec_jax.jobs import cost, resolver
 from specdec_jax.jobs.bench import accelerator
 from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt

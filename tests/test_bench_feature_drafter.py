@@ -9,10 +9,9 @@ from __future__ import annotations
 import jax
 import pytest
 
-from specdec_jax.checkpoints import resolver
 from specdec_jax.checkpoints.feature_heads import save_feature_head, target_fingerprint
 from specdec_jax.drafting import feature
-from specdec_jax.jobs import cost
+from specdec_jax.jobs import cost, resolver
 from specdec_jax.jobs.bench import feature_drafter
 from tests.test_bench_pair_jobs import byte_table, run_job  # noqa: F401 (fixture)
 

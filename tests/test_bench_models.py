@@ -8,7 +8,8 @@ import json
 import pytest
 
 from eval import main as eval_main
-from specdec_jax.checkpoints import registry, resolver
+from specdec_jax.checkpoints import registry
+from specdec_jax.jobs import resolver
 from specdec_jax.jobs.bench import child, models
 
 

@@ -15,10 +15,9 @@ import pytest
 
 from eval import main as eval_main
 from specdec_jax import api
-from specdec_jax.checkpoints import resolver
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram, humaneval
-from specdec_jax.jobs import cost
+from specdec_jax.jobs import cost, resolver
 from specdec_jax.jobs.bench import drafting, speculative
 from specdec_jax.runtime import timing
 

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import api, targets
-from specdec_jax.cascades import DraftUntilDecoder, sequence_cascade
+from specdec_jax import api, target_functions
+from specdec_jax.cascade_baselines import DraftUntilDecoder, sequence_cascade
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.models.toy import TableLM
 from tests.exactness import (
@@ -97,7 +97,7 @@ def test_token_cascade_matches_the_sequential_algorithm(alpha, cap):
 def test_token_cascade_rejects_rules_that_read_the_target():
     with pytest.raises(ValueError, match="reads the target"):
         DraftUntilDecoder(target=TARGET, drafter=DRAFTER, mode="token-cascade",
-                          max_new_tokens=4, rule=targets.Diff())
+                          max_new_tokens=4, rule=target_functions.Diff())
 
 
 def reference_bild(prompt, alpha, fallback, cap, n):
@@ -168,8 +168,8 @@ def pi_of(rule, alpha):
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("method, rule, alpha", [("oracle", targets.Diff(), 0.05),
-                                                 ("token-cascade", targets.Chow(), 0.45)])
+@pytest.mark.parametrize("method, rule, alpha", [("oracle", target_functions.Diff(), 0.05),
+                                                 ("token-cascade", target_functions.Chow(), 0.45)])
 def test_sampled_cascade_tokens_follow_pi(method, rule, alpha):
     """At T = 1 every emitted token follows pi = T_delta(q, p): sequences follow
     the product of pi (chi-square, 64 cells). The drafter's own law is rejected
@@ -189,12 +189,12 @@ def test_tuned_beta_solves_the_balance_equation():
     q = jax.nn.softmax(2.0 * jax.random.normal(key_q, (64, 50)))
     p = jax.nn.softmax(2.0 * jax.random.normal(key_p, (64, 50)))
     for alpha in (0.1, 0.3, 0.6, 0.9):
-        beta = targets.tuned_beta(q, p, jnp.float32(alpha))
+        beta = target_functions.tuned_beta(q, p, jnp.float32(alpha))
         left = jnp.sum(jnp.maximum(q - p / (1 - alpha), 0.0), axis=-1)
         right = jnp.sum(jnp.maximum(p / beta[:, None] - q, 0.0), axis=-1)
         assert float(jnp.max(jnp.abs(left - right))) < 1e-6
         assert float(jnp.min(beta)) >= 1 - alpha - 1e-6
-        pi, _ = targets.LossyTuned()(q, p, q, p, jnp.float32(alpha), None)
+        pi, _ = target_functions.LossyTuned()(q, p, q, p, jnp.float32(alpha), None)
         np.testing.assert_allclose(jnp.sum(pi, axis=-1), 1.0, atol=1e-5)
         heuristic = jnp.sum(jnp.maximum(p - q, 0.0), axis=-1)
         assert float(jnp.max(jnp.abs(left - heuristic))) > 1e-3

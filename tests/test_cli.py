@@ -177,7 +177,8 @@ def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message,
                                                                   monkeypatch, tmp_path):
     """With an empty model cache: the error names the argument, and nothing was
     fetched, loaded or written to the cache."""
-    from specdec_jax.checkpoints import fetch, resolver  # noqa: PLC0415
+    from specdec_jax.checkpoints import fetch  # noqa: PLC0415
+    from specdec_jax.jobs import resolver  # noqa: PLC0415
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPECDEC_JAX_CACHE", str(cache))
@@ -198,7 +199,7 @@ def test_a_feature_head_for_another_target_is_refused_before_anything_is_fetched
     method that cannot run a drafting strategy."""
     import json  # noqa: PLC0415
 
-    from specdec_jax.checkpoints import resolver  # noqa: PLC0415
+    from specdec_jax.jobs import resolver  # noqa: PLC0415
 
     head = tmp_path / "head"
     head.mkdir()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax import targets
+from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.drafting import (
@@ -72,7 +72,7 @@ def sample(drafter, gamma, lenience, temperature=1.0, rows=ROWS, seed=0,
            method="specdecode", prompts=None, max_new_tokens=LENGTH, target=TARGET,
            target_params=TARGET_PARAMS):
     decoder = SpeculativeDecoder(target=target, drafter=drafter,
-                                 target_fn=targets.get_target(method), gamma=gamma,
+                                 target_fn=target_functions.get_target(method), gamma=gamma,
                                  max_new_tokens=max_new_tokens)
     prompt = make_prompt(prompts or [list(PROMPT)] * rows)
     out = jax.jit(decoder.generate)(target_params, params_for(drafter), prompt,
@@ -118,7 +118,7 @@ def test_outer_review_with_the_inner_q_is_rejected():
 
 def test_lenient_law_is_the_law_of_a_lenient_review():
     """Monte Carlo of one lenient review position against ``lenient_law``, and
-    the seed's worked numbers (cascade.py docstring)."""
+    the seed's worked numbers (cs_drafting.py docstring)."""
     q = jnp.asarray([0.9, 0.1])
     np.testing.assert_allclose(lenient_law(q, jnp.asarray([0.6, 0.4]), 2.0), [0.9, 0.1])
     np.testing.assert_allclose(lenient_law(q, jnp.asarray([0.3, 0.7]), 2.0), [0.6, 0.4],
@@ -165,7 +165,8 @@ def test_greedy_drafting_equals_greedy_target(name, drafter, gamma):
     reference = sj.generate(target=G_TARGET, target_params=G_TARGET_PARAMS, prompts=G_PROMPTS,
                             method="autoregressive", max_new_tokens=24)
     decoder = SpeculativeDecoder(target=G_TARGET, drafter=drafter,
-                                 target_fn=targets.SpecDecode(), gamma=gamma, max_new_tokens=24)
+                                 target_fn=target_functions.SpecDecode(), gamma=gamma,
+                                 max_new_tokens=24)
     out = jax.jit(decoder.generate)(G_TARGET_PARAMS, drafter.select_params(G_NAMED),
                                     make_prompt(G_PROMPTS), jax.random.PRNGKey(0),
                                     sampling_params(temperature=0.0, lenience=3.0))
@@ -299,7 +300,7 @@ def test_catch_up_by_two_one_token_calls_equals_one_two_token_call():
             model = TARGET if name == "same" else DRAFTER
             drafter = ModelDrafter(model, catch_up_widths=widths)
             decoder = SpeculativeDecoder(target=TARGET, drafter=drafter,
-                                         target_fn=targets.SpecDecode(), gamma=3,
+                                         target_fn=target_functions.SpecDecode(), gamma=3,
                                          max_new_tokens=10)
             outs[widths, name] = jax.jit(decoder.generate)(
                 TARGET_PARAMS, params, make_prompt(prompts), jax.random.PRNGKey(3),

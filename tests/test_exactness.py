@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import targets
+from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
@@ -86,12 +86,12 @@ def test_specdecode_sequences_follow_the_target():
 
     Known-wrong (residual norm(p)): p-value < 1e-12 (asserted below)."""
     expected = exact_sequence_probs(lambda c: TARGET.next_probs(TARGET_PARAMS, c))
-    tokens, stats = sample(targets.SpecDecode())
+    tokens, stats = sample(target_functions.SpecDecode())
     assert chi_square_pvalue(tokens, expected) > P_MIN
     # The test exercises rejections, corrections and bonus tokens alike.
     hist = np.asarray(stats.accepted_histogram).sum(0)
     assert hist[0] > 0 and hist[GAMMA] > 0
-    wrong, _ = sample(targets.SpecDecode(), verifier=ResidualFromPi())
+    wrong, _ = sample(target_functions.SpecDecode(), verifier=ResidualFromPi())
     assert chi_square_pvalue(wrong, expected) < 1e-12
 
 
@@ -113,7 +113,7 @@ CASCADES = [("chow", 0.4), ("diff", 0.05), ("opt", 0.5), ("bild", 2.2), ("difflo
 def test_cascade_tokens_follow_pi(method, alpha):
     """Every emitted token follows pi = T(q, p) at its position, so sequences
     follow the autoregressive product of pi."""
-    target_fn = targets.get_target(method)
+    target_fn = target_functions.get_target(method)
     next_pi = pi_dist(target_fn, alpha)
     expected = exact_sequence_probs(next_pi)
     contexts = [PROMPT + (a,) for a in range(4)]
@@ -125,7 +125,7 @@ def test_cascade_tokens_follow_pi(method, alpha):
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenV3BonusFromP(targets.TokenV3):
+class TokenV3BonusFromP(target_functions.TokenV3):
     """Known-wrong: a cascade whose bonus token follows p instead of pi."""
 
     bonus_from_target: ClassVar[bool] = True
@@ -133,7 +133,7 @@ class TokenV3BonusFromP(targets.TokenV3):
 
 def test_cascade_with_bonus_from_p_is_detected():
     """The wrong bonus rule gives a p-value < 1e-12 under the same test."""
-    expected = exact_sequence_probs(pi_dist(targets.TokenV3(), 0.5))
+    expected = exact_sequence_probs(pi_dist(target_functions.TokenV3(), 0.5))
     tokens, _ = sample(TokenV3BonusFromP(), alpha=0.5)
     assert chi_square_pvalue(tokens, expected) < 1e-12
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax import sampling, targets
+from specdec_jax import sampling, target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
 from specdec_jax.drafting import feature
@@ -132,7 +132,7 @@ def round_aware_probs(target_fn, alpha: float, gamma: int) -> dict[tuple[int, ..
     return probs
 
 
-def sample(target_fn=targets.SpecDecode(), verifier=TokenVerifier(), alpha=0.0, seed=0,
+def sample(target_fn=target_functions.SpecDecode(), verifier=TokenVerifier(), alpha=0.0, seed=0,
            gamma=GAMMA):
     decoder = SpeculativeDecoder(target=TARGET, drafter=DRAFTER, target_fn=target_fn,
                                  gamma=gamma, max_new_tokens=LENGTH, verifier=verifier)
@@ -151,8 +151,9 @@ def sample(target_fn=targets.SpecDecode(), verifier=TokenVerifier(), alpha=0.0, 
 def test_the_decoder_keeps_features_only_for_drafters_that_read_them():
     assert needs_features(DRAFTER)
     assert not needs_features(sj.drafting.MaxGramDrafter(V))
-    decoder = SpeculativeDecoder(target=TARGET, drafter=DRAFTER, target_fn=targets.SpecDecode(),
-                                 gamma=GAMMA, max_new_tokens=LENGTH)
+    decoder = SpeculativeDecoder(target=TARGET, drafter=DRAFTER,
+                                 target_fn=target_functions.SpecDecode(), gamma=GAMMA,
+                                 max_new_tokens=LENGTH)
     prefilled = decoder.prefill(TARGET_PARAMS, DRAFTER_PARAMS, make_prompt([[1, 2, 3]]))
     assert prefilled.features.shape == (1, prefilled.history.shape[1], V ** TARGET.order)
     # Fed prompt positions (all but the pending token) hold the target's features.
@@ -211,7 +212,7 @@ def test_greedy_output_is_the_targets(gamma):
     ar = jax.jit(AutoregressiveDecoder(target=target, max_new_tokens=24).generate)(
         params, None, prompt, jax.random.PRNGKey(0), t0)
     out = jax.jit(SpeculativeDecoder(target=target, drafter=drafter,
-                                     target_fn=targets.SpecDecode(), gamma=gamma,
+                                     target_fn=target_functions.SpecDecode(), gamma=gamma,
                                      max_new_tokens=24).generate)(
         params, d_params, prompt, jax.random.PRNGKey(0), t0)
     np.testing.assert_array_equal(out.tokens, ar.tokens)
@@ -268,8 +269,9 @@ def test_a_drafter_misreporting_its_law_is_detected():
     """Reporting a law other than the one the drafts came from breaks
     exactness: the same statistic rejects it (p-value < 1e-12 here)."""
     drafter = FirstLawForEveryDraft(DRAFTER.head)
-    decoder = SpeculativeDecoder(target=TARGET, drafter=drafter, target_fn=targets.SpecDecode(),
-                                 gamma=GAMMA, max_new_tokens=LENGTH)
+    decoder = SpeculativeDecoder(target=TARGET, drafter=drafter,
+                                 target_fn=target_functions.SpecDecode(), gamma=GAMMA,
+                                 max_new_tokens=LENGTH)
     out = jax.jit(decoder.generate)(TARGET_PARAMS, DRAFTER_PARAMS,
                                     make_prompt([list(PROMPT)] * ROWS), jax.random.PRNGKey(0), T1)
     assert chi_square_pvalue(np.asarray(out.tokens), exact_sequence_probs(target_law)) < 1e-12
@@ -282,7 +284,7 @@ def test_a_cascade_follows_pi_of_each_positions_round_role():
     Known-wrong expectation: the same law with every position treated as a
     round's first draft (the law of a drafter without predicted features) is
     rejected (p-value < 1e-12)."""
-    target_fn, alpha = targets.get_target("token-v3"), 0.5
+    target_fn, alpha = target_functions.get_target("token-v3"), 0.5
     tokens, stats = sample(target_fn=target_fn, alpha=alpha)
     assert float(np.asarray(stats.deferred_mass).sum()) > 0  # the cascade defers somewhere
     assert chi_square_pvalue(tokens, round_aware_probs(target_fn, alpha, GAMMA)) > P_MIN

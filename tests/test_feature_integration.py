@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax import targets
+from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.drafting import (
@@ -151,7 +151,7 @@ def test_greedy_compositions_equal_the_greedy_target(name, spec, k_matrix, calls
 def test_greedy_adaptive_feature_drafter_equals_the_greedy_target(verifier=TokenVerifier()):
     drafter = AdaptiveFeatureDrafter(G_HEAD, name=G_ITEM, acceptance_head=G_ACCEPTANCE)
     decoder = SpeculativeDecoder(target=G_TARGET, drafter=drafter,
-                                 target_fn=targets.SpecDecode(), gamma=5,
+                                 target_fn=target_functions.SpecDecode(), gamma=5,
                                  max_new_tokens=NEW_TOKENS, verifier=verifier)
     out = jax.jit(decoder.generate)(G_TARGET_PARAMS, drafter.select_params(G_NAMED),
                                     make_prompt(G_PROMPTS), jax.random.PRNGKey(0),
@@ -262,7 +262,7 @@ LENIENCE = 2.0
 def t_sample(drafter, gamma=None, verifier=TokenVerifier(), lenience=1.0, rows=ROWS,
              threshold=0.5):
     decoder = SpeculativeDecoder(target=TARGET, drafter=drafter,
-                                 target_fn=targets.SpecDecode(),
+                                 target_fn=target_functions.SpecDecode(),
                                  gamma=gamma or drafter.gamma, max_new_tokens=LENGTH,
                                  verifier=verifier)
     out = jax.jit(decoder.generate)(TARGET_PARAMS, drafter.select_params(T_NAMED),
@@ -357,8 +357,8 @@ def test_cli_drafts_with_a_saved_feature_head(tmp_path, capsys):
     target's alone, composed with Max-Gram and block verification; a cascade
     target function runs; another target's head is refused when loading
     (same name, other weights: the fingerprint)."""
-    from specdec_jax.checkpoints import feature_heads, resolver  # noqa: PLC0415
-    from specdec_jax.jobs import cli  # noqa: PLC0415
+    from specdec_jax.checkpoints import feature_heads  # noqa: PLC0415
+    from specdec_jax.jobs import cli, resolver  # noqa: PLC0415
 
     name = "toy-bytes-large"
     target, target_params, _ = resolver.resolve(name)

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.checkpoints import resolver
 from specdec_jax.checkpoints.feature_heads import load_feature_head
 from specdec_jax.drafting import feature
 from specdec_jax.drafting.feature import FeatureHead, FeatureHeadConfig
+from specdec_jax.jobs import resolver
 from specdec_jax.training.feature_head import data as data_lib
 from specdec_jax.training.feature_head import train as train_lib
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax import targets
+from specdec_jax import target_functions
 from specdec_jax.api import get_verifier, sampling_params
 from specdec_jax.data import bigram
 from specdec_jax.decoding import SpeculativeDecoder
@@ -70,7 +70,7 @@ def test_restricted_drafter_keeps_the_target_law(verifier):
     model, params = tiny_decoder(V, tie=True, seed=5)
     drafter, drafter_params = with_head_vocab(model, params, [0, 2])
     decoder = SpeculativeDecoder(target=TARGET, drafter=ModelDrafter(drafter),
-                                 target_fn=targets.SpecDecode(), gamma=2,
+                                 target_fn=target_functions.SpecDecode(), gamma=2,
                                  verifier=get_verifier(verifier), max_new_tokens=LENGTH)
     out = jax.jit(decoder.generate)(TARGET_PARAMS, drafter_params,
                                     make_prompt([list(PROMPT)] * ROWS), jax.random.PRNGKey(0),
@@ -95,7 +95,8 @@ def test_greedy_with_a_restricted_drafter_equals_greedy_target():
     reference = sj.generate(target=target, target_params=target_params, prompts=prompts,
                             method="autoregressive", max_new_tokens=16)
     decoder = SpeculativeDecoder(target=target, drafter=ModelDrafter(drafter),
-                                 target_fn=targets.SpecDecode(), gamma=4, max_new_tokens=16)
+                                 target_fn=target_functions.SpecDecode(), gamma=4,
+                                 max_new_tokens=16)
     out = jax.jit(decoder.generate)(target_params, drafter_params, make_prompt(prompts),
                                     jax.random.PRNGKey(0), sampling_params(temperature=0.0))
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
@@ -155,19 +156,19 @@ def test_fingerprint_names_the_weights_not_the_restricted_view():
 
 
 def test_jobs_name_a_bad_head_vocabulary_and_rank_any_vocabulary(tmp_path, monkeypatch):
-    from specdec_jax.jobs import study
+    from specdec_jax.jobs import resolver  # noqa: PLC0415
 
     pair = dict(target="toy-bytes-large", drafter="toy-bytes-small")
     with pytest.raises(ValueError, match="drafter_head_vocab=-1"):
-        study.load_pair(**pair, drafter_head_vocab=-1)
+        resolver.load_pair(**pair, drafter_head_vocab=-1)
     with pytest.raises(ValueError, match="no sharding rule"):
-        study.load_pair(**pair, drafter_head_vocab=8, mesh=object())
+        resolver.load_pair(**pair, drafter_head_vocab=8, mesh=object())
     # The packaged ranking is for the Qwen vocabulary; the toys' 256 bytes get their
     # own, counted on first use (here over a one-file corpus) and cached.
     monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus.py"
     corpus.write_text("abcabcab")
     monkeypatch.setattr(bigram, "stdlib_sources", lambda: [corpus])
-    loaded = study.load_pair(**pair, drafter_head_vocab=8)
+    loaded = resolver.load_pair(**pair, drafter_head_vocab=8)
     kept = np.asarray(loaded.drafter_params["head_vocab"]["token_ids"])
     assert loaded.drafter.config.head_vocab == 8 and set(b"abc") <= set(kept.tolist())

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import targets
+from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
-from specdec_jax.checkpoints.heads import drafter_fingerprint, load_head, save_head
+from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint, load_head, save_head
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, target_widths
@@ -64,7 +64,7 @@ ADAPTIVE = AdaptiveDrafter(DRAFTER, HEAD)
 def generate(verifier, *, threshold=0.5, temperature=1.0, rows=ROWS, max_new_tokens=LENGTH,
              head=None, gamma=K_MAX, prompts=None, seed=0, drafter=ADAPTIVE):
     decoder = SpeculativeDecoder(target=TARGET, drafter=drafter,
-                                 target_fn=targets.get_target("specdecode"), gamma=gamma,
+                                 target_fn=target_functions.get_target("specdecode"), gamma=gamma,
                                  max_new_tokens=max_new_tokens, verifier=verifier)
     params = drafter.select_params({drafter.name: DRAFTER_PARAMS,
                                     drafter.head_name: head_params() if head is None else head})
@@ -127,7 +127,7 @@ def test_greedy_specdecpp_equals_greedy_target(verifier):
     prompts = [[1, 2], [3], [0, 3, 1], [2, 2]]
     out = generate(verifier, temperature=0.0, rows=None, prompts=prompts, max_new_tokens=12)
     ar = SpeculativeDecoder(target=TARGET, drafter=DRAFTER,
-                            target_fn=targets.get_target("specdecode"), gamma=1,
+                            target_fn=target_functions.get_target("specdecode"), gamma=1,
                             max_new_tokens=12)
     reference = jax.jit(ar.generate)(TARGET_PARAMS, DRAFTER_PARAMS, make_prompt(prompts),
                                      jax.random.PRNGKey(0), sampling_params())
@@ -651,7 +651,7 @@ def test_head_sources_job_runs_as_shipped(tmp_path):
 def test_bad_benchmark_settings_are_refused_before_loading(monkeypatch, tmp_path, gin_file,
                                                            bindings, error, message):
     from eval import main as eval_main  # noqa: PLC0415
-    from specdec_jax.checkpoints import resolver  # noqa: PLC0415
+    from specdec_jax.jobs import resolver  # noqa: PLC0415
 
     monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
     head = tmp_path / "head"

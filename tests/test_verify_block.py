@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specdec_jax import targets
+from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
@@ -646,7 +646,7 @@ def test_seed_block_in_the_decoding_engine():
     (V = 4, 3 tokens, 40k rows; p-values over keys 0..5: 1.0, 0.40, 0.89,
     0.40, 0.08, 0.22)."""
     decoder = SpeculativeDecoder(target=TARGET, drafter=DRAFTER,
-                                 target_fn=targets.SpecDecode(), gamma=3,
+                                 target_fn=target_functions.SpecDecode(), gamma=3,
                                  max_new_tokens=exactness.LENGTH,
                                  verifier=SeedBlockVerifier())
     out = jax.jit(decoder.generate)(TARGET_PARAMS, DRAFTER_PARAMS,

@@ -14,7 +14,7 @@ step's loss equals the uninterrupted run's.
 import json
 import sys
 
-from specdec_jax.checkpoints import resolver
+from specdec_jax.jobs import resolver
 from specdec_jax.jobs.feature_head import run_feature_head_data
 from specdec_jax.training.feature_head.train import train_feature_head
 

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from specdec_jax.checkpoints import orbax_io
-from specdec_jax.checkpoints.heads import drafter_fingerprint
+from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint
 from specdec_jax.drafting import feature
 from specdec_jax.drafting.feature import FeatureDrafter, FeatureHead, FeatureHeadConfig
 

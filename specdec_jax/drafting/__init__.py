@@ -5,7 +5,7 @@ K-matrix composition, and SpecDec++'s adaptive draft length."""
 
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, AdaptiveFeatureDrafter
 from specdec_jax.drafting.base import Context, Drafter, Proposal, is_drafter, needs_features
-from specdec_jax.drafting.cascade import (
+from specdec_jax.drafting.cs_drafting import (
     FeatureVerticalCascade,
     HorizontalCascade,
     VerticalCascade,

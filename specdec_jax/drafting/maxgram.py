@@ -5,7 +5,7 @@ Text repeats itself: identifiers, phrases of the prompt, code patterns. MaG
 finds the longest suffix of the text so far that also occurs *earlier* in the
 text, and proposes the token that followed that earlier occurrence; with no
 match it falls back to a bigram table (the most likely next token of each
-token id, estimated from a corpus: ``drafting/bigram.py``). It runs no neural
+token id, estimated from a corpus: ``data/bigram.py``). It runs no neural
 network, so its cost is negligible next to any model call.
 
 Definitions, for a text ``x_0 .. x_{n-1}`` (the prompt, then every emitted

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specdec_jax.drafting.cascade import cs_drafter
+from specdec_jax.drafting.cs_drafting import cs_drafter
 from specdec_jax.drafting.feature import FeatureDrafter, FeatureHead
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter

@@ -15,10 +15,10 @@ import pathlib
 
 import numpy as np
 
-from specdec_jax.checkpoints import resolver
 from specdec_jax.data import bigram, humaneval
 from specdec_jax.data.stdlib_prompts import stdlib_prompts
 from specdec_jax.drafting import head_vocab as head_vocab_lib
+from specdec_jax.jobs import resolver
 from specdec_jax.training import distill
 from specdec_jax.training.feature_head import data as data_lib
 from specdec_jax.training.feature_head.train import train_feature_head

@@ -21,12 +21,12 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import api, batching, cascades, drafting, targets
-from specdec_jax.checkpoints import feature_heads, resolver
+from specdec_jax import api, batching, cascade_baselines, drafting, target_functions
+from specdec_jax.checkpoints import feature_heads
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
 from specdec_jax.drafting import model as drafter_model
-from specdec_jax.jobs import cost
+from specdec_jax.jobs import cost, resolver
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
 
@@ -68,7 +68,7 @@ def add_parser(subparsers) -> None:
                    help="neural drafters score only this many of the most frequent tokens "
                         "(FR-Spec; the output stays exact, a drafting step gets cheaper); 0 "
                         f"keeps the full head (default {DEFAULT_HEAD_VOCAB})")
-    p.add_argument("--method", default="specdecode", choices=targets.METHODS)
+    p.add_argument("--method", default="specdecode", choices=target_functions.METHODS)
     p.add_argument("--alpha", type=float, default=0.0)
     p.add_argument("--beta", type=float, default=1.0, help="Lossy's beta")
     p.add_argument("--gamma", type=int, default=None,
@@ -132,7 +132,7 @@ def _summary(outputs, seconds: float, gamma: int, method: str,
         summary.update(mean_accepted=round(mean_accepted, 3),
                        acceptance_rate=round(mean_accepted / gamma, 3),
                        accepted_histogram=hist.tolist())
-    if targets.defers(method):
+    if target_functions.defers(method):
         deferred = sum(float(np.asarray(o.stats.deferred_mass).sum()) for o in outputs)
         summary["deferral_rate"] = round(deferred / max(tokens, 1), 3)
     return summary
@@ -329,7 +329,7 @@ def check_args(args) -> None:
             raise ValueError(f"{flag} must be >= {low}, got {value}.")
     if args.gamma is not None and args.gamma < 1:
         raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
-    targets.validate_alpha(args.method, args.alpha, args.beta)
+    target_functions.validate_alpha(args.method, args.alpha, args.beta)
     api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
                         beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
@@ -343,7 +343,7 @@ def check_args(args) -> None:
             raise ValueError(f"--gamma {args.gamma} conflicts with --k-matrix, which drafts "
                              f"{fixed} tokens per round (the sum of its first row); drop "
                              "--gamma or change the K-matrix.")
-    token_by_token = args.method in cascades.MODES
+    token_by_token = args.method in cascade_baselines.MODES
     if token_by_token and (len(names) != 1 or names[0] == drafting.spec.MAG
                            or drafting.feature_path(names[0]) is not None):
         raise ValueError(f"--method {args.method} runs one drafter model token by token; "

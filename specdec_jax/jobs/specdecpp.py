@@ -13,7 +13,7 @@ import pathlib
 
 from specdec_jax.data import humaneval
 from specdec_jax.data.stdlib_prompts import stdlib_prompts
-from specdec_jax.jobs import study
+from specdec_jax.jobs import resolver
 from specdec_jax.training import distill
 from specdec_jax.training.specdecpp import data as data_lib
 from specdec_jax.training.specdecpp.train import train_head
@@ -46,7 +46,7 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
         raise ValueError("num_prompts and max_new_tokens must be >= 1.")
     entry_points = [p["entry_point"] for p in humaneval.load_problems()]
     chosen, record = stdlib_prompts(num_prompts, seed=seed, exclude_names=entry_points)
-    pair = study.load_pair(target=target, drafter=drafter, dtype=dtype)
+    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype)
     prompts = [pair.encode(prompt) for _, prompt, _ in chosen]
     identity = data_lib.pair_record(target_name=target, target_params=pair.target_params,
                                     drafter_name=drafter, drafter_params=pair.drafter_params,

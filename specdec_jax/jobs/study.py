@@ -5,7 +5,7 @@ calls (gin binds its keyword arguments; this module knows nothing of gin).
 It loads the pair, calibrates the cost model on this machine, runs (or
 resumes) the sweep, and writes the reports.
 
-Models are any names ``checkpoints.resolver`` knows: registry models, GGUF
+Models are any names ``jobs.resolver`` knows: registry models, GGUF
 files, Hugging Face directories, the project's T5 pair members, or the
 byte-level toys ``toy-bytes-small`` / ``toy-bytes-large`` (random weights,
 UTF-8 bytes as tokens: CI runs the whole pipeline on them in seconds; their
@@ -21,59 +21,11 @@ from collections.abc import Sequence
 import jax
 
 from specdec_jax import precision, sharding
-from specdec_jax.checkpoints import resolver
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
-from specdec_jax.data import bigram, tasks
-from specdec_jax.data.humaneval import end_of_block_stop
-from specdec_jax.drafting import head_vocab
+from specdec_jax.data import tasks
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import report, sweep
-from specdec_jax.models.interface import is_encoder_decoder
+from specdec_jax.jobs import report, resolver, sweep
 from specdec_jax.runtime import distributed, jsonio, timing
-from specdec_jax.training import t5_pair
-
-
-def load_pair(*, target: str, drafter: str, dtype: str = "auto",
-              stop_at_block_end: bool = False, mesh=None,
-              drafter_head_vocab: int = 0) -> sweep.ModelPair:
-    """The two models of a study (``checkpoints.resolver`` names) with their
-    text interface; with a ``mesh`` (``job_mesh``), both models' params placed
-    on it by the sharding rules. ``drafter_head_vocab`` > 0 cuts a decoder-only
-    drafter's output head to that many of the most frequent tokens
-    (``drafting.head_vocab``: exact, cheaper drafting steps; 0, the default,
-    keeps the papers' full drafter)."""
-    head_vocab.check_size(drafter_head_vocab, f"drafter_head_vocab={drafter_head_vocab}")
-    if drafter_head_vocab and mesh is not None:
-        raise ValueError("drafter_head_vocab with a mesh: the restricted head has no sharding "
-                         "rule yet; pass drafter_head_vocab=0 for sharded jobs.")
-    families = {role: resolver.family_of(name).name
-                for role, name in (("target", target), ("drafter", drafter))}
-    if families["target"] == families["drafter"] == "t5-pair":
-        (_, _, target_task), (_, _, drafter_task) = map(t5_pair.parse_member, (target, drafter))
-        if target_task != drafter_task:
-            raise ValueError(f"{target} and {drafter} were trained for different tasks; pick "
-                             "two members of one pair and task.")
-    t, tp, tok = resolver.resolve(target, dtype=dtype, mesh=mesh)
-    d, dp, drafter_tok = resolver.resolve(drafter, dtype=dtype, mesh=mesh)
-    if (getattr(tok, "fingerprint", None) != getattr(drafter_tok, "fingerprint", None)
-            or t.vocab_size != d.vocab_size):
-        raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
-                         "do not share a vocabulary (tokenizer); pick a drafter of the "
-                         "target's family.")
-    if drafter_head_vocab:
-        d, dp = bigram.restrict_head(d, dp, drafter_head_vocab, eos_ids=tok.eos_token_ids,
-                                     table=bigram.table_for(bigram.AUTO, tok, d.vocab_size))
-    encode = tok.encode
-    if is_encoder_decoder(t):  # T5 inputs end with EOS
-        encode = lambda text: tok.encode(text) + [tok.eos_id]  # noqa: E731
-    # The in-loop end-of-block stop reads code tokenizers' token texts; the toys'
-    # bytes and the T5 pair's sentencepieces have none to read.
-    stop_rule = (end_of_block_stop(tok)
-                 if stop_at_block_end and families["target"] == "checkpoint" else None)
-    return sweep.ModelPair(
-        target=t, target_params=tp, drafter=d, drafter_params=dp, encode=encode,
-        decode=tok.decode, eos_ids=tuple(tok.eos_token_ids), stop_rule=stop_rule,
-        names=(target, drafter), mesh=mesh)
 
 
 def job_mesh(model_parallel: int | None):
@@ -105,7 +57,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
     if max_new_tokens < 1 or batch_size < 1 or num_examples < 1:
         raise ValueError("max_new_tokens, batch_size and num_examples must all be >= 1.")
     examples = the_task.load(split, num_examples)
-    pair = load_pair(target=target, drafter=drafter, dtype=dtype,
+    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
                      drafter_head_vocab=drafter_head_vocab)
     settings = {"task": task, "split": split, "num_examples": num_examples,
@@ -164,7 +116,7 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
     if not points:
         raise ValueError(f"method {method!r} needs an alpha (and cannot be derived alone).")
     examples = the_task.load(split, num_examples)
-    pair = load_pair(target=target, drafter=drafter, dtype=dtype,
+    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
                      mesh=job_mesh(model_parallel), drafter_head_vocab=drafter_head_vocab)
     rows = sweep.generate_point(pair, points[0], examples, max_new_tokens=max_new_tokens,
@@ -208,7 +160,7 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     the_task = tasks.get_task(task)
     points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures)
     examples = the_task.load(split, num_examples)
-    pair = load_pair(target=target, drafter=drafter, dtype=dtype,
+    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
                      drafter_head_vocab=drafter_head_vocab)
     data = {"settings": {"task": task, "split": split, "target": target, "drafter": drafter,

@@ -13,8 +13,8 @@ The JSON file is rewritten after every point: a killed sweep resumes where it
 stopped, and refuses to resume a file whose settings differ.
 
 Methods: ``drafter`` and ``target`` (autoregressive), every target function of
-``targets.py`` in a speculative round, the baselines ``oracle``,
-``token-cascade`` and ``bild-original`` (``cascades.py``), and
+``target_functions.py`` in a speculative round, the baselines ``oracle``,
+``token-cascade`` and ``bild-original`` (``cascade_baselines.py``), and
 ``seq-cascade``, which is derived from the drafter's and the target's outputs
 (the sequence-level cascade runs exactly those two generations).
 """
@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, sharding, targets
-from specdec_jax.cascades import sequence_defers
+from specdec_jax import api, sharding, target_functions
+from specdec_jax.cascade_baselines import sequence_defers
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
 from specdec_jax.decoding import EndOfBlockStop
@@ -82,38 +82,39 @@ class ModelPair:
     eos_ids: tuple[int, ...] = ()
     stop_rule: EndOfBlockStop | None = None
     names: tuple[str, str] = ("target", "drafter")
-    # A (data, model) mesh the params are placed on (``study.load_pair(mesh=...)``),
+    # A (data, model) mesh the params are placed on (``resolver.load_pair(mesh=...)``),
     # possibly spanning processes; None: one device.
     mesh: Any = None
 
 
 def method_range(method: str) -> tuple[float, float]:
     """The alpha range a method's errors quote (``alpha_in_range`` decides)."""
-    if method in targets.BASELINES:
-        return targets.BASELINES[method]
+    if method in target_functions.BASELINES:
+        return target_functions.BASELINES[method]
     if method in DERIVED:
         return SEQ_CASCADE_RANGE
-    if method in targets.TARGETS:
-        return targets.TARGETS[method].alpha_range
+    if method in target_functions.TARGETS:
+        return target_functions.TARGETS[method].alpha_range
     raise ValueError(f"unknown method {method!r}; choose one of "
                      f"{', '.join(all_methods())}.")
 
 
 def alpha_in_range(method: str, alpha: float) -> bool:
-    """The methods' own validation (``targets.validate_alpha``; Lossy's range is
+    """The methods' own validation (``target_functions.validate_alpha``; Lossy's range is
     open at 1), plus the derived sequence cascades' closed [0, 1]."""
     if method in DERIVED:
         low, high = SEQ_CASCADE_RANGE
         return low <= alpha <= high
     try:
-        targets.validate_alpha(method, alpha)
+        target_functions.validate_alpha(method, alpha)
     except ValueError:
         return False
     return True
 
 
 def all_methods() -> tuple[str, ...]:
-    return AUTOREGRESSIVE + tuple(targets.TARGETS) + tuple(targets.BASELINES) + DERIVED
+    return (AUTOREGRESSIVE + tuple(target_functions.TARGETS)
+            + tuple(target_functions.BASELINES) + DERIVED)
 
 
 def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],

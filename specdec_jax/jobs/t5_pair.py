@@ -15,7 +15,7 @@ import pathlib
 import sys
 
 from specdec_jax.data import metrics, tasks
-from specdec_jax.jobs import study, sweep
+from specdec_jax.jobs import resolver, sweep
 from specdec_jax.training.t5_pair import PAIRS, ROLES, ensure_member, parse_member
 
 
@@ -26,7 +26,7 @@ def held_out_quality(name: str, *, split: str = "test", num_examples: int = 500,
     pair, _, task_name = parse_member(name)
     task = tasks.get_task(task_name)
     examples = task.load(split, num_examples)
-    models = study.load_pair(target=name, drafter=name)
+    models = resolver.load_pair(target=name, drafter=name)
     point = sweep.Point("target", None, None, 0.0)
     rows = sweep.generate_point(models, point, examples,
                                 max_new_tokens=PAIRS[pair].new_tokens[task_name],

@@ -66,9 +66,8 @@ import jax
 import numpy as np
 
 from specdec_jax import api, precision
-from specdec_jax.checkpoints import resolver
 from specdec_jax.checkpoints.hf_decoder import decoder_config_to_hf, decoder_params_to_hf
-from specdec_jax.jobs import cost
+from specdec_jax.jobs import cost, resolver
 from specdec_jax.jobs.bench import shared
 from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt

@@ -34,7 +34,7 @@ import numpy as np
 from specdec_jax import api, batching, precision
 from specdec_jax.data import humaneval
 from specdec_jax.jobs.bench import shared
-from specdec_jax.jobs.study import load_pair
+from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
 

@@ -32,7 +32,7 @@ from specdec_jax.data import bigram
 from specdec_jax.drafting import ModelDrafter
 from specdec_jax.jobs.bench import shared
 from specdec_jax.jobs.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
-from specdec_jax.jobs.study import load_pair
+from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.runtime import timing
 
 

@@ -48,16 +48,16 @@ from specdec_jax import api, drafting, precision
 from specdec_jax.data import bigram
 from specdec_jax.decoding import Prefilled, SpeculativeDecoder, initial_history
 from specdec_jax.drafting.base import start_token_and_prefill
-from specdec_jax.drafting.cascade import HorizontalCascade, VerticalCascade, VerticalState
+from specdec_jax.drafting.cs_drafting import HorizontalCascade, VerticalCascade, VerticalState
 from specdec_jax.drafting.model import ModelDrafter, ModelDrafterState
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs.bench import shared
 from specdec_jax.jobs.bench.shared import mean_ci
-from specdec_jax.jobs.study import load_pair
+from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.targets import get_target
+from specdec_jax.target_functions import get_target
 
 DRAFTER = "qwen2.5-coder-0.5b"
 # name -> (draft spec, ``{drafter}`` standing for the drafter model's name;

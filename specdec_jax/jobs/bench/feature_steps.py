@@ -62,9 +62,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import precision
-from specdec_jax.checkpoints import resolver
 from specdec_jax.drafting import feature
-from specdec_jax.jobs import cost
+from specdec_jax.jobs import cost, resolver
 from specdec_jax.jobs.bench import shared
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import api
-from specdec_jax.checkpoints import registry, resolver
+from specdec_jax.checkpoints import registry
+from specdec_jax.jobs import resolver
 from specdec_jax.jobs.bench import child, shared
 from specdec_jax.models.layers import IN_OUT
 from specdec_jax.runtime import timing

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.checkpoints import resolver
+from specdec_jax.jobs import resolver
 from specdec_jax.jobs.bench import child, shared
 from specdec_jax.models.decoder import with_kernel_layout
 from specdec_jax.models.layers import IN_OUT, KERNEL_LAYOUTS

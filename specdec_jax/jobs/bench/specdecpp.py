@@ -52,13 +52,13 @@ import numpy as np
 
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import tree_paths
-from specdec_jax.checkpoints.heads import META_FILE, load_head
+from specdec_jax.checkpoints.acceptance_heads import META_FILE, load_head
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import bootstrap_ci, ratio_ci
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
 from specdec_jax.drafting.adaptive import target_widths as default_target_widths
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import study
+from specdec_jax.jobs import resolver
 from specdec_jax.jobs.bench import shared
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import jsonio, timing
@@ -628,7 +628,7 @@ def run_bench_specdecpp(*, head: str, target: str = "qwen2.5-coder-1.5b",
     # As the counts log's header records them (a rerun of a stored log must match).
     thresholds, ks = [float(h) for h in thresholds], list(ks)
     target_widths = None if target_widths is None else list(target_widths)
-    pair = study.load_pair(target=target, drafter=drafter)
+    pair = resolver.load_pair(target=target, drafter=drafter)
     head_model, head_params, meta = load_head(head, drafter_name=drafter,
                                               drafter_params=pair.drafter_params,
                                               drafter=pair.drafter)

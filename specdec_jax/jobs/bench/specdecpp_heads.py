@@ -17,7 +17,7 @@ import json
 import pathlib
 from collections.abc import Sequence
 
-from specdec_jax.checkpoints.heads import META_FILE
+from specdec_jax.checkpoints.acceptance_heads import META_FILE
 from specdec_jax.runtime import timing
 from specdec_jax.training.specdecpp.data import MANIFEST
 from specdec_jax.training.specdecpp.train import evaluate_head

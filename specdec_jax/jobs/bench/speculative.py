@@ -30,7 +30,7 @@ import numpy as np
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import registry
 from specdec_jax.jobs.bench import shared
-from specdec_jax.jobs.study import load_pair
+from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm

@@ -26,7 +26,7 @@ from specdec_jax import api, precision
 from specdec_jax.decoding import required_cache_length
 from specdec_jax.jobs.bench import shared
 from specdec_jax.jobs.bench.shared import mean_ci
-from specdec_jax.jobs.study import load_pair
+from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import batching
-from specdec_jax.checkpoints.heads import drafter_fingerprint
+from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.training.forward import Batch, teacher_forced
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from specdec_jax.checkpoints.heads import load_head_for, save_head
+from specdec_jax.checkpoints.acceptance_heads import load_head_for, save_head
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.training import loop
 from specdec_jax.training.data import epoch_indices, padded_chunks

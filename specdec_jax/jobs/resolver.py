@@ -35,7 +35,12 @@ import jax
 from specdec_jax import sharding
 from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
+from specdec_jax.data import bigram
+from specdec_jax.data.humaneval import end_of_block_stop
+from specdec_jax.drafting import head_vocab
+from specdec_jax.jobs import sweep
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.interface import is_encoder_decoder
 from specdec_jax.models.layers import OUT_IN
 from specdec_jax.training import t5_pair
 
@@ -157,3 +162,45 @@ for _family in (
         ModelFamily("checkpoint", _is_checkpoint, _load_checkpoint, tuple(registry.MODELS),
                     places_on_mesh=True)):
     register_family(_family)
+
+def load_pair(*, target: str, drafter: str, dtype: str = "auto",
+              stop_at_block_end: bool = False, mesh=None,
+              drafter_head_vocab: int = 0) -> sweep.ModelPair:
+    """The two models of a study (names this module resolves) with their
+    text interface; with a ``mesh`` (``job_mesh``), both models' params placed
+    on it by the sharding rules. ``drafter_head_vocab`` > 0 cuts a decoder-only
+    drafter's output head to that many of the most frequent tokens
+    (``drafting.head_vocab``: exact, cheaper drafting steps; 0, the default,
+    keeps the papers' full drafter)."""
+    head_vocab.check_size(drafter_head_vocab, f"drafter_head_vocab={drafter_head_vocab}")
+    if drafter_head_vocab and mesh is not None:
+        raise ValueError("drafter_head_vocab with a mesh: the restricted head has no sharding "
+                         "rule yet; pass drafter_head_vocab=0 for sharded jobs.")
+    families = {role: family_of(name).name
+                for role, name in (("target", target), ("drafter", drafter))}
+    if families["target"] == families["drafter"] == "t5-pair":
+        (_, _, target_task), (_, _, drafter_task) = map(t5_pair.parse_member, (target, drafter))
+        if target_task != drafter_task:
+            raise ValueError(f"{target} and {drafter} were trained for different tasks; pick "
+                             "two members of one pair and task.")
+    t, tp, tok = resolve(target, dtype=dtype, mesh=mesh)
+    d, dp, drafter_tok = resolve(drafter, dtype=dtype, mesh=mesh)
+    if (getattr(tok, "fingerprint", None) != getattr(drafter_tok, "fingerprint", None)
+            or t.vocab_size != d.vocab_size):
+        raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
+                         "do not share a vocabulary (tokenizer); pick a drafter of the "
+                         "target's family.")
+    if drafter_head_vocab:
+        d, dp = bigram.restrict_head(d, dp, drafter_head_vocab, eos_ids=tok.eos_token_ids,
+                                     table=bigram.table_for(bigram.AUTO, tok, d.vocab_size))
+    encode = tok.encode
+    if is_encoder_decoder(t):  # T5 inputs end with EOS
+        encode = lambda text: tok.encode(text) + [tok.eos_id]  # noqa: E731
+    # The in-loop end-of-block stop reads code tokenizers' token texts; the toys'
+    # bytes and the T5 pair's sentencepieces have none to read.
+    stop_rule = (end_of_block_stop(tok)
+                 if stop_at_block_end and families["target"] == "checkpoint" else None)
+    return sweep.ModelPair(
+        target=t, target_params=tp, drafter=d, drafter_params=dp, encode=encode,
+        decode=tok.decode, eos_ids=tuple(tok.eos_token_ids), stop_rule=stop_rule,
+        names=(target, drafter), mesh=mesh)

@@ -44,7 +44,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import sampling, targets
+from specdec_jax import sampling, target_functions
 from specdec_jax.decoding import (
     EndOfBlockStop,
     GenerationOutput,
@@ -116,7 +116,7 @@ class DraftUntilDecoder:
     drafter: LanguageModel
     mode: str
     max_new_tokens: int
-    rule: targets.DeferralRule = targets.Chow()
+    rule: target_functions.DeferralRule = target_functions.Chow()
     fallback_alpha: float = 0.5
     max_drafts: int = MAX_CONSECUTIVE_DRAFTS
     target_widths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 11)
@@ -209,7 +209,7 @@ class DraftUntilDecoder:
             rolled_back_B = jnp.zeros_like(k_B, bool)
         else:
             # D(q_i, p_i) > alpha rolls back at i; positions past k were not drafted.
-            reject_BxM = targets.BiLD().defer(d.q[:, :m], dist.probs[:, :m],
+            reject_BxM = target_functions.BiLD().defer(d.q[:, :m], dist.probs[:, :m],
                                               d.q_stat[:, :m], dist.stats[:, :m], sp.alpha)
             accepted_B = jnp.minimum(leading_accepts(~reject_BxM), k_B)
             rolled_back_B = accepted_B < k_B

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import sampling, targets
-from specdec_jax.targets import get_target
+from specdec_jax import sampling, target_functions
+from specdec_jax.target_functions import get_target
 
 V = 6
 MIXTURES = ["bild", "chow", "diff", "opt", "difflog", "optlog"]
@@ -48,7 +48,8 @@ def test_lemma3_rejection_rate_is_defer_times_tv(method):
     pi, defer = apply(method, q, p, LEMMA3_ALPHA[method])
     rejection = jnp.sum(q * (1 - jnp.minimum(1.0, pi / q)), axis=-1)
     np.testing.assert_allclose(np.asarray(rejection),
-                               np.asarray(defer * targets.total_variation(p, q)), atol=1e-5)
+                               np.asarray(defer * target_functions.total_variation(p, q)),
+                               atol=1e-5)
     assert 0 < float(defer.mean()) < 1, "pick alpha so the rule sometimes defers"
 
 

@@ -301,7 +301,7 @@ TARGETS: dict[str, type[TargetFunction]] = {
                               TokenV1, TokenV2, TokenV3)
 }
 # Cascade baselines that are not a target function in a speculative round
-# (``cascades.py``): the oracle (a G = 0 round with Diff), the sequential token
+# (``cascade_baselines.py``): the oracle (a G = 0 round with Diff), the sequential token
 # cascade (Chow) and the original Big-Little Decoder.
 BASELINES: dict[str, tuple[float, float]] = {
     "oracle": Diff.alpha_range, "token-cascade": Chow.alpha_range,
