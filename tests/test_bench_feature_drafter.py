@@ -10,9 +10,9 @@ import jax
 import pytest
 
 from specdec_jax.checkpoints.feature_heads import save_feature_head, target_fingerprint
-from specdec_jax.drafting import feature
 from specdec_jax.jobs import cost, resolver
 from specdec_jax.jobs.bench import feature_drafter
+from specdec_jax.models import feature_head
 from tests.test_bench_pair_jobs import byte_table, run_job  # noqa: F401 (fixture)
 
 H100_STEPS = "eval/reports/bench_feature_steps_gpu_h100.json"
@@ -21,7 +21,8 @@ H100_STEPS = "eval/reports/bench_feature_steps_gpu_h100.json"
 @pytest.fixture(scope="module")
 def toy_head(tmp_path_factory):
     target, params, _ = resolver.resolve("toy-bytes-large")
-    head = feature.FeatureHead(feature.FeatureHeadConfig.for_target(target, intermediate_size=2048))
+    head = feature_head.FeatureHead(
+        feature_head.FeatureHeadConfig.for_target(target, intermediate_size=2048))
     # (an MLP width the committed H100 step report measured, so it can price it)
     path = tmp_path_factory.mktemp("head") / "head"
     save_feature_head(path, head, head.init_net(jax.random.PRNGKey(0)),

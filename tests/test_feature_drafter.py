@@ -24,6 +24,7 @@ from specdec_jax.api import sampling_params
 from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
 from specdec_jax.drafting import feature
 from specdec_jax.drafting.base import Context, needs_features
+from specdec_jax.models import feature_head
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.models.toy import TableLM
 from specdec_jax.verify import TokenVerifier
@@ -47,11 +48,11 @@ CONFIG = sampling.SamplingConfig()
 
 def toy_feature_drafter(target: TableLM, seed: int = 5, scale: float = 2.0):
     """A feature head over a TableLM target (feature size V ** order)."""
-    cfg = feature.FeatureHeadConfig(vocab_size=target.vocab_size,
+    cfg = feature_head.FeatureHeadConfig(vocab_size=target.vocab_size,
                                     feature_size=target.vocab_size ** target.order,
                                     embed_size=8, num_heads=2, num_kv_heads=1,
                                     intermediate_size=32, head_dim=8)
-    head = feature.FeatureHead(cfg)
+    head = feature_head.FeatureHead(cfg)
     k_net, k_emb, k_rows = jax.random.split(jax.random.PRNGKey(seed), 3)
     params = {"net": head.init_net(k_net),
               "embedding": jax.random.normal(k_emb, (cfg.vocab_size, cfg.embed_size)),
@@ -203,9 +204,10 @@ def test_greedy_output_is_the_targets(gamma):
                            num_heads=4, num_kv_heads=2)
     target = sj.DecoderOnlyLM(cfg)
     params = target.init_params(jax.random.PRNGKey(0))
-    head = feature.FeatureHead(feature.FeatureHeadConfig.for_target(target, intermediate_size=16))
+    head = feature_head.FeatureHead(
+        feature_head.FeatureHeadConfig.for_target(target, intermediate_size=16))
     drafter = feature.FeatureDrafter(head)
-    d_params = feature.drafter_params(target, params, head.init_net(jax.random.PRNGKey(1)),
+    d_params = feature_head.drafter_params(target, params, head.init_net(jax.random.PRNGKey(1)),
                                       token_ids=np.arange(0, 64, 2))
     prompt = make_prompt([[1, 2, 3, 4, 5], [7, 8], [9] * 70])  # the last needs chunks
     t0 = sampling_params(temperature=0.0)

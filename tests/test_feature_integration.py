@@ -34,11 +34,11 @@ from specdec_jax.drafting import (
     ModelDrafter,
     VerticalCascade,
     cs_drafter,
-    feature,
     make_drafter,
     needs_features,
 )
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
+from specdec_jax.models import feature_head
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.models.toy import TableLM
 from specdec_jax.verify import TokenVerifier
@@ -173,7 +173,7 @@ def test_greedy_three_levels_on_a_decoder_target_equal_the_greedy_target():
     head = FeatureHead(FeatureHeadConfig.for_target(D_TARGET, intermediate_size=32))
     drafter = g_drafter(f"small+{G_ITEM}+mag", [[2, 2, 0], [0, 2, 2], [0, 0, 3]],
                         target=D_TARGET, head=head)
-    named = {**G_NAMED, G_ITEM: feature.drafter_params(D_TARGET, D_TARGET_PARAMS,
+    named = {**G_NAMED, G_ITEM: feature_head.drafter_params(D_TARGET, D_TARGET_PARAMS,
                                                        head.init_net(jax.random.PRNGKey(1)))}
     out = sj.generate(target=D_TARGET, target_params=D_TARGET_PARAMS, prompts=G_PROMPTS,
                       drafter=drafter, drafter_params=drafter.select_params(named),

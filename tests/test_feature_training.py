@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from specdec_jax.checkpoints.feature_heads import load_feature_head
-from specdec_jax.drafting import feature
-from specdec_jax.drafting.feature import FeatureHead, FeatureHeadConfig
 from specdec_jax.jobs import resolver
+from specdec_jax.models import feature_head
+from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
 from specdec_jax.training.feature_head import data as data_lib
 from specdec_jax.training.feature_head import train as train_lib
 
@@ -137,7 +137,7 @@ def test_restricted_head_masks_and_counts_out_of_subset_targets(toy):
     _, sums = loss_fn(head, net, _batch(tokens, features), None, extras)
     assert float(sums["outside_sum"]) == 2 and float(sums["ce_positions_sum"]) == 5
     # The CE equals -log of the head's renormalised law (head.logits) at in-subset targets.
-    full = feature.drafter_params(model, params, net, subset)
+    full = feature_head.drafter_params(model, params, net, subset)
     prev = train_lib.previous_features(jnp.asarray(features), jnp.zeros((1, features.shape[-1])))
     predicted, _ = head.step(full, jnp.asarray(tokens), prev, head.init_cache(1, 8))
     log_q = jax.nn.log_softmax(head.logits(full, predicted), -1)[0]
@@ -203,7 +203,7 @@ def _reference_hits(step, head, params, tokens, features, next_tokens, s, depth)
 def test_acceptance_is_one_when_predictions_are_the_true_features(toy):
     model, params, _ = toy
     head, net = _head(model, rng=3)
-    full = feature.drafter_params(model, params, net)
+    full = feature_head.drafter_params(model, params, net)
     tokens, features, next_tokens = _self_consistent_sequence(head, full, 65, 24)
     mask = np.ones((1, 24), bool)
     out = train_lib.draft_acceptance(head, full, tokens[None], features[None],
@@ -219,7 +219,7 @@ def test_acceptance_matches_drafting_start_by_start_and_catches_real_features(to
     teacher-forced choices, which the wrong variant reproduces."""
     model, params, _ = toy
     head, net = _head(model, rng=4)
-    full = feature.drafter_params(model, params, net)
+    full = feature_head.drafter_params(model, params, net)
     rng = np.random.default_rng(5)
     n, width, depth = 2, 12, 4
     tokens = rng.integers(1, 200, (n, width)).astype(np.int32)

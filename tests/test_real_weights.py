@@ -196,12 +196,14 @@ def test_greedy_feature_head_equals_greedy_target(verifier):
     import jax
 
     from specdec_jax.drafting import feature
+    from specdec_jax.models import feature_head
     target, target_params, tok = load("qwen2.5-coder-1.5b")
-    head = feature.FeatureHead(feature.FeatureHeadConfig.for_target(target,
-                                                                    intermediate_size=512))
+    head = feature_head.FeatureHead(feature_head.FeatureHeadConfig.for_target(
+        target, intermediate_size=512))
     drafter = feature.FeatureDrafter(head)
-    params = feature.drafter_params(target, target_params, head.init_net(jax.random.PRNGKey(0)),
-                                    token_ids=np.arange(8192))
+    params = feature_head.drafter_params(target, target_params,
+                                         head.init_net(jax.random.PRNGKey(0)),
+                                         token_ids=np.arange(8192))
     prompts = [encode(tok, kind) for kind in PROMPTS]
     common = dict(target=target, target_params=target_params, prompts=prompts,
                   max_new_tokens=NEW_TOKENS, eos_ids=tok.eos_token_ids)

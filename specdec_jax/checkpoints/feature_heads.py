@@ -20,8 +20,9 @@ import numpy as np
 
 from specdec_jax.checkpoints import orbax_io
 from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint
-from specdec_jax.drafting import feature
-from specdec_jax.drafting.feature import FeatureDrafter, FeatureHead, FeatureHeadConfig
+from specdec_jax.drafting.feature import FeatureDrafter
+from specdec_jax.models import feature_head
+from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
 
 META_FILE = "feature_head.json"
 PARAMS_DIR = "params"
@@ -72,5 +73,5 @@ def load_feature_head(path: str | os.PathLike, *, target_name: str, target: Any,
     head = FeatureHead(FeatureHeadConfig.from_dict(meta["config"]))
     like = head.init_net(jax.random.PRNGKey(0))
     net = orbax_io.restore_params(path / PARAMS_DIR, like)
-    params = feature.drafter_params(target, target_params, net, meta.get("token_ids"))
+    params = feature_head.drafter_params(target, target_params, net, meta.get("token_ids"))
     return FeatureDrafter(head, name=name), params, meta

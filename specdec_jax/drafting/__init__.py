@@ -14,10 +14,11 @@ from specdec_jax.drafting.cs_drafting import (
     lenient_law,
     parse_k_matrix,
 )
-from specdec_jax.drafting.feature import FeatureDrafter, FeatureHead, FeatureHeadConfig
+from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter
 from specdec_jax.drafting.spec import feature_path, make_drafter, parse_spec
+from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
 
 __all__ = [
     "AdaptiveDrafter", "AdaptiveFeatureDrafter", "Context", "Drafter", "FeatureDrafter",

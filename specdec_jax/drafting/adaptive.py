@@ -217,7 +217,7 @@ class AdaptiveFeatureDrafter(FeatureDrafter):
     is what the acceptance head reads. The stopping rule, ``Proposal.count``
     and ``target_widths`` are ``AdaptiveDrafter``'s.
 
-    Params: ``select_params({name: feature.drafter_params(...), name +
+    Params: ``select_params({name: feature_head.drafter_params(...), name +
     "/acceptance_head": ...})`` -> ``(head params, acceptance head params)``;
     the acceptance head's ``hidden_size`` is the target's (the features').
     """

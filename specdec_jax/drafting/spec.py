@@ -34,9 +34,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specdec_jax.drafting.cs_drafting import cs_drafter
-from specdec_jax.drafting.feature import FeatureDrafter, FeatureHead
+from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter
+from specdec_jax.models.feature_head import FeatureHead
 from specdec_jax.models.interface import LanguageModel, is_encoder_decoder
 
 MAG = "mag"

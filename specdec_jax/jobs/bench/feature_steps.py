@@ -62,9 +62,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import precision
-from specdec_jax.drafting import feature
 from specdec_jax.jobs import cost, resolver
 from specdec_jax.jobs.bench import shared
+from specdec_jax.models import feature_head
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
 
@@ -236,7 +236,7 @@ def in_loop(body: Callable, params, carry, steps: int, repeats: int) -> timing.T
     return timed
 
 
-def _head_cache(head: feature.FeatureHead, batch: int, fill: int, k: int):
+def _head_cache(head: feature_head.FeatureHead, batch: int, fill: int, k: int):
     return head.init_cache(batch, fill + k).replace(lengths=jnp.full((batch,), fill, jnp.int32))
 
 
@@ -432,7 +432,7 @@ def run_bench_feature_steps(*, target: str = TARGET, drafter: str | None = DRAFT
     for m_index, mlp in enumerate(settings.intermediate_sizes):
         width = mlp or target_model.config.intermediate_size
         try:
-            head = feature.FeatureHead(feature.FeatureHeadConfig.for_target(
+            head = feature_head.FeatureHead(feature_head.FeatureHeadConfig.for_target(
                 target_model, intermediate_size=mlp, kernel_layout=settings.kernel_layout))
             net = jax.tree_util.tree_map(lambda x: x.astype(settings.dtype),
                                          head.init_net(jax.random.PRNGKey(settings.seed)))
@@ -446,7 +446,7 @@ def run_bench_feature_steps(*, target: str = TARGET, drafter: str | None = DRAFT
                           "part": "draft", "k": 1, "vocab": v, "intermediate_size": width},
                          error)
             continue
-        full_params = feature.drafter_params(target_model, target_params, net)
+        full_params = feature_head.drafter_params(target_model, target_params, net)
         for k in settings.window_widths:
             run.measure({"name": f"feature window K={k} mlp={width}", "role": "feature",
                          "part": "window", "k": k, "intermediate_size": width},
@@ -454,7 +454,7 @@ def run_bench_feature_steps(*, target: str = TARGET, drafter: str | None = DRAFT
         for v in vocabs:
             base = {"role": "feature", "k": 1, "vocab": v}
             try:
-                params = full_params if v == vocab else feature.drafter_params(
+                params = full_params if v == vocab else feature_head.drafter_params(
                     target_model, target_params, net, token_ids=ids[v])
             except Exception as error:  # noqa: BLE001
                 run.fail({**base, "name": f"feature draft step V={v} mlp={width}",

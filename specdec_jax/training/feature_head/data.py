@@ -33,7 +33,7 @@ import numpy as np
 
 from specdec_jax import batching
 from specdec_jax.checkpoints.feature_heads import target_fingerprint
-from specdec_jax.drafting import feature
+from specdec_jax.models import feature_head
 from specdec_jax.models.interface import Prompt
 from specdec_jax.runtime.progress import tqdm
 
@@ -97,7 +97,7 @@ def make_feature_fn(target, rows_VxD_of):
 
 def _rows_of(target):
     """The target's output-head rows [V, D] from its params (shared with the head)."""
-    return lambda params: feature.shared_params(target, params)["head"]["rows"]
+    return lambda params: feature_head.shared_params(target, params)["head"]["rows"]
 
 
 def _atomic_save(path: pathlib.Path, **arrays) -> None:

@@ -52,8 +52,8 @@ from jax.sharding import PartitionSpec
 
 from specdec_jax import sharding
 from specdec_jax.checkpoints.feature_heads import save_feature_head
-from specdec_jax.drafting import feature
-from specdec_jax.drafting.feature import FeatureHead, FeatureHeadConfig
+from specdec_jax.models import feature_head
+from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
 from specdec_jax.training import loop
 from specdec_jax.training.data import epoch_indices, padded_chunks
 from specdec_jax.training.feature_head import data as data_lib
@@ -138,7 +138,7 @@ def concat(*datasets: SequenceDataset) -> SequenceDataset:
 
 def vocab_index(token_ids, vocab_size: int) -> np.ndarray:
     """int32 [V]: a token's row in a restricted head (``token_ids`` sorted, as
-    ``feature.shared_params`` stores them), -1 outside; the identity for the
+    ``feature_head.shared_params`` stores them), -1 outside; the identity for the
     full head (``token_ids`` None)."""
     if token_ids is None:
         return np.arange(vocab_size, dtype=np.int32)
@@ -151,7 +151,7 @@ def vocab_index(token_ids, vocab_size: int) -> np.ndarray:
 def frozen_inputs(target, target_params, token_ids=None) -> dict:
     """The loss's frozen inputs: the target's embedding and (restricted) head,
     and the token -> head row map."""
-    return {**feature.shared_params(target, target_params, token_ids),
+    return {**feature_head.shared_params(target, target_params, token_ids),
             "vocab_index": jnp.asarray(vocab_index(token_ids, target.vocab_size))}
 
 
@@ -424,7 +424,7 @@ def train_feature_head(*, workdir: str | os.PathLike, data_dir: str | os.PathLik
     mesh = sharding.make_mesh()
     extras = sharding.shard_params(frozen_inputs(target, target_params, token_ids), mesh,
                                    REPLICATED)
-    params_for_eval = lambda net: {"net": net, **feature.shared_params(  # noqa: E731
+    params_for_eval = lambda net: {"net": net, **feature_head.shared_params(  # noqa: E731
         target, target_params, token_ids)}
     eval_every = eval_every or max(1, -(-num_steps // 4))
     ends = sorted({*range(eval_every, num_steps, eval_every), num_steps})
