@@ -41,7 +41,6 @@ from specdec_jax.drafting.base import (
     start_token_and_prefill,
     write_rows,
 )
-from specdec_jax.drafting.feature import prefill_with_features
 from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
 from specdec_jax.sampling import SamplingParams
@@ -293,8 +292,8 @@ class SpeculativeDecoder:
                              f"{self.max_new_tokens} + gamma {self.gamma} + 1).")
         features = None
         if needs_features(self.drafter):
-            target_cache, _, features = prefill_with_features(self.target, target_params,
-                                                              prompt, max_length)
+            target_cache, _, features = start_token_and_prefill(
+                self.target, target_params, prompt, max_length, all_hidden=True)
         else:
             target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
                                                       max_length)

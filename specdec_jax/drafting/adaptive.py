@@ -77,8 +77,36 @@ def target_widths(max_drafts: int, small=SMALL_TARGET_WIDTHS) -> tuple[int, ...]
     return tuple(sorted({w for w in small if w < max_drafts + 1} | {max_drafts + 1}))
 
 
+class StoppingRuleNames:
+    """What every SpecDec++ drafter shares, whatever drafts for it: its
+    acceptance head's params name, the target widths it compiles and how it
+    picks ``(drafter params, acceptance head params)`` from named params.
+    Needs ``name`` and ``widths`` fields on the drafter."""
+
+    @property
+    def head_name(self) -> str:
+        return f"{self.name}/acceptance_head"
+
+    def target_widths(self, max_drafts: int) -> tuple[int, ...]:
+        """The target call widths to compile: ``widths`` (or ``target_widths``),
+        checked to end at ``K_max + 1``."""
+        widths = target_widths(max_drafts) if self.widths is None else tuple(sorted(self.widths))
+        if widths[-1] != max_drafts + 1 or widths[0] < 1:
+            raise ValueError(f"target widths {widths} must be >= 1 and end at K_max + 1 = "
+                             f"{max_drafts + 1} (a row may draft K_max tokens).")
+        return widths
+
+    def select_params(self, named: dict):
+        """``(drafter params, acceptance head params)`` from a name -> params dict."""
+        missing = [k for k in (self.name, self.head_name) if k not in named]
+        if missing:
+            raise KeyError(f"adaptive drafter {self.name!r} needs params {missing}; pass the "
+                           "drafter's weights and its acceptance head's (load_head).")
+        return named[self.name], named[self.head_name]
+
+
 @dataclasses.dataclass(frozen=True)
-class AdaptiveDrafter(SingleModelDrafter):
+class AdaptiveDrafter(StoppingRuleNames, SingleModelDrafter):
     """A neural drafter with SpecDec++'s stopping rule (module docstring).
 
     Params: ``(model_params, head_params)`` from ``select_params({name: ...,
@@ -92,16 +120,6 @@ class AdaptiveDrafter(SingleModelDrafter):
     eos_ids: tuple[int, ...] = ()
     widths: tuple[int, ...] | None = None
     catch_up_widths: tuple[int, ...] = (1, 2)
-
-    @property
-    def head_name(self) -> str:
-        return f"{self.name}/acceptance_head"
-
-    def target_widths(self, max_drafts: int) -> tuple[int, ...]:
-        return check_widths(self.widths, max_drafts)
-
-    def select_params(self, named: dict):
-        return adaptive_params(named, self.name, self.head_name)
 
     def init(self, params, prompt: Prompt, max_length: int,
              encoder_decoder: bool) -> ModelDrafterState:
@@ -129,25 +147,6 @@ class AdaptiveDrafter(SingleModelDrafter):
                             calls=(calls_B + steps)[:, None], fed=(fed_B + steps)[:, None],
                             single=(single_B + steps)[:, None], nan=loop.nan, count=loop.count)
         return proposal, ModelDrafterState(cache=loop.cache)
-
-
-def check_widths(widths: tuple[int, ...] | None, max_drafts: int) -> tuple[int, ...]:
-    """The target call widths an adaptive drafter compiles: ``widths`` (or
-    ``target_widths``), checked to end at ``K_max + 1``."""
-    widths = target_widths(max_drafts) if widths is None else tuple(sorted(widths))
-    if widths[-1] != max_drafts + 1 or widths[0] < 1:
-        raise ValueError(f"target widths {widths} must be >= 1 and end at K_max + 1 = "
-                         f"{max_drafts + 1} (a row may draft K_max tokens).")
-    return widths
-
-
-def adaptive_params(named: dict, name: str, head_name: str):
-    """``(drafter params, acceptance head params)`` from a name -> params dict."""
-    missing = [k for k in (name, head_name) if k not in named]
-    if missing:
-        raise KeyError(f"adaptive drafter {name!r} needs params {missing}; pass the "
-                       "drafter's weights and its acceptance head's (load_head).")
-    return named[name], named[head_name]
 
 
 def draft_adaptively(step_fn, cache, first_logits_BxV: Array, first_hidden_BxD: Array,
@@ -210,7 +209,7 @@ def draft_adaptively(step_fn, cache, first_logits_BxV: Array, first_hidden_BxD: 
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveFeatureDrafter(FeatureDrafter):
+class AdaptiveFeatureDrafter(StoppingRuleNames, FeatureDrafter):
     """SpecDec++ on a feature head: ``FeatureDrafter``'s catch-up, then
     ``draft_adaptively`` where each step feeds ``(d_i, e_{i-1})`` to the head
     and ``e_i`` (its predicted feature after ``d_i``, ``Proposal.hidden[:, i]``)
@@ -235,16 +234,6 @@ class AdaptiveFeatureDrafter(FeatureDrafter):
             raise ValueError(f"the acceptance head reads {size}-wide states but the feature "
                              f"head predicts {self.head.config.feature_size}-wide features; "
                              "build it with HeadConfig(hidden_size=feature_size).")
-
-    @property
-    def head_name(self) -> str:
-        return f"{self.name}/acceptance_head"
-
-    def target_widths(self, max_drafts: int) -> tuple[int, ...]:
-        return check_widths(self.widths, max_drafts)
-
-    def select_params(self, named: dict):
-        return adaptive_params(named, self.name, self.head_name)
 
     def propose(self, params, state: FeatureDrafterState, context: Context, num: int,
                 with_next: bool, key: Array, sp: sampling.SamplingParams,

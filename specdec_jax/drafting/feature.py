@@ -41,7 +41,7 @@ role (``tests/test_feature_drafter.py`` pins that law exactly).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -297,25 +297,3 @@ class FeatureDrafter:
         lengths = jnp.minimum(state.cache.lengths, valid_B)
         return state.replace(cache=state.cache.replace(lengths=lengths),
                              real=jnp.minimum(state.real, lengths))
-
-
-def prefill_with_features(model, params, prompt: Prompt, max_length: int
-                          ) -> tuple[Any, Array, Array]:
-    """Like ``base.start_token_and_prefill`` for a decoder-only target, plus
-    its hidden states at every fed prompt position: ``(cache, pending_B,
-    features [B, max_length, D])`` (positions past a row's fed prompt are
-    zero-padded scratch)."""
-    if getattr(model, "decoder_start_token_id", None) is not None:
-        raise ValueError("a feature drafter reads a decoder-only target's hidden states; the "
-                         "target is an encoder-decoder model.")
-    batch, width = prompt.tokens.shape
-    cache = model.init_cache(batch, max_length)
-    last_B = jnp.take_along_axis(prompt.tokens, (prompt.lengths - 1)[:, None], axis=1)[:, 0]
-    try:
-        out = model.prefill(params, prompt.replace(lengths=prompt.lengths - 1), cache,
-                            all_hidden=True)
-    except TypeError as err:
-        raise ValueError(f"{type(model).__name__}.prefill cannot return every position's "
-                         "hidden state (all_hidden=True); a feature drafter needs it.") from err
-    features = jnp.pad(out.hidden, ((0, 0), (0, max_length - width), (0, 0)))
-    return out.cache, last_B.astype(jnp.int32), features
