@@ -269,6 +269,12 @@ class SpeculativeDecoder:
     def __post_init__(self):
         if not is_drafter(self.drafter):
             object.__setattr__(self, "drafter", ModelDrafter(self.drafter))
+        if getattr(self.verifier, "needs_normalised_law", False) and \
+                not self.target_fn.normalised:
+            raise ValueError(
+                f"the {self.verifier.name!r} verifier reproduces a normalised law over many "
+                f"rounds, and {self.target_fn.name!r} weighs tokens with an unnormalised "
+                "pi by design; use the 'token' or 'block' verifier for it.")
 
     @property
     def needs_next_q(self) -> bool:

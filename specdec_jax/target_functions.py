@@ -50,11 +50,14 @@ def _mixture(q: Array, p: Array, defer: Array) -> Array:
 @dataclasses.dataclass(frozen=True)
 class TargetFunction:
     """Base class. ``bonus_from_target``: the bonus token after G accepted drafts
-    follows ``p`` (SpecDecode, Lossy) instead of ``pi`` (every cascade)."""
+    follows ``p`` (SpecDecode, Lossy) instead of ``pi`` (every cascade).
+    ``normalised``: ``pi`` sums to 1 at every position (a law to reproduce);
+    only the lossy rule's weights do not."""
 
     name: ClassVar[str] = ""
     alpha_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     bonus_from_target: ClassVar[bool] = False
+    normalised: ClassVar[bool] = True
 
     def validate(self, alpha: float, beta: float = 1.0) -> None:
         low, high = self.alpha_range
@@ -91,6 +94,7 @@ class Lossy(TargetFunction):
     name: ClassVar[str] = "lossy"
     alpha_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     bonus_from_target: ClassVar[bool] = True
+    normalised: ClassVar[bool] = False
 
     def validate(self, alpha: float, beta: float = 1.0) -> None:
         if not 0.0 <= alpha < 1.0:

@@ -57,6 +57,7 @@ remain/rej do not change), so an unclipped ratio of 1e40 cannot overflow.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -363,12 +364,15 @@ class SeedBlockVerifier:
     many rounds only because of the carried state (``SeedBlockState``); the
     incoming ``pi_BxGxV`` is the target's conditional on the current prefix
     and ``q_BxGxV`` the drafter's, from which ``__call__`` builds the carried
-    verifier conditionals itself. ``pi`` should be normalised. Supports
-    ``G <= max_gamma`` drafts per round.
+    verifier conditionals itself. ``pi`` must be normalised: the carried
+    zones are conditionals of the law being reproduced, so the lossy rule's
+    unnormalised weights have none (``needs_normalised_law``; the decoder
+    refuses that pairing). Supports ``G <= max_gamma`` drafts per round.
     """
 
     name: str = "block-seed"
     max_gamma: int = MAX_GAMMA
+    needs_normalised_law: ClassVar[bool] = True
 
     def init_state(self, batch_size: int) -> SeedBlockState:
         return SeedBlockState(live=jnp.zeros((batch_size, self.max_gamma), bool),
