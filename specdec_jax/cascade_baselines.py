@@ -48,6 +48,7 @@ from specdec_jax import sampling, target_functions
 from specdec_jax.decoding import (
     EndOfBlockStop,
     GenerationOutput,
+    check_rounds_per_sync,
     emit_round,
     extend_bucketed,
     initial_history,
@@ -124,8 +125,10 @@ class DraftUntilDecoder:
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
     stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
+    rounds_per_sync: int = 1  # rounds between two reads of the loop condition
 
     def __post_init__(self):
+        check_rounds_per_sync(self.rounds_per_sync)
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}.")
         if self.max_drafts < 1:
@@ -268,7 +271,7 @@ class DraftUntilDecoder:
             drafter_cache=drafter_cache, key=key,
             stats=zero_stats(batch, self.max_drafts, 1))
         return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
-                          self.max_new_tokens)
+                          self.max_new_tokens, self.rounds_per_sync)
 
 
 def sequence_defers(sequence_logprob_B: Array, lengths_B: Array, alpha: float, *,

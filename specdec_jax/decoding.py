@@ -265,10 +265,14 @@ class SpeculativeDecoder:
     # None: ask the drafter for q_{G+1} only when the target function needs it.
     # True forces the classic G + 1 drafter steps (to measure what skipping saves).
     draft_next_q: bool | None = None
+    # Rounds between two reads of the loop condition (``loop_until_done``):
+    # > 1 saves a GPU's per-round host sync; outputs are identical.
+    rounds_per_sync: int = 1
 
     def __post_init__(self):
         if not is_drafter(self.drafter):
             object.__setattr__(self, "drafter", ModelDrafter(self.drafter))
+        check_rounds_per_sync(self.rounds_per_sync)
         if getattr(self.verifier, "needs_normalised_law", False) and \
                 not self.target_fn.normalised:
             raise ValueError(
@@ -432,17 +436,49 @@ class SpeculativeDecoder:
                 f"max_length={needed} or more.")
         state = self.init_state(prefilled, key)
         return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
-                          self.max_new_tokens)
+                          self.max_new_tokens, self.rounds_per_sync)
 
 
-def run_rounds(round_fn, state, max_new_tokens: int) -> GenerationOutput:
-    """Runs ``round_fn`` until every row is done; the loop every round-based
-    decoder shares (``state`` has tokens, num_generated, done and stats)."""
+def check_rounds_per_sync(rounds_per_sync: int) -> None:
+    if not isinstance(rounds_per_sync, int) or rounds_per_sync < 1:
+        raise ValueError(f"rounds_per_sync must be an integer >= 1, got {rounds_per_sync!r}.")
 
-    def cond_fn(state):
-        return ~jnp.all(state.done)
 
-    state = jax.lax.while_loop(cond_fn, round_fn, state)
+def loop_until_done(body_fn, state, rounds_per_sync: int = 1):
+    """Runs ``body_fn`` while any row of ``state`` is not done (``state.done``:
+    bool [B]); the loop every decoder shares.
+
+    A ``lax.while_loop`` whose trip count is unknown copies its condition to
+    the host and waits for it at every iteration on a GPU (XLA's while thunk).
+    With ``rounds_per_sync = R > 1`` the loop reads its condition once every R
+    iterations: an outer while loop over chunks, each a fixed-trip loop of R
+    iterations (no host read), where an iteration after every row is done is
+    skipped on the device (``lax.cond``). The state that comes out is the
+    same as with R = 1, bit for bit; R = 1 (the default) is the plain loop.
+    E.g. 23 rounds with R = 8: three condition reads instead of 24, and one
+    skipped iteration.
+    """
+    check_rounds_per_sync(rounds_per_sync)
+
+    def not_done(s):
+        return ~jnp.all(s.done)
+
+    if rounds_per_sync == 1:
+        return jax.lax.while_loop(not_done, body_fn, state)
+
+    def chunk_fn(s):
+        step = lambda _, s: jax.lax.cond(not_done(s), body_fn, lambda s: s, s)  # noqa: E731
+        return jax.lax.fori_loop(0, rounds_per_sync, step, s)
+
+    return jax.lax.while_loop(not_done, chunk_fn, state)
+
+
+def run_rounds(round_fn, state, max_new_tokens: int, rounds_per_sync: int = 1
+               ) -> GenerationOutput:
+    """Runs ``round_fn`` until every row is done (``loop_until_done``); the loop
+    every round-based decoder shares (``state`` has tokens, num_generated, done
+    and stats)."""
+    state = loop_until_done(round_fn, state, rounds_per_sync)
     return GenerationOutput(tokens=state.tokens[:, :max_new_tokens],
                             lengths=state.num_generated, stats=state.stats)
 
@@ -469,6 +505,10 @@ class AutoregressiveDecoder:
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
     stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
+    rounds_per_sync: int = 1  # steps between two reads of the loop condition
+
+    def __post_init__(self):
+        check_rounds_per_sync(self.rounds_per_sync)
 
     def generate(self, target_params, drafter_params, prompt: Prompt, key,
                  sp: SamplingParams) -> GenerationOutput:
@@ -482,9 +522,6 @@ class AutoregressiveDecoder:
             num_generated=jnp.zeros((batch,), jnp.int32), pending=pending,
             done=jnp.zeros((batch,), bool), target_cache=cache, key=key,
             stats=zero_stats(batch, 0))
-
-        def cond_fn(state):
-            return ~jnp.all(state.done)
 
         def body_fn(state):
             key, step_key = jax.random.split(state.key)
@@ -515,6 +552,6 @@ class AutoregressiveDecoder:
                 target_cache=out.cache.replace(
                     lengths=state.target_cache.lengths + active), key=key, stats=stats)
 
-        state = jax.lax.while_loop(cond_fn, body_fn, state)
+        state = loop_until_done(body_fn, state, self.rounds_per_sync)
         return GenerationOutput(tokens=state.tokens[:, : self.max_new_tokens],
                                 lengths=state.num_generated, stats=state.stats)
