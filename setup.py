@@ -2,14 +2,21 @@
 
 from setuptools import find_packages, setup
 
+# Bounds are what was tested, not guesses: CI installs jax/jaxlib 0.10.2, flax
+# 0.12.8, optax 0.2.8 and orbax-checkpoint 0.12.8 (CPU); the GPU sessions ran the
+# suite and the benchmarks on jax/jaxlib 0.11.2 and flax 0.12.10. jax moves its
+# API between 0.x minors, and the code leans on parts that move: Pallas
+# (kernels.py), the coordination service's barrier (runtime/distributed.py reads
+# jax._src.distributed), jax.make_array_from_callback and jax.tree.* (sharding.py).
+# So each 0.x package is bounded to the minors that ran, from the tested release.
 CORE = [
-    "jax>=0.4.30",
-    "jaxlib>=0.4.30",
-    "flax>=0.10",
-    "optax>=0.2",
-    "orbax-checkpoint>=0.6",
+    "jax>=0.10.2,<0.12",
+    "jaxlib>=0.10.2,<0.12",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.4,<0.13",
     "gin-config>=0.5",
-    "numpy>=1.26",
+    "numpy>=2.0",  # jax 0.10 needs it
     "safetensors>=0.4",
     "gguf>=0.10",
     "tokenizers>=0.19",
@@ -19,16 +26,18 @@ CORE = [
 ]
 
 # The reference peer (torch, transformers) lives only here: the library never
-# imports it. torch is pinned to the CPU build that CI machines carry.
+# imports it. torch is pinned to the release CI tests; CI installs its CPU wheel
+# (README, "Install": pip's --index-url https://download.pytorch.org/whl/cpu).
+# transformers 5 is what the parity tests ran against (5.24.0); 4.x is untested.
 DEV = [
     "pytest>=8",
     "torch==2.13.0",
-    "transformers>=4.45",
-    "accelerate>=0.30",
-    "ruff>=0.5",
-    "scipy>=1.11",
+    "transformers>=5.24,<6",
+    "accelerate>=1.0",
+    "ruff>=0.17,<0.18",  # the lint test (tests/test_lint.py) checks with the tested rules
+    "scipy>=1.14",
     "psutil>=5.9",
-    "import-linter>=2.1",  # the layer contracts (.importlinter; tests/test_layers.py)
+    "import-linter>=2.17,<3",  # the layer contracts (.importlinter; tests/test_layers.py)
 ]
 
 # Quality metrics and plots of the evaluation sweep (imported lazily by specdec_jax.data.metrics).
@@ -38,12 +47,13 @@ EVAL = ["sacrebleu>=2.4", "rouge-score>=0.1.2", "matplotlib>=3.8"]
 TRAIN = ["tensorboard>=2.15"]
 
 # seqio Tasks (specdec_jax.data.seqio_tasks): seqio pulls TensorFlow (~2.5 GB installed).
-SEQIO = ["seqio>=0.0.19", "tensorflow>=2.16"]
+SEQIO = ["seqio>=0.0.20", "tensorflow>=2.21"]  # tested: seqio 0.0.20, tensorflow 2.21.0
 
 setup(
     name="specdec_jax",
     version="0.1.0",
     description=__doc__,
+    license="Apache-2.0",
     packages=find_packages(include=["specdec_jax", "specdec_jax.*"]),
     package_data={"specdec_jax.data": ["tables/*.npz"]},
     python_requires=">=3.10",

@@ -21,7 +21,7 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import api, batching, cascade_baselines, drafting, target_functions
+from specdec_jax import api, batching, cascade_baselines, drafting, precision, target_functions
 from specdec_jax.checkpoints import feature_heads
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
@@ -35,6 +35,8 @@ DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
 # The 0.5B drafter's tied head is 136 M of its 494 M parameters; 32,768 rows
 # cover every token of the ranking corpus (drafting.head_vocab).
 DEFAULT_HEAD_VOCAB = 32768
+# --dtype: auto is float32 on CPU and bfloat16 on accelerators (precision.resolve_dtype).
+DTYPE_CHOICES = (precision.AUTO, "float32", "bfloat16")
 # Code completions: the default pair is a code model pair.
 DEFAULT_PROMPTS = (
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -85,6 +87,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the autoregressive baseline (no speedup is printed)")
+    p.add_argument("--dtype", default=precision.AUTO, choices=DTYPE_CHOICES,
+                   help="number format of the models' weights and activations: auto "
+                        "(default) is float32 on CPU and bfloat16 on GPU/TPU; probabilities "
+                        "and logits stay float32 in every format")
     p.add_argument("--kernel-layout", default=OUT_IN, choices=KERNEL_LAYOUTS,
                    help="how dense kernels are stored while decoding: out_in (default, "
                         "faster) or in_out (the checkpoint tree; to measure the difference)")
@@ -300,7 +306,8 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer):
                 target_params=target_params, name=name)
             heads[name] = head.head
             continue
-        model, params, tok = resolver.resolve(name, kernel_layout=args.kernel_layout)
+        model, params, tok = resolver.resolve(name, dtype=args.dtype,
+                                              kernel_layout=args.kernel_layout)
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
@@ -372,8 +379,8 @@ def run(args) -> int:
                              beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
     names = drafting.parse_spec(spec)
-    target, target_params, tokenizer = resolver.resolve(args.target,
-                                                        kernel_layout=args.kernel_layout)
+    target, target_params, tokenizer = resolver.resolve(args.target, dtype=args.dtype,
+                                                         kernel_layout=args.kernel_layout)
     drafter = drafter_params = None
     if args.method != "autoregressive":
         drafter, drafter_params = _load_drafter(args, spec, names, target, target_params,

@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 
-from specdec_jax import sharding
+from specdec_jax import precision, sharding
 from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram
@@ -92,16 +92,35 @@ def resolve(name: str, *, dtype: str = "auto", mesh=None,
 
     ``dtype``: ``"auto"`` is float32 on CPU and bfloat16 on accelerators
     (checkpoint decoders; toys and T5 members keep the dtype they were built
-    with). ``kernel_layout`` applies to checkpoint decoders: ``"out_in"`` (the
+    with); a named dtype holds for every family (``in_dtype``). ``kernel_layout``
+    applies to checkpoint decoders: ``"out_in"`` (the
     default) is the decode layout (``api.decode_layout``), ``"in_out"`` keeps
     the loaded tree. ``mesh``: params placed on it by the sharding rules.
     """
     family = family_of(name)
     model, params, tokenizer = family.load(name, dtype=dtype, mesh=mesh,
                                            kernel_layout=kernel_layout)
+    model, params = in_dtype(model, params, dtype)
     if mesh is not None and not family.places_on_mesh:
         params = sharding.shard_params(params, mesh, sharding.rules_for(model))
     return model, params, tokenizer
+
+
+def in_dtype(model, params, dtype: str):
+    """``(model, params)`` in ``dtype``. Checkpoint families load in it; the
+    toys and the T5 pair's members are built as they were made (float32), so a
+    named dtype recasts them here (``auto`` keeps them as built)."""
+    config = getattr(model, "config", None)
+    if dtype == precision.AUTO or getattr(config, "dtype", dtype) == dtype:
+        return model, params
+    if not (dataclasses.is_dataclass(model) and hasattr(config, "param_dtype")):
+        raise ValueError(f"dtype {dtype}: {type(model).__name__} has no number format to "
+                         "set; use dtype auto.")
+    config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
+    params = jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x,
+        params)
+    return dataclasses.replace(model, config=config), params
 
 
 def known_vocab_size(name: str) -> int | None:
