@@ -453,10 +453,14 @@ def loop_until_done(body_fn, state, rounds_per_sync: int = 1):
     With ``rounds_per_sync = R > 1`` the loop reads its condition once every R
     iterations: an outer while loop over chunks, each a fixed-trip loop of R
     iterations (no host read), where an iteration after every row is done is
-    skipped on the device (``lax.cond``). The state that comes out is the
-    same as with R = 1, bit for bit; R = 1 (the default) is the plain loop.
-    E.g. 23 rounds with R = 8: three condition reads instead of 24, and one
-    skipped iteration.
+    skipped (``lax.cond``). The state that comes out is the same as with R = 1,
+    bit for bit; R = 1 (the default) is the plain loop. E.g. 23 rounds with
+    R = 8: three condition reads instead of 24, and one skipped iteration.
+
+    On a GPU the skip is itself a conditional, which XLA decides on the device
+    only inside a command buffer (CONDITIONAL is in its default set) and on
+    the host otherwise; which R pays, if any, is for a GPU run to measure
+    (``tools/gpu_check.sh``), not something this loop can know.
     """
     check_rounds_per_sync(rounds_per_sync)
 
