@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from specdec_jax.data import metrics, sandbox
+from specdec_jax import sandbox
+from specdec_jax.data import humaneval, metrics
 
 psutil = pytest.importorskip("psutil")
 
@@ -76,7 +77,7 @@ def groups(monkeypatch):
             started.append(self.pid)
 
     sandbox.namespace_command()  # probe before recording
-    monkeypatch.setattr(sandbox.subprocess, "Popen", Recording)
+    monkeypatch.setattr(subprocess, "Popen", Recording)
     yield started
     for pgid in started:  # nothing lives on, and the groups disappear
         assert not _live_members(pgid)
@@ -146,11 +147,11 @@ def _network_attack(port: int) -> str:
 
 
 def test_correct_solution_passes():
-    assert sandbox.check_humaneval(ADD, GOOD, FAST) == sandbox.Outcome(True, "passed", "")
+    assert humaneval.check_humaneval(ADD, GOOD, FAST) == sandbox.Outcome(True, "passed", "")
 
 
 def test_wrong_solution_fails():
-    outcome = sandbox.check_humaneval(ADD, "    return a - b\n", FAST)
+    outcome = humaneval.check_humaneval(ADD, "    return a - b\n", FAST)
     assert (outcome.passed, outcome.status) == (False, "failed")
     assert "AssertionError" in outcome.detail
 
@@ -158,13 +159,13 @@ def test_wrong_solution_fails():
 @pytest.mark.parametrize("ending", ["import os\nos._exit(0)\n", "import sys\nsys.exit(0)\n",
                                     "raise SystemExit\n"])
 def test_exiting_before_the_tests_end_is_not_a_pass(ending):
-    outcome = sandbox.check_humaneval(ADD, GOOD + "\n" + ending, FAST)
+    outcome = humaneval.check_humaneval(ADD, GOOD + "\n" + ending, FAST)
     assert (outcome.passed, outcome.status) == (False, "failed")
 
 
 def test_main_guard_does_not_run_like_the_reference_harness():
     demo = GOOD + '\n\nif __name__ == "__main__":\n    input()\n'  # stdin is closed
-    assert sandbox.check_humaneval(ADD, demo, FAST).passed
+    assert humaneval.check_humaneval(ADD, demo, FAST).passed
 
 
 def test_runs_in_a_fresh_directory_that_is_deleted():
@@ -189,8 +190,8 @@ def test_hostile_samples_are_contained_and_the_run_goes_on(decoy, listener, grou
         "network": _network_attack(listener.getsockname()[1]),
     }
     completions = [*hostile.values(), GOOD]
-    outcomes = sandbox.check_humaneval_many([ADD] * len(completions), completions, FAST,
-                                            progress=False)
+    outcomes = humaneval.check_humaneval_many([ADD] * len(completions), completions, FAST,
+                                              progress=False)
     by_name = dict(zip([*hostile, "good"], outcomes))
     assert not any(o.passed for name, o in by_name.items() if name != "good"), by_name
     assert by_name["infinite loop"].status in ("timeout", "killed")
@@ -205,14 +206,15 @@ def test_fork_bomb_is_reaped_without_the_audit_hook(groups):
     """The hook refuses os.fork; without it the namespace / group kill must still reap
     every process (root ignores RLIMIT_NPROC). A short bomb: it loads the machine."""
     bomb = "import os\nwhile True:\n    os.fork()\n"
-    outcome = sandbox._run(bomb, sandbox.Limits(wall_s=1.0, memory_mb=256), audit_hook=False)
+    outcome = sandbox.run_with_layers(bomb, sandbox.Limits(wall_s=1.0, memory_mb=256),
+                                      audit_hook=False)
     assert not outcome.passed and outcome.status in ("timeout", "killed", "failed")
 
 
 @pytest.mark.skipif(not sandbox.namespace_command(), reason="unshare -rn does not work here")
 def test_network_namespace_alone_blocks_connections(listener):
-    program = sandbox.humaneval_program(ADD, _network_attack(listener.getsockname()[1]))
-    assert not sandbox._run(program, FAST, audit_hook=False).passed
+    program = humaneval.humaneval_program(ADD, _network_attack(listener.getsockname()[1]))
+    assert not sandbox.run_with_layers(program, FAST, audit_hook=False).passed
 
 
 ESCAPES = {
@@ -225,8 +227,8 @@ ESCAPES = {
     "rebound builtins": "import builtins, os\nbuiltins.isinstance = lambda *a: True\n"
                         "os.path.realpath = os.fsdecode = lambda p: os.getcwd()\n"
                         "open(DECOY, 'w').write('pwned')\n",
-    "rebound harness": "import __main__\n__main__.BLOCKED = frozenset()\n"
-                       "__main__.PATH_EVENTS = {}\nimport os\nos.remove(DECOY)\n",
+    "rebound harness": "import __main__\n__main__.audit.BLOCKED = frozenset()\n"
+                       "__main__.audit.PATH_EVENTS = {}\nimport os\nos.remove(DECOY)\n",
     "hook frame": "try:\n    open(DECOY, 'w')\nexcept PermissionError as e:\n"
                   "    tb = e.__traceback__\n    print(tb.tb_next.tb_frame.f_locals)\n",
     "gc": "import gc\nprint(len(gc.get_objects()))\n",
@@ -257,12 +259,12 @@ def test_numpy_still_imports_although_ctypes_is_refused():
 
 def test_bad_input_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="one completion per problem"):
-        sandbox.check_humaneval_many([ADD, ADD], [GOOD], FAST, progress=False)
+        humaneval.check_humaneval_many([ADD, ADD], [GOOD], FAST, progress=False)
     broken = {k: v for k, v in ADD.items() if k != "entry_point"}
     with pytest.raises(ValueError, match=r"Toy/0.*entry_point"):
-        sandbox.check_humaneval_many([ADD, broken], [GOOD, GOOD], FAST, progress=False)
+        humaneval.check_humaneval_many([ADD, broken], [GOOD, GOOD], FAST, progress=False)
     with pytest.raises(ValueError, match="as a str"):
-        sandbox.check_humaneval(ADD, None, FAST)
+        humaneval.check_humaneval(ADD, None, FAST)
     with pytest.raises(ValueError, match="wall_s"):
         sandbox.Limits(wall_s=0)
 
@@ -572,11 +574,12 @@ def test_hostile_corpus_is_contained(mode, targets, decoy, groups):
     names, completions = [*names, "good"], [*completions, GOOD]
     started = time.monotonic()
     if mode == "all":  # the pass@1 entry point
-        outcomes = sandbox.check_humaneval_many([ADD] * len(completions), completions, BUDGET,
-                                                progress=False)
+        outcomes = humaneval.check_humaneval_many([ADD] * len(completions), completions,
+                                                  BUDGET, progress=False)
     else:
-        outcomes = [sandbox._run(sandbox.humaneval_program(ADD, c), BUDGET, audit_hook=False,
-                                 layers=layers) for c in completions]
+        outcomes = [sandbox.run_with_layers(humaneval.humaneval_program(ADD, c), BUDGET,
+                                            audit_hook=False, layers=layers)
+                    for c in completions]
     elapsed = time.monotonic() - started
     by_name = dict(zip(names, outcomes))
     print(f"{len(names)} samples, {mode} ({layers.describe()}): {elapsed:.1f} s")
@@ -622,13 +625,13 @@ def test_isolation_level_is_reported_and_kernel_where_available(record_property)
 
 
 def test_missing_kernel_layer_is_refused_on_request_and_announced(monkeypatch):
-    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation())
+    monkeypatch.setattr(sandbox.probe, "isolation", lambda: sandbox.Isolation())
     with pytest.raises(sandbox.IsolationError, match="unprivileged user namespaces"):
-        sandbox.check_humaneval(ADD, GOOD, FAST, require_kernel_isolation=True)
+        humaneval.check_humaneval(ADD, GOOD, FAST, require_kernel_isolation=True)
     monkeypatch.setenv(sandbox.REQUIRE_KERNEL_ENV, "1")
     with pytest.raises(sandbox.IsolationError, match=sandbox.REQUIRE_KERNEL_ENV):
-        sandbox.check_humaneval_many([ADD], [GOOD], FAST, progress=False)
+        humaneval.check_humaneval_many([ADD], [GOOD], FAST, progress=False)
     monkeypatch.delenv(sandbox.REQUIRE_KERNEL_ENV)
     with pytest.warns(UserWarning, match="audit hook only"):
-        outcomes = sandbox.check_humaneval_many([ADD], [GOOD], FAST, progress=False)
+        outcomes = humaneval.check_humaneval_many([ADD], [GOOD], FAST, progress=False)
     assert outcomes == [sandbox.Outcome(True, "passed", "")]

@@ -32,25 +32,11 @@ T0=$SECONDS
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 
-TINY=0
-for arg in "$@"; do
-  case "$arg" in
-    --tiny) TINY=1 ;;
-    -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) echo "feature_gpu_check.sh: unknown argument '$arg' (--tiny, --help)" >&2; exit 2 ;;
-  esac
-done
-
-PY=${PYTHON:-python3}
-CARRY=${GPU_CHECK_DIR:-.gpu_check}
-if [ -z "${OUT:-}" ]; then
-  OUT=$(mktemp -d "${TMPDIR:-/tmp}/feature_check_out.XXXXXX")
-fi
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/feature_check_work.XXXXXX")
+# shellcheck source=tools/gpu_check_common.sh
+source "$ROOT/tools/gpu_check_common.sh"
+gpu_check_args "${BASH_SOURCE[0]}" "$@"
+gpu_check_dirs feature_check
 trap 'rm -rf "$WORK"' EXIT
-export PYTHONUNBUFFERED=1
 
 if (( TINY )); then
   MODE=tiny
@@ -64,9 +50,6 @@ else
   GIN=configs/bench/feature_steps.gin
 fi
 GRACE_S=20
-
-say() { printf '[%4ds] %s\n' $((SECONDS - T0)) "$*"; }
-left() { echo $((DEADLINE - (SECONDS - T0))); }
 
 say "feature_gpu_check ($MODE): root $ROOT, OUT $OUT, deadline ${DEADLINE} s"
 
@@ -105,29 +88,10 @@ while IFS= read -r line; do
 done <<<"${FEATURE_CHECK_BINDINGS:-}"
 limit=$(( $(left) - GRACE_S - 5 ))
 say "job: $GIN, limit ${limit} s (progress in $OUT/feature_steps.log)"
-set -m
-"$PY" "${args[@]}" > >(tee "$OUT/feature_steps.log") 2>&1 &
-pid=$!
-set +m
-cut=0
-start=$SECONDS
-while kill -0 "$pid" 2>/dev/null; do
-  if (( SECONDS - start >= limit )); then
-    cut=1
-    say "time limit of ${limit} s reached: SIGINT, then SIGKILL after ${GRACE_S} s"
-    kill -INT "$pid" 2>/dev/null
-    waited=0
-    while kill -0 "$pid" 2>/dev/null && (( waited < GRACE_S )); do sleep 1; waited=$((waited + 1)); done
-    kill -KILL -- "-$pid" 2>/dev/null
-    break
-  fi
-  sleep 1
-done
-wait "$pid" 2>/dev/null
-job_rc=$?
-(( cut )) && job_rc=124
+run_limited --tee "$limit" "$OUT/feature_steps.log" "$PY" "${args[@]}"
+job_rc=$RC
 sleep 1  # tee's last lines
-say "job: rc $job_rc in $((SECONDS - start)) s$( (( cut )) && echo ' (TIMED OUT)')"
+say "job: rc $job_rc in ${ELAPSED} s$($TIMED_OUT && echo ' (TIMED OUT)')"
 
 # -- 4. check the report ---------------------------------------------------------------------
 status=$("$PY" - "$OUT/feature_steps.json" "$job_rc" "$MODE" <<'EOF'

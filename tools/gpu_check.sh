@@ -44,25 +44,11 @@ T0=$SECONDS
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 
-TINY=0
-for arg in "$@"; do
-  case "$arg" in
-    --tiny) TINY=1 ;;
-    -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (--tiny, --help)" >&2; exit 2 ;;
-  esac
-done
-
-PY=${PYTHON:-python3}
-CARRY=${GPU_CHECK_DIR:-.gpu_check}
-if [ -z "${OUT:-}" ]; then
-  OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_out.XXXXXX")
-fi
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_work.XXXXXX")
+# shellcheck source=tools/gpu_check_common.sh
+source "$ROOT/tools/gpu_check_common.sh"
+gpu_check_args "${BASH_SOURCE[0]}" "$@"
+gpu_check_dirs gpu_check
 mkdir -p "$WORK/bench"
-export PYTHONUNBUFFERED=1
 
 if (( TINY )); then
   MODE=tiny
@@ -103,45 +89,10 @@ PATHS=${GPU_CHECK_PATHS-in_out:xla out_in:pallas}
 SUMMARY_RESERVE=10
 GRACE_S=25
 
-say() { printf '[%4ds] %s\n' $((SECONDS - T0)) "$*"; }
-left() { echo $((DEADLINE - (SECONDS - T0))); }
-
 # STAGE RC SECONDS LIMIT TIMED_OUT NOTE: one line of $WORK/stages.jsonl (NOTE: no quotes).
 record() {
   printf '{"stage": "%s", "rc": %d, "seconds": %d, "limit_s": %d, "timed_out": %s, "note": "%s"}\n' \
     "$1" "$2" "$3" "$4" "$5" "${6:-}" >>"$WORK/stages.jsonl"
-}
-
-# LIMIT_S LOG CMD...: CMD in its own process group, output appended to LOG. At the limit:
-# SIGINT to CMD (pytest and the benchmark write what they have), after GRACE_S SIGKILL to
-# its group. Sets RC (124 when cut), ELAPSED and TIMED_OUT.
-run_limited() {
-  local limit=$1 log=$2 start=$SECONDS waited pid
-  shift 2
-  TIMED_OUT=false
-  set -m
-  "$@" >>"$log" 2>&1 &
-  pid=$!
-  CHILD=$pid
-  set +m
-  while kill -0 "$pid" 2>/dev/null; do
-    if (( SECONDS - start >= limit )); then
-      TIMED_OUT=true
-      say "time limit of ${limit} s reached: SIGINT, then SIGKILL after ${GRACE_S} s"
-      kill -INT "$pid" 2>/dev/null
-      waited=0
-      while kill -0 "$pid" 2>/dev/null && (( waited < GRACE_S )); do sleep 1; waited=$((waited + 1)); done
-      kill -KILL -- "-$pid" 2>/dev/null
-      break
-    fi
-    sleep 1
-  done
-  wait "$pid" 2>/dev/null
-  RC=$?
-  kill -KILL -- "-$pid" 2>/dev/null  # whatever it left in its group (xdist workers)
-  CHILD=
-  if $TIMED_OUT; then RC=124; fi
-  ELAPSED=$((SECONDS - start))
 }
 
 summarise() {
@@ -247,7 +198,7 @@ bench_after_suite() {  # does the benchmark stage come after the suite in STAGES
 # -- 3. the test suite ---------------------------------------------------------------------
 run_suite() {
   local args=(-m pytest -q -p no:cacheprovider -rfE --tb=short --junitxml="$OUT/junit.xml"
-              -p gpu_check_plugin)
+              -p tests.gpu_check_plugin)
   local note="serial"
   if (( WORKERS > 1 )) && "$PY" -c 'import xdist' 2>/dev/null; then
     local dist=load  # worksteal (xdist >= 3.2) rebalances uneven test files
@@ -271,7 +222,7 @@ run_suite() {
   fi
   say "suite: ${TESTS:-the whole default suite} ($note), limit ${limit} s"
   run_limited "$limit" "$OUT/suite.log" env GPU_CHECK_RESULTS="$OUT/tests.jsonl" \
-    PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" XLA_PYTHON_CLIENT_PREALLOCATE=false \
     "$PY" "${args[@]}"
   say "suite: rc $RC in ${ELAPSED} s$($TIMED_OUT && echo ' (TIMED OUT)')"
   tail -3 "$OUT/suite.log"

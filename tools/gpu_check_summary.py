@@ -5,7 +5,7 @@ partial: a stage cut at its time limit still counts):
 
 * ``<work>/stages.jsonl``: one line a stage (name, rc, seconds, limit_s, timed_out);
 * ``<work>/env.json`` and ``<out>/env.txt``: versions, devices, nvidia-smi;
-* ``<out>/tests.jsonl`` (tools/gpu_check_plugin.py), else ``<out>/junit.xml``:
+* ``<out>/tests.jsonl`` (tests/gpu_check_plugin.py), else ``<out>/junit.xml``:
   pass / fail / error / skip per test file, plus collected tests that never ran;
 * ``<work>/bench/main.json`` (+ ``main.md``): the accelerator benchmark job's report;
   ``<work>/bench/paths.json``: in-loop steps of the other kernel paths

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_jax.data import sandbox
+from specdec_jax import sandbox
+from specdec_jax.data.humaneval import PASS_AT_1
 from specdec_jax.data.tasks import Example, Metric
 
 BOOTSTRAP_SAMPLES = 1000
@@ -91,15 +92,8 @@ def _rouge2_items(outputs: list[str], examples: list[Example]) -> list:
             for out, ex in zip(outputs, examples, strict=True)]
 
 
-def _pass_items(outputs: list[str], examples: list[Example]) -> list:
-    outcomes = sandbox.check_humaneval_many(
-        [ex.reference for ex in examples], outputs)
-    return [100.0 * float(o.passed) for o in outcomes]
-
-
 BLEU = Metric(name="bleu", score_examples=_bleu_items, aggregate=_bleu_aggregate)
 ROUGE2 = Metric(name="rouge2", score_examples=_rouge2_items, aggregate=_mean)
-PASS_AT_1 = Metric(name="pass@1", score_examples=_pass_items, aggregate=_mean)
 
 METRICS = {m.name: m for m in (BLEU, ROUGE2, PASS_AT_1)}
 

@@ -1,9 +1,9 @@
 """pytest plugin of tools/gpu_check.sh: each test's outcome as one JSON line, as it happens.
 
-Loaded with ``-p gpu_check_plugin`` (``tools/`` on ``PYTHONPATH``); writes to the file
-named by ``$GPU_CHECK_RESULTS`` (nothing when unset). Unlike the JUnit XML, which
-pytest writes once at the end, the lines survive a run that is killed at its time
-limit. With pytest-xdist only the controller writes (the workers' reports reach it).
+Loaded with ``-p tests.gpu_check_plugin`` (the repository root on ``PYTHONPATH``);
+writes to the file named by ``$GPU_CHECK_RESULTS`` (nothing when unset). Unlike the
+JUnit XML, which pytest writes once at the end, the lines survive a run that is killed
+at its time limit. With pytest-xdist only the controller writes (the workers' reports reach it).
 
 Lines: ``{"collected": [nodeid, ...]}`` once; per test ``{"nodeid", "when",
 "outcome", "duration", "message", "worker"}`` for its call and for a setup or
