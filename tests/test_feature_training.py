@@ -14,6 +14,7 @@ from specdec_jax.checkpoints.feature_heads import load_feature_head
 from specdec_jax.jobs import resolver
 from specdec_jax.models import feature_head
 from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
+from specdec_jax.runtime import shards
 from specdec_jax.training.feature_head import data as data_lib
 from specdec_jax.training.feature_head import train as train_lib
 
@@ -87,26 +88,31 @@ def test_shards_resume_and_refuse_another_target(tmp_path, toy, monkeypatch):
     kwargs = dict(target=model, target_params=params, record=record, sequences=sequences,
                   source={"kind": "test"}, batch_size=2, shard_sequences=2, progress=False)
     data_lib.build_shards(tmp_path, **kwargs)
-    # Simulate a kill after the first shard: the manifest lists it alone.
+    # Simulate a kill after the first shard: the manifest lists it alone, unfinished.
     manifest = json.loads((tmp_path / data_lib.MANIFEST).read_text())
     del manifest["shards"]["shard-00001.npz"], manifest["shards"]["shard-00002.npz"]
-    (tmp_path / data_lib.MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / data_lib.MANIFEST).write_text(json.dumps({**manifest, "finished": False}))
     with pytest.raises(ValueError, match="did not finish"):
         data_lib.load_shards(tmp_path, record)
     first = (tmp_path / "shard-00000.npz").stat().st_mtime_ns
     calls = []
-    real_save = data_lib._atomic_save
-    monkeypatch.setattr(data_lib, "_atomic_save",
-                        lambda path, **a: (calls.append(path.name), real_save(path, **a)))
+    real_write = shards.write_shard
+
+    def noted_write(out_dir, manifest, name, *rest):
+        calls.append(name)
+        return real_write(out_dir, manifest, name, *rest)
+
+    monkeypatch.setattr(shards, "write_shard", noted_write)
     data_lib.build_shards(tmp_path, **kwargs)
     assert calls == ["shard-00001.npz", "shard-00002.npz"]  # the written shard is skipped
     assert (tmp_path / "shard-00000.npz").stat().st_mtime_ns == first
     assert not list(tmp_path.glob("*.tmp"))
     data_lib.load_shards(tmp_path, record)
     other = {**record, "target": "toy-bytes-large"}
-    with pytest.raises(ValueError, match="built for target 'toy-bytes-small'"):
+    with pytest.raises(ValueError, match="built for another model .target: 'toy-bytes-small' "
+                                         "here, 'toy-bytes-large' asked"):
         data_lib.load_shards(tmp_path, other)
-    with pytest.raises(ValueError, match="built for target"):
+    with pytest.raises(ValueError, match="built for another model"):
         data_lib.build_shards(tmp_path, **{**kwargs, "record": other})
     with pytest.raises(ValueError, match="other settings"):
         data_lib.build_shards(tmp_path, **{**kwargs, "batch_size": 1})

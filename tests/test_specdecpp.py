@@ -268,8 +268,53 @@ def test_acceptance_data_labels_mix_and_shards(tmp_path):
 
     other = data.pair_record(target_name="table2", target_params=DRAFTER_PARAMS,
                              drafter_name="table1", drafter_params=DRAFTER_PARAMS)
-    with pytest.raises(ValueError, match="built for the pair table1 -> table2"):
+    with pytest.raises(ValueError, match="acceptance data built for another model "
+                                         r"\(pair.target_fingerprint: "):
         data.load_shards(tmp_path, other)
+
+
+def test_acceptance_data_writes_atomically_resumes_to_the_same_data_and_refuses_a_partial_one(
+        tmp_path, monkeypatch):
+    """A kill while the manifest after the second shard is written leaves the
+    first manifest whole: the partial build is refused on load, and the
+    resumed build gives the data of an uninterrupted one."""
+    import os  # noqa: PLC0415
+
+    from specdec_jax.training.specdecpp import data  # noqa: PLC0415
+
+    rng = np.random.default_rng(2)
+    sequences = [([1, 2], rng.integers(0, V, 6).tolist()) for _ in range(12)]
+    pair = data.pair_record(target_name="table2", target_params=TARGET_PARAMS,
+                            drafter_name="table1", drafter_params=DRAFTER_PARAMS)
+    kwargs = dict(target=TARGET, target_params=TARGET_PARAMS, drafter=DRAFTER,
+                  drafter_params=DRAFTER_PARAMS, pair=pair, sequences=sequences,
+                  prompts_record={"source": "random"}, source="corpus", batch_size=2,
+                  shard_batches=2, progress=False)
+    data.build_shards(tmp_path / "whole", **kwargs)
+    real_replace = os.replace
+
+    class Killed(Exception):
+        pass
+
+    def replace(src, dst):
+        if str(dst).endswith(data.MANIFEST) and (tmp_path / "cut" / "shard-00001.npz").exists():
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(Killed):
+        data.build_shards(tmp_path / "cut", **kwargs)
+    monkeypatch.setattr(os, "replace", real_replace)
+    stored = json.loads((tmp_path / "cut" / data.MANIFEST).read_text())
+    assert list(stored["shards"]) == ["shard-00000.npz"] and not stored["finished"]
+    with pytest.raises(ValueError, match="did not finish.*run the build command again"):
+        data.load_shards(tmp_path / "cut", pair)
+    data.build_shards(tmp_path / "cut", **kwargs)
+    whole, resumed = data.load_shards(tmp_path / "whole", pair), data.load_shards(
+        tmp_path / "cut", pair)
+    np.testing.assert_array_equal(resumed[0], whole[0])
+    np.testing.assert_array_equal(resumed[1], whole[1])
+    assert len(resumed[2]["shards"]) == 3
 
 
 @pytest.mark.parametrize("w_rej", [1.0, 6.0])

@@ -13,17 +13,15 @@ Shards: ``shard-00000.npz`` with ``tokens`` int32 [n, W] (0-padded),
 ``lengths`` int32 [n], ``starts`` int32 [n] (first response position; 0 for
 plain text), ``features`` float16 [n, W, D] (0 past a row's length) and
 ``greedy`` int32 [n, W]; plus ``manifest.json`` (the target's name and weight
-fingerprint, the source's record, the settings, per-shard counts). A shard is
-written under a temporary name and renamed, and the manifest after it, so a
-run killed at any point (``kill -9``) resumes by skipping the shards the
-manifest lists; ``load_shards`` refuses another target's data.
+fingerprint, the source's record, the settings, per-shard counts), written
+atomically by ``runtime.shards``: a run killed at any point (``kill -9``)
+resumes by skipping the shards the manifest lists; ``load_shards`` refuses
+another target's data and an unfinished build.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import time
 from collections.abc import Iterable, Sequence
 
@@ -35,9 +33,11 @@ from specdec_jax import batching
 from specdec_jax.checkpoints.feature_heads import target_fingerprint
 from specdec_jax.models import feature_head
 from specdec_jax.models.interface import Prompt
+from specdec_jax.runtime import shards as shard_build
 from specdec_jax.runtime.progress import tqdm
 
-MANIFEST = "manifest.json"
+MANIFEST = shard_build.MANIFEST
+WHAT = "feature data"
 WIDTH_BUCKET = 64  # a build's width rounds up to a multiple of this (one compiled shape)
 ARRAYS = ("tokens", "lengths", "starts", "features", "greedy")
 
@@ -100,19 +100,6 @@ def _rows_of(target):
     return lambda params: feature_head.shared_params(target, params)["head"]["rows"]
 
 
-def _atomic_save(path: pathlib.Path, **arrays) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)  # a killed run leaves no half shard under the real name
-
-
-def _write_manifest(path: pathlib.Path, manifest: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, path)
-
-
 def build_shards(out_dir: str | os.PathLike, *, target, target_params, record: dict,
                  sequences: Sequence[Sequence[int]], starts: Sequence[int] | None = None,
                  source: dict, batch_size: int = 8, shard_sequences: int = 32,
@@ -135,25 +122,15 @@ def build_shards(out_dir: str | os.PathLike, *, target, target_params, record: d
     if longest > width:
         raise ValueError(f"a sequence of {longest} tokens exceeds width {width}; pass a larger "
                          "width (or None).")
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     settings = {"source": source, "batch_size": batch_size, "shard_sequences": shard_sequences,
                 "width": width, "sequences": len(sequences),
                 "positions": int(sum(len(s) for s in sequences))}
-    manifest_path = out / MANIFEST
-    manifest = {**record, "settings": settings, "shards": {}}
-    if manifest_path.exists():
-        stored = json.loads(manifest_path.read_text())
-        check_target(stored, record, out)
-        if stored["settings"] != settings:
-            raise ValueError(f"{out} holds feature data built with other settings "
-                             f"({stored['settings']}); use a new directory.")
-        manifest = stored
+    manifest = shard_build.open_build(out_dir, identity=record, settings=settings, what=WHAT)
     fn = jax.jit(make_feature_fn(target, _rows_of(target)))
     for shard_start in tqdm(range(0, len(sequences), shard_sequences), desc="feature data",
                             unit="shard", disable=not progress):
-        name = f"shard-{shard_start // shard_sequences:05d}.npz"
-        if name in manifest["shards"]:
+        name = shard_build.shard_name(shard_start // shard_sequences)
+        if shard_build.is_written(manifest, name):
             continue  # written by an earlier (interrupted) run
         began = time.perf_counter()
         rows = list(sequences[shard_start:shard_start + shard_sequences])
@@ -172,43 +149,25 @@ def build_shards(out_dir: str | os.PathLike, *, target, target_params, record: d
                                      jnp.asarray(lengths[pick])))
             features[b:b + real] = f[:real].astype(np.float16)
             greedy[b:b + real] = g[:real]
-        _atomic_save(out / name, tokens=tokens, lengths=lengths,
-                     starts=np.asarray(starts[shard_start:shard_start + n], np.int32),
-                     features=features, greedy=greedy)
-        manifest["shards"][name] = {"sequences": n, "positions": int(lengths.sum()),
-                                    "seconds": time.perf_counter() - began}
-        _write_manifest(manifest_path, manifest)
-    return manifest
-
-
-def check_target(manifest: dict, record: dict, where) -> None:
-    if (manifest.get("target"), manifest.get("target_fingerprint")) != (
-            record["target"], record["target_fingerprint"]):
-        raise ValueError(f"the feature data in {where} was built for target "
-                         f"{manifest.get('target')!r} (weights "
-                         f"{str(manifest.get('target_fingerprint'))[:12]}), not for "
-                         f"{record['target']!r} (weights {record['target_fingerprint'][:12]}): "
-                         "a head learns one target's features. Build data for this target in "
-                         "a new directory.")
+        manifest = shard_build.write_shard(
+            out_dir, manifest, name,
+            {"tokens": tokens, "lengths": lengths,
+             "starts": np.asarray(starts[shard_start:shard_start + n], np.int32),
+             "features": features, "greedy": greedy},
+            {"sequences": n, "positions": int(lengths.sum()),
+             "seconds": time.perf_counter() - began})
+    return shard_build.finish_build(out_dir, manifest)
 
 
 def load_shards(out_dir: str | os.PathLike, record: dict, shards: slice = slice(None)
                 ) -> tuple[dict[str, np.ndarray], dict]:
-    """(arrays, manifest) of the finished shards ``shards`` (a slice of the
-    sorted names) of a build for the target ``record`` names; arrays as in
+    """(arrays, manifest) of the shards ``shards`` (a slice of the sorted
+    names) of a finished build for the target ``record`` names; arrays as in
     the module docstring, concatenated over shards."""
-    out = pathlib.Path(out_dir)
-    if not (out / MANIFEST).exists():
-        raise FileNotFoundError(f"{out} holds no feature data ({MANIFEST} missing); build it "
-                                "with configs/runs/feature_head_data.gin.")
-    manifest = json.loads((out / MANIFEST).read_text())
-    check_target(manifest, record, out)
-    expected = -(-manifest["settings"]["sequences"] // manifest["settings"]["shard_sequences"])
-    if len(manifest["shards"]) != expected:
-        raise ValueError(f"{out} holds {len(manifest['shards'])} of {expected} shards: the "
-                         "build did not finish; run it again (it resumes).")
+    manifest = shard_build.load_manifest(
+        out_dir, identity=record, what=WHAT,
+        build_hint="build it with configs/runs/feature_head_data.gin")
     names = sorted(manifest["shards"])[shards]
     if not names:
-        raise ValueError(f"no shards of {out} selected by {shards}.")
-    loaded = [np.load(out / name) for name in names]
-    return {key: np.concatenate([a[key] for a in loaded]) for key in ARRAYS}, manifest
+        raise ValueError(f"no shards of {out_dir} selected by {shards}.")
+    return shard_build.read_shards(out_dir, names, ARRAYS), manifest

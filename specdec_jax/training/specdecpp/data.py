@@ -14,13 +14,13 @@ decoding (mostly its own tokens, sometimes the target's).
 
 Shards: ``shard-00000.npz`` (features float16 [n, D], labels float32 [n])
 plus ``manifest.json`` (the pair's names and weight fingerprints, the prompt
-set's record, the settings, per-shard counts). A run resumes by skipping the
-shards it already wrote; ``load_shards`` refuses data of another pair.
+set's record, the settings, per-shard counts), written atomically by
+``runtime.shards``: a killed run resumes by skipping the shards it already
+wrote; ``load_shards`` refuses another pair's data and an unfinished build.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 from collections.abc import Sequence
@@ -32,10 +32,13 @@ import numpy as np
 
 from specdec_jax import batching
 from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint
+from specdec_jax.runtime import shards
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.training.forward import Batch, teacher_forced
 
-MANIFEST = "manifest.json"
+MANIFEST = shards.MANIFEST
+WHAT = "acceptance data"
+ARRAYS = ("features", "labels")
 MIX_RATE = 0.15  # SpecDec++: each position keeps the target's token X_i with probability r
 
 
@@ -122,20 +125,10 @@ def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
                  seed: int = 0, progress: bool = True) -> dict:
     """Writes the shards of ``(prompt, response)`` token sequences (module
     docstring); resumes a run of the same pair and settings. Returns the manifest."""
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     settings = {"source": source, "temperature": temperature, "mix_rate": mix_rate,
                 "batch_size": batch_size, "shard_batches": shard_batches, "seed": seed,
                 "sequences": len(sequences), "prompts": prompts_record}
-    manifest_path = out / MANIFEST
-    manifest = {"pair": pair, "settings": settings, "shards": {}}
-    if manifest_path.exists():
-        stored = json.loads(manifest_path.read_text())
-        check_pair(stored, pair, out)
-        if stored["settings"] != settings:
-            raise ValueError(f"{out} holds data built with other settings "
-                             f"({stored['settings']}); use a new directory.")
-        manifest = stored
+    manifest = shards.open_build(out_dir, identity={"pair": pair}, settings=settings, what=WHAT)
     fn = jax.jit(make_example_fn(target, drafter, temperature=temperature, mix_rate=mix_rate))
     per_shard = batch_size * shard_batches
     # Within each shard, rows of similar length share a batch (less padding);
@@ -146,8 +139,8 @@ def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
     batches = list(_batches(ordered, batch_size))
     for shard_start in tqdm(range(0, len(sequences), per_shard), desc="acceptance data",
                             unit="shard", disable=not progress):
-        name = f"shard-{shard_start // per_shard:05d}.npz"
-        if name in manifest["shards"]:
+        name = shards.shard_name(shard_start // per_shard)
+        if shards.is_written(manifest, name):
             continue  # written by an earlier (interrupted) run
         began = time.perf_counter()
         features, labels = [], []
@@ -158,29 +151,17 @@ def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
                                            jax.random.fold_in(jax.random.PRNGKey(seed), start)))
             features.append(f[keep].astype(np.float16))
             labels.append(y[keep].astype(np.float32))
-        np.savez(out / name, features=np.concatenate(features), labels=np.concatenate(labels))
-        manifest["shards"][name] = {"examples": int(sum(len(y) for y in labels)),
-                                    "seconds": time.perf_counter() - began}
-        manifest_path.write_text(json.dumps(manifest, indent=1))
-    return manifest
-
-
-def check_pair(manifest: dict, pair: dict, where) -> None:
-    if manifest["pair"] != pair:
-        raise ValueError(f"the acceptance data in {where} was built for the pair "
-                         f"{manifest['pair']['drafter']} -> {manifest['pair']['target']} "
-                         "(or other weights), not for "
-                         f"{pair['drafter']} -> {pair['target']}; build data for this pair "
-                         "in a new directory.")
+        manifest = shards.write_shard(
+            out_dir, manifest, name,
+            {"features": np.concatenate(features), "labels": np.concatenate(labels)},
+            {"examples": int(sum(len(y) for y in labels)),
+             "seconds": time.perf_counter() - began})
+    return shards.finish_build(out_dir, manifest)
 
 
 def load_shards(out_dir: str | pathlib.Path, pair: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     """(features [n, D] float32, labels [n], manifest) of a finished build, for ``pair``."""
-    out = pathlib.Path(out_dir)
-    if not (out / MANIFEST).exists():
-        raise FileNotFoundError(f"{out} holds no acceptance data ({MANIFEST} missing).")
-    manifest = json.loads((out / MANIFEST).read_text())
-    check_pair(manifest, pair, out)
-    arrays = [np.load(out / name) for name in sorted(manifest["shards"])]
-    return (np.concatenate([a["features"] for a in arrays]).astype(np.float32),
-            np.concatenate([a["labels"] for a in arrays]), manifest)
+    manifest = shards.load_manifest(out_dir, identity={"pair": pair}, what=WHAT,
+                                    build_hint="build it with configs/runs/specdecpp_data.gin")
+    arrays = shards.read_shards(out_dir, sorted(manifest["shards"]), ARRAYS)
+    return arrays["features"].astype(np.float32), arrays["labels"], manifest
