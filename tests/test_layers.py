@@ -5,6 +5,7 @@ sibling modules import each other round a cycle, and the core does no file,
 network or job I/O. Each test below plants one forbidden import in a copy of the
 package and shows ``lint-imports`` rejecting it, so the contracts are not vacuous."""
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -13,13 +14,19 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LINT = pathlib.Path(sys.executable).parent / "lint-imports"
+# The ``lint-imports`` command, run through this interpreter: where pip put its
+# script differs between a venv and a ``--target`` install (the GPU check's).
+LINT = [sys.executable, "-c",
+        "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"]
 
 
 def lint(root: pathlib.Path) -> subprocess.CompletedProcess:
-    """``lint-imports`` as CI runs it, from ``root`` (a checkout or a copy)."""
-    return subprocess.run([str(LINT), "--no-cache"], cwd=root, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(root), "PATH": ""})
+    """``lint-imports`` from ``root`` (a checkout or a copy), whose package
+    comes first on the path; what the environment adds to the path (an
+    install with ``--target``) stays behind it."""
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([*LINT, "--no-cache"], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path})
 
 
 def test_import_linter_contracts_are_kept():

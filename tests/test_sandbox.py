@@ -257,6 +257,15 @@ def test_numpy_still_imports_although_ctypes_is_refused():
                                FAST).passed
 
 
+def test_samples_run_single_threaded_numeric_libraries():
+    """Whatever the host's core count, a sample's BLAS starts one thread (its
+    per-thread buffers would not fit the memory limit on a many-core host)."""
+    check = ("import os\n" + "".join(f"assert os.environ[{k!r}] == '1'\n"
+                                     for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                               "MKL_NUM_THREADS")))
+    assert sandbox.run_program(check, FAST).passed
+
+
 def test_bad_input_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="one completion per problem"):
         humaneval.check_humaneval_many([ADD, ADD], [GOOD], FAST, progress=False)

@@ -23,6 +23,12 @@ from specdec_jax.sandbox.child import harness
 from specdec_jax.sandbox.limits import Limits, limit_command, set_limits
 from specdec_jax.sandbox.outcome import DETAIL_CHARS
 
+# A sample runs under a memory limit and a process cap, and needs one thread:
+# numeric libraries size per-thread buffers by the machine's core count
+# (OpenBLAS could not import numpy under 512 MB on a 16-core GPU host).
+ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                     "MKL_NUM_THREADS")}
+
 HARNESS_PATH = os.path.abspath(harness.__file__)
 STDOUT_TAIL_BYTES = 4096  # where the harness's pass token is looked for
 SANDBOX_PREFIX = "specdec_sandbox_"
@@ -53,7 +59,7 @@ def execute(source: str, limits: Limits, prefix: tuple[str, ...], config: dict
             f.write(source)
         os.mkdir(os.path.join(box, TMP_SUBDIR))
         env = {"HOME": box, "TMPDIR": os.path.join(box, TMP_SUBDIR), "PATH": os.defpath,
-               "LANG": "C.UTF-8"}
+               "LANG": "C.UTF-8", **ONE_THREAD}
         config = {**config, "box": box, "sample": SAMPLE_FILE, "wall_s": limits.wall_s}
         nproc = limits.processes + (procfs.threads_of_user(os.getuid()) if os.getuid() else 0)
         command = [*prefix, sys.executable, "-I", HARNESS_PATH]
