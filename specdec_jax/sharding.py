@@ -34,8 +34,16 @@ DECODER_RULES: tuple[tuple[str, PartitionSpec], ...] = (
     (r".*", PartitionSpec()),
 )
 # The same rules for decoder kernels stored [out, in] (the decode layout,
-# ``models.decoder.with_kernel_layout``): each kernel's spec transposed with it.
-DECODER_RULES_OUT_IN: tuple[tuple[str, PartitionSpec], ...] = tuple(
+# ``models.decoder.with_kernel_layout``): each kernel's spec transposed with it,
+# and the fused projections ([H_kv, G + 2, D_head, D] q/k/v, [I, 2, D] gate/up)
+# sharded along their leading axis: whole kv groups with their query heads, and
+# gate/up column pairs, so a shard never holds part of a head (where the model
+# axis does not divide H_kv the kernel is replicated, ``_spec_fits``).
+DECODER_RULES_OUT_IN: tuple[tuple[str, PartitionSpec], ...] = (
+    (r"attention/qkv/kernel$", PartitionSpec(MODEL, None, None, None)),
+    (r"attention/qkv/bias$", PartitionSpec(MODEL, None, None)),
+    (r"mlp/wi/kernel$", PartitionSpec(MODEL, None, None)),
+) + tuple(
     (pattern, PartitionSpec(*reversed(spec)) if pattern.endswith("kernel$") else spec)
     for pattern, spec in DECODER_RULES)
 T5_RULES: tuple[tuple[str, PartitionSpec], ...] = (
@@ -115,6 +123,13 @@ def abstract_params(params, mesh: Mesh, rules=DECODER_RULES):
 def shard_params(params, mesh: Mesh, rules=DECODER_RULES):
     """Places every parameter according to the first matching rule."""
     return jax.tree_util.tree_map(place, params, param_specs(params, mesh, rules))
+
+
+def reshard_params(params, mesh: Mesh, rules=DECODER_RULES):
+    """Parameters already on the mesh's devices (e.g. converted there, in a
+    layout whose sharding XLA chose) moved to the rules' shardings; a jitted
+    identity, so it works across processes, where no host holds a whole array."""
+    return jax.jit(lambda p: p, out_shardings=param_specs(params, mesh, rules))(params)
 
 
 def local_rows(batch: int, mesh: Mesh) -> list[int]:

@@ -96,26 +96,23 @@ def test_ragged_batch_equals_rows_alone(pair):
                                    atol=1e-5, rtol=0)
 
 
-def test_decode_layout_keeps_transformers_parity_and_converts_back(pair):
-    """Kernels stored [out, in] (``sj.decode_layout``): same names, every kernel
-    transposed, the logits of prefill and mixed extends with a rollback still
-    those of transformers; converting back restores the tree bit for bit. A
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_layout_keeps_transformers_parity_and_converts_back(pair, fused):
+    """Kernels stored [out, in] (``with_kernel_layout``; ``sj.decode_layout``
+    also fuses q/k/v and gate/up): the logits of prefill and mixed extends with
+    a rollback are still those of transformers, and converting back restores
+    the tree bit for bit. Unfused: same names, every kernel transposed. A
     config that claims the layout without transposing the kernels is wrong
     (caught: the logits move)."""
     import dataclasses
 
     import specdec_jax as sj
-    from specdec_jax.models.decoder import with_kernel_layout
+    from specdec_jax.models.decoder import split_projections, with_kernel_layout
     hf_model, model, params = pair
-    laid_model, laid = sj.decode_layout(model, params)
+    laid_model, laid = (sj.decode_layout(model, params) if fused else
+                        with_kernel_layout(model, params, "out_in", fused=False))
     assert laid_model.config.kernel_layout == "out_in"
-    flat, laid_flat = (dict(jax.tree_util.tree_flatten_with_path(t)[0]) for t in (params, laid))
-    assert flat.keys() == laid_flat.keys()
-    kernels = [k for k in flat if k[-1].key == "kernel"]
-    assert len(kernels) >= 7 * model.config.num_layers
-    for key, value in flat.items():
-        expected = value.T if key in kernels else value
-        np.testing.assert_array_equal(np.asarray(laid_flat[key]), np.asarray(expected))
+    assert laid_model.config.fused_projections == fused
     tokens = [3, 17, 42, 5, 9, 60, 1, 33]
     cache = laid_model.init_cache(1, 16)
     first = laid_model.extend(laid, jnp.asarray([tokens[:5]]), cache)
@@ -127,6 +124,23 @@ def test_decode_layout_keeps_transformers_parity_and_converts_back(pair):
     back_model, back = with_kernel_layout(laid_model, laid, "in_out")
     assert back_model == model
     jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
+    if fused:  # the names of the module docstring, holding exactly the separate kernels
+        attention = laid["layers_0"]["attention"]
+        assert set(attention) == {"qkv", "out"} and "wi" in laid["layers_0"]["mlp"]
+        cfg = model.config
+        assert attention["qkv"]["kernel"].shape == (
+            cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads + 2, cfg.dims_per_head,
+            cfg.hidden_size)
+        _, separate = with_kernel_layout(model, params, "out_in", fused=False)
+        jax.tree_util.tree_map(np.testing.assert_array_equal, split_projections(laid), separate)
+        return
+    flat, laid_flat = (dict(jax.tree_util.tree_flatten_with_path(t)[0]) for t in (params, laid))
+    assert flat.keys() == laid_flat.keys()
+    kernels = [k for k in flat if k[-1].key == "kernel"]
+    assert len(kernels) >= 7 * model.config.num_layers
+    for key, value in flat.items():
+        expected = value.T if key in kernels else value
+        np.testing.assert_array_equal(np.asarray(laid_flat[key]), np.asarray(expected))
     claimed = DecoderOnlyLM(dataclasses.replace(model.config, kernel_layout="out_in"))
     square = {k: v for k, v in flat.items() if k in kernels and v.shape[0] == v.shape[1]}
     if square:  # untransposed square kernels run, and give other logits

@@ -70,7 +70,10 @@ def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, m
     (the switch that measures the difference). What the jobs, the CLI and the
     benchmarks decode with."""
     model, params, tok = load_model(name_or_path, dtype, mesh=mesh)
-    return (*with_kernel_layout(model, params, kernel_layout), tok)
+    model, params = with_kernel_layout(model, params, kernel_layout)
+    if mesh is not None:  # the fused projections have rules of their own
+        params = sharding.reshard_params(params, mesh, sharding.rules_for(model))
+    return model, params, tok
 
 
 def random_model(name: str, dtype: str = "auto", seed: int = 0) -> tuple[DecoderOnlyLM, Any]:

@@ -61,6 +61,42 @@ def check_shapes(params: Mapping[str, Any], init_params: Callable) -> None:
                          "it is another architecture or the config is wrong.")
 
 
+class _Part:
+    """A separate projection inside a fused kernel, as a numpy view (no copy):
+    ``values`` iterate in the separate kernel's order, ``shape`` is its shape."""
+
+    def __init__(self, values: np.ndarray, shape: tuple[int, ...]):
+        self.values, self.shape = values, shape
+
+
+def _separate_projections(params: Any) -> Any:
+    """``params`` with each fused ``qkv`` / ``wi`` entry (``decoder.
+    fuse_projections``: [H_kv, G + 2, D_head, D] and [I, 2, D]) replaced by the
+    separate q/k/v and gate/up entries it holds, as ``_Part`` views."""
+    if not isinstance(params, Mapping) or not any(
+            isinstance(layer, Mapping) and "qkv" in layer.get("attention", {})
+            for layer in params.values()):
+        return params
+    out = dict(params)
+    for name, layer in params.items():
+        if not (isinstance(layer, Mapping) and "qkv" in layer.get("attention", {})):
+            continue
+        attention, mlp = dict(layer["attention"]), dict(layer["mlp"])
+        qkv = {field: np.asarray(leaf) for field, leaf in attention.pop("qkv").items()}
+        groups = qkv["kernel"].shape[1] - 2
+        for part, index in (("query", slice(0, groups)), ("key", slice(groups, groups + 1)),
+                            ("value", slice(groups + 1, groups + 2))):
+            attention[part] = {}
+            for field, leaf in qkv.items():
+                view = leaf[:, index]  # [H_kv, n, D_head, *tail]: C order = the separate kernel's
+                attention[part][field] = _Part(view, (int(np.prod(view.shape[:3])),
+                                                      *view.shape[3:]))
+        wi = np.asarray(mlp.pop("wi")["kernel"])
+        mlp["wi_0"], mlp["wi_1"] = ({"kernel": _Part(wi[:, i], wi[:, i].shape)} for i in (0, 1))
+        out[name] = {**layer, "attention": attention, "mlp": mlp}
+    return out
+
+
 def params_fingerprint(params: Any, kernel_layout: str = IN_OUT) -> str:
     """sha256 over every leaf's path, shape, dtype and its first and last
     ``FINGERPRINT_VALUES`` values: equal for the same weights, different for
@@ -71,16 +107,23 @@ def params_fingerprint(params: Any, kernel_layout: str = IN_OUT) -> str:
     ``kernel`` stored transposed) are fingerprinted as their documented
     ``[in, out]`` form, so the fingerprint names the weights, not the layout.
     A restricted output head (``decoder.with_head_vocab``: rows copied from
-    the head) is skipped for the same reason."""
+    the head) is skipped for the same reason, and fused projections
+    (``decoder.fuse_projections``) are hashed as the separate kernels they
+    hold."""
     digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(_separate_projections(params))[0]:
         if getattr(path[0], "key", None) == HEAD_VOCAB:
             continue
-        array = np.asarray(leaf)
+        if isinstance(leaf, _Part):
+            array, shape = leaf.values, leaf.shape
+        else:
+            array = np.asarray(leaf)
+            shape = array.shape
         if kernel_layout == OUT_IN and is_kernel(path):
-            array = array.T  # a view: only the values hashed below are read
+            # a view ([out, in] -> [in, out]): only the values hashed below are read
+            array, shape = np.moveaxis(array, -1, 0), shape[::-1]
         size = array.size
-        digest.update(f"{jax.tree_util.keystr(path)}|{array.shape}|{array.dtype}|".encode())
+        digest.update(f"{jax.tree_util.keystr(path)}|{shape}|{array.dtype}|".encode())
         digest.update(np.ascontiguousarray(array.flat[:FINGERPRINT_VALUES]).tobytes())
         digest.update(np.ascontiguousarray(
             array.flat[max(size - FINGERPRINT_VALUES, 0):]).tobytes())

@@ -12,11 +12,27 @@ use t5x-style names so every model in the project reads the same way::
     layers_{i}/mlp/{wi_0 (gate), wi_1 (up), wo}/kernel
     decoder_norm/scale
     logits_dense/kernel                         [D, V] (absent when tied)
+
+The decode layout (``with_kernel_layout(..., OUT_IN)``) stores every kernel
+``[out, in]`` and, by default, fuses each layer's three input projections of
+attention and two of the MLP (``fused_projections``)::
+
+    layers_{i}/attention/qkv/kernel             [H_kv, G + 2, D_head, D]
+    layers_{i}/attention/qkv/bias               [H_kv, G + 2, D_head] (qkv_bias)
+    layers_{i}/mlp/wi/kernel                    [I, 2, D]   ([:, 0] gate, [:, 1] up)
+
+with ``G = num_heads / num_kv_heads``: slot ``g < G`` of kv group ``h`` is
+query head ``h * G + g`` (the head that reads kv head ``h``), slot ``G`` the
+key and ``G + 1`` the value. One product then computes what three (two)
+did, and the leading axis is the unit of tensor parallelism: sharding it
+over the ``model`` axis hands each device whole kv groups with their query
+heads (``sharding.DECODER_RULES_OUT_IN``), never part of a head.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -74,6 +90,8 @@ class DecoderConfig:
     # > 0: the output head scores only this many token ids (``with_head_vocab``;
     # every other token gets probability 0). 0: the whole vocabulary.
     head_vocab: int = 0
+    # out_in only: q/k/v in one kernel and gate/up in one (module docstring).
+    fused_projections: bool = False
 
     def __post_init__(self):
         if self.kernel_layout not in KERNEL_LAYOUTS:
@@ -82,6 +100,9 @@ class DecoderConfig:
         if self.matmul_kernel not in kernels.MATMUL_KERNELS:
             raise ValueError(f"DecoderConfig: matmul_kernel={self.matmul_kernel!r}; choose one "
                              f"of {', '.join(kernels.MATMUL_KERNELS)}.")
+        if self.fused_projections and self.kernel_layout != OUT_IN:
+            raise ValueError("DecoderConfig: fused_projections is part of the decode layout "
+                             "(kernels stored [out, in]); convert with with_kernel_layout.")
         if self.matmul_kernel == kernels.PALLAS and self.kernel_layout != OUT_IN:
             raise ValueError("DecoderConfig: matmul_kernel='pallas' multiplies kernels stored "
                              "[out, in]; convert the model first (sj.decode_layout).")
@@ -119,6 +140,43 @@ def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = Fa
                   precision=cfg.compute_precision, matmul_kernel=cfg.matmul_kernel, name=name)
 
 
+class FusedLinear(nn.Module):
+    """``y[..., *out_shape] = x W^T (+ b)`` with ``W`` stored ``[*out_shape, in]``:
+    several projections of the same input as one product (the decode layout's
+    ``qkv`` and ``wi``). The kernel is read as the ``[prod(out_shape), in]``
+    matrix it is in memory, so the product is one dot of contiguous rows."""
+
+    out_shape: tuple[int, ...]
+    use_bias: bool = False
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    precision: str | None = None
+    matmul_kernel: str = kernels.XLA
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        fan_in = x.shape[-1]
+        out_axes = tuple(range(len(self.out_shape)))
+        init = nn.initializers.lecun_normal(in_axis=-1, out_axis=out_axes)
+        kernel = self.param("kernel", init, (*self.out_shape, fan_in), self.param_dtype)
+        rows = int(np.prod(self.out_shape))
+        y = kernels.matmul_out_in(x.astype(self.dtype),
+                                  kernel.reshape(rows, fan_in).astype(self.dtype),
+                                  kernel=self.matmul_kernel, precision=self.precision)
+        y = y.reshape(x.shape[:-1] + self.out_shape)  # [..., N] -> [..., *out_shape]
+        if self.use_bias:
+            bias = self.param("bias", nn.initializers.zeros, self.out_shape, self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+def _fused(cfg: DecoderConfig, out_shape: tuple[int, ...], name: str, *,
+           use_bias: bool = False) -> FusedLinear:
+    return FusedLinear(out_shape, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
+                       param_dtype=jnp.dtype(cfg.param_dtype), precision=cfg.compute_precision,
+                       matmul_kernel=cfg.matmul_kernel, name=name)
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention against a cache (rotary positions, Qwen2's
     optional q/k/v bias); returns the output and the updated key/value buffers."""
@@ -135,11 +193,18 @@ class Attention(nn.Module):
             dense = _linear(cfg, heads * head_dim, name, use_bias=bias)
             return dense(x_BxKxD).reshape(batch, k, heads, head_dim)
 
-        q = rotary_embedding(proj("query", cfg.num_heads, cfg.qkv_bias), positions_BxK,
-                             cfg.rope_theta)
-        new_k = rotary_embedding(proj("key", cfg.num_kv_heads, cfg.qkv_bias), positions_BxK,
-                                 cfg.rope_theta)
-        new_v = proj("value", cfg.num_kv_heads, cfg.qkv_bias)
+        if cfg.fused_projections:
+            qkv = _fused(cfg, (cfg.num_kv_heads, groups + 2, head_dim), "qkv",
+                         use_bias=cfg.qkv_bias)(x_BxKxD)  # [B, K, H_kv, G + 2, D_head]
+            # [B, K, H_kv, G, D_head] -> [B, K, H_kv * G, D_head]: head h * G + g.
+            q = qkv[:, :, :, :groups].reshape(batch, k, cfg.num_heads, head_dim)
+            new_k, new_v = qkv[:, :, :, groups], qkv[:, :, :, groups + 1]
+        else:
+            q = proj("query", cfg.num_heads, cfg.qkv_bias)
+            new_k = proj("key", cfg.num_kv_heads, cfg.qkv_bias)
+            new_v = proj("value", cfg.num_kv_heads, cfg.qkv_bias)
+        q = rotary_embedding(q, positions_BxK, cfg.rope_theta)
+        new_k = rotary_embedding(new_k, positions_BxK, cfg.rope_theta)
         keys = interface.write_at_lengths(keys, new_k, lengths_B)
         values = interface.write_at_lengths(values, new_v, lengths_B)
         # [B, K, H*G, D] -> [B, K, H, G, D]: query head h*G + g reads kv head h.
@@ -159,8 +224,12 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        gate = _linear(cfg, cfg.intermediate_size, "wi_0")(x)
-        up = _linear(cfg, cfg.intermediate_size, "wi_1")(x)
+        if cfg.fused_projections:
+            gate_up = _fused(cfg, (cfg.intermediate_size, 2), "wi")(x)  # [..., I, 2]
+            gate, up = gate_up[..., 0], gate_up[..., 1]
+        else:
+            gate = _linear(cfg, cfg.intermediate_size, "wi_0")(x)
+            up = _linear(cfg, cfg.intermediate_size, "wi_1")(x)
         return _linear(cfg, cfg.hidden_size, "wo")(nn.silu(gate) * up)
 
 
@@ -326,11 +395,64 @@ class DecoderOnlyLM:
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
 
 
-def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN
-                       ) -> tuple[DecoderOnlyLM, dict]:
+def _fuse_layer(layer: dict, num_kv_heads: int, head_dim: int) -> dict:
+    """One layer's out_in q/k/v and gate/up entries as ``qkv`` and ``wi``."""
+    attention, mlp = dict(layer["attention"]), dict(layer["mlp"])
+    parts = [attention.pop(name) for name in ("query", "key", "value")]
+
+    def by_group(leaf):  # [heads * D_head, *tail] -> [H_kv, heads / H_kv, D_head, *tail]
+        return leaf.reshape(num_kv_heads, -1, head_dim, *leaf.shape[1:])
+
+    attention["qkv"] = {field: jnp.concatenate([by_group(p[field]) for p in parts], axis=1)
+                        for field in parts[0]}
+    gate, up = mlp.pop("wi_0")["kernel"], mlp.pop("wi_1")["kernel"]
+    mlp["wi"] = {"kernel": jnp.stack([gate, up], axis=1)}  # 2 x [I, D] -> [I, 2, D]
+    return {**layer, "attention": attention, "mlp": mlp}
+
+
+def _split_layer(layer: dict) -> dict:
+    """``_fuse_layer`` undone; the shapes carry everything it needs."""
+    attention, mlp = dict(layer["attention"]), dict(layer["mlp"])
+    qkv = attention.pop("qkv")
+    groups = qkv["kernel"].shape[1] - 2
+
+    def flat(leaf):  # [H_kv, n, D_head, *tail] -> [H_kv * n * D_head, *tail]
+        return leaf.reshape(-1, *leaf.shape[3:])
+
+    for name, part in (("query", slice(0, groups)), ("key", slice(groups, groups + 1)),
+                       ("value", slice(groups + 1, groups + 2))):
+        attention[name] = {field: flat(leaf[:, part]) for field, leaf in qkv.items()}
+    wi = mlp.pop("wi")["kernel"]
+    mlp["wi_0"], mlp["wi_1"] = {"kernel": wi[:, 0]}, {"kernel": wi[:, 1]}
+    return {**layer, "attention": attention, "mlp": mlp}
+
+
+def fuse_projections(config: DecoderConfig, params: dict) -> dict:
+    """out_in parameters with each layer's q/k/v and gate/up fused (module
+    docstring); ``split_projections`` inverts it exactly."""
+    fuse = jax.jit(functools.partial(_fuse_layer, num_kv_heads=config.num_kv_heads,
+                                     head_dim=config.dims_per_head))
+    return {name: fuse(value) if name.startswith("layers_") else value
+            for name, value in params.items()}
+
+
+def split_projections(params: dict) -> dict:
+    """Fused out_in parameters back to separate q/k/v and gate/up kernels (the
+    documented names, still [out, in]). Needs no config: the fused shapes
+    ``[H_kv, G + 2, D_head, D]`` and ``[I, 2, D]`` say how to cut them."""
+    split = jax.jit(_split_layer)
+    return {name: split(value) if name.startswith("layers_") and "qkv" in value["attention"]
+            else value for name, value in params.items()}
+
+
+def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN, *,
+                       fused: bool | None = None) -> tuple[DecoderOnlyLM, dict]:
     """The same network with its dense kernels stored in ``layout``: the model
-    (its config says the layout) and the parameters (the same names, every
-    ``kernel`` transposed; embeddings, norms and biases as they were).
+    (its config says the layout) and the parameters (every ``kernel``
+    transposed; embeddings, norms and biases as they were). ``fused``
+    (default: True for ``OUT_IN``) also fuses each layer's q/k/v and gate/up
+    kernels (``fuse_projections``: two products per layer fewer, the names of
+    the module docstring); ``fused=False`` keeps the documented names.
 
     ``OUT_IN`` is the decode layout. A decode step multiplies 1 to G + 1 rows
     by every kernel; stored ``[out, in]`` the product reduces along the
@@ -344,18 +466,26 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN
     """
     if layout not in KERNEL_LAYOUTS:
         raise ValueError(f"kernel layout {layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
-    if layout == model.config.kernel_layout:
+    fused = layout == OUT_IN if fused is None else fused
+    if fused and layout != OUT_IN:
+        raise ValueError("fused projections are part of the out_in decode layout; pass "
+                         "fused=False with the in_out layout.")
+    old = model.config
+    if layout == old.kernel_layout and fused == old.fused_projections:
         return model, params
-    transpose = jax.jit(jnp.transpose)
-
-    def convert(path, leaf):
-        return transpose(leaf) if is_kernel(path) else leaf
-
-    new_params = jax.tree_util.tree_map_with_path(convert, params)
+    if old.fused_projections:
+        params = split_projections(params)
+    if layout != old.kernel_layout:
+        transpose = jax.jit(jnp.transpose)
+        params = jax.tree_util.tree_map_with_path(
+            lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, params)
     # The Pallas kernel multiplies out_in kernels only: back in in_out, XLA's dot.
-    matmul_kernel = model.config.matmul_kernel if layout == OUT_IN else kernels.XLA
-    config = dataclasses.replace(model.config, kernel_layout=layout, matmul_kernel=matmul_kernel)
-    return DecoderOnlyLM(config), new_params
+    matmul_kernel = old.matmul_kernel if layout == OUT_IN else kernels.XLA
+    config = dataclasses.replace(old, kernel_layout=layout, matmul_kernel=matmul_kernel,
+                                 fused_projections=fused)
+    if fused:
+        params = fuse_projections(config, params)
+    return DecoderOnlyLM(config), params
 
 
 def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[DecoderOnlyLM, dict]:
