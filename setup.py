@@ -49,6 +49,10 @@ TRAIN = ["tensorboard>=2.15"]
 # seqio Tasks (specdec_jax.data.seqio_tasks): seqio pulls TensorFlow (~2.5 GB installed).
 SEQIO = ["seqio>=0.0.20", "tensorflow>=2.21"]  # tested: seqio 0.0.20, tensorflow 2.21.0
 
+# libtpu (~700 MB), matched to jax: runs on a TPU VM, and compiles for TPU topologies on any
+# machine (the tpu_compile job, tests/test_tpu_compile.py; tested with libtpu 0.0.42.1).
+TPU = ["jax[tpu]>=0.10.2,<0.12"]
+
 setup(
     name="specdec_jax",
     version="0.1.0",
@@ -58,6 +62,7 @@ setup(
     package_data={"specdec_jax.data": ["tables/*.npz"]},
     python_requires=">=3.10",
     install_requires=CORE,
-    extras_require={"dev": DEV + EVAL + TRAIN, "eval": EVAL, "train": TRAIN, "seqio": SEQIO},
+    extras_require={"dev": DEV + EVAL + TRAIN, "eval": EVAL, "train": TRAIN, "seqio": SEQIO,
+                    "tpu": TPU},
     entry_points={"console_scripts": ["specdec-jax=specdec_jax.jobs.cli:main"]},
 )

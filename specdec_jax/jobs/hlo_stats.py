@@ -1,0 +1,243 @@
+"""Counts read from a compiled program's optimised HLO text (``compiled.as_text()``).
+
+XLA's Python API gives a compiled program's memory and cost totals but not what
+the program is made of. The optimised HLO says that: how many kernels (fusions)
+a step launches, which collectives a sharded program runs, whether anything
+talks to the host inside a ``while`` loop (an infeed, outfeed, host send/recv or
+a host callback there stalls every iteration), and how many asynchronous copies
+(``copy-start``/``copy-done``, ``slice-start``/``slice-done``) the compiler
+scheduled, with the bytes they move. Pure functions of the text; no JAX needed.
+
+The HLO text format: computations (``%name (params) -> type {`` ... ``}``, one
+marked ``ENTRY``), each a list of instructions
+``[ROOT] %name = type opcode(operands), attribute=value, ...``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable
+
+# Bytes per element of each HLO element type (sub-byte types as fractions).
+ELEMENT_BYTES = {
+    "pred": 1, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e3m4": 1, "f8e4m3b11fnuz": 1,
+    "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f4e2m1fn": 0.5, "f8e8m0fnu": 1,
+}
+HOST_OPCODES = ("infeed", "outfeed")
+HOST_TRANSFER_OPCODES = ("send", "recv", "send-done", "recv-done")
+# custom-call targets that run Python (or other host code) from a device program.
+HOST_CALLBACK_MARKERS = ("callback", "host")
+# Collectives, each counted once per operation: an async pair by its start.
+COLLECTIVES = {
+    "all-reduce": ("all-reduce", "all-reduce-start"),
+    "all-gather": ("all-gather", "all-gather-start"),
+    "reduce-scatter": ("reduce-scatter",),
+    "all-to-all": ("all-to-all",),
+    "collective-permute": ("collective-permute", "collective-permute-start"),
+}
+ASYNC_COPY_OPCODES = ("copy-start", "copy-done", "slice-start", "slice-done")
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ARRAY_TYPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+_CALLED = re.compile(r"\b(calls|to_apply|body|condition|branch_computations|"
+                     r"true_computation|false_computation)=\{?([%\w.\-,\s]+)\}?")
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    name: str
+    opcode: str
+    type_text: str  # the result type, e.g. "bf16[8,128]{1,0}" or a tuple "(...)"
+    rest: str  # operands and attributes, unparsed
+
+
+@dataclasses.dataclass
+class Module:
+    """An HLO module: computations by name (instructions in order) and the entry's name."""
+
+    computations: dict[str, list[Instruction]]
+    entry: str | None
+
+
+def _split_type(text: str) -> tuple[str, str]:
+    """``"type opcode(...)..."`` -> (type, the rest), a tuple type's parentheses matched."""
+    text = text.strip()
+    if not text.startswith("("):
+        head, _, rest = text.partition(" ")
+        return head, rest
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return text[:i + 1], text[i + 1:].strip()
+    return text, ""
+
+
+def parse(text: str) -> Module:
+    """The computations of an HLO module's text (metadata blocks skipped)."""
+    computations: dict[str, list[Instruction]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = header.group(2)
+            computations[current] = []
+            if header.group(1):
+                entry = current
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        if current is None:
+            continue
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        type_text, rest = _split_type(match.group(3))
+        opcode = rest.split("(", 1)[0].strip()
+        computations[current].append(Instruction(match.group(2), opcode, type_text, rest))
+    return Module(computations, entry)
+
+
+def called_computations(instruction: Instruction) -> list[tuple[str, str]]:
+    """``(attribute, computation)`` pairs an instruction calls (``calls=``, ``body=``, ...)."""
+    pairs = []
+    for attribute, names in _CALLED.findall(instruction.rest):
+        for name in names.split(","):
+            name = name.strip().lstrip("%")
+            if name:
+                pairs.append((attribute, name))
+    return pairs
+
+
+def fused_computations(module: Module) -> set[str]:
+    """Computations that are the body of a fusion (at any depth)."""
+    return {name for instructions in module.computations.values() for ins in instructions
+            if ins.opcode == "fusion" for attribute, name in called_computations(ins)
+            if attribute == "calls"}
+
+
+def loop_computations(module: Module) -> set[str]:
+    """Computations run by a ``while`` loop: bodies, conditions and all they call."""
+    roots = [name for instructions in module.computations.values() for ins in instructions
+             if ins.opcode == "while" for attribute, name in called_computations(ins)
+             if attribute in ("body", "condition")]
+    seen: set[str] = set()
+    while roots:
+        name = roots.pop()
+        if name in seen or name not in module.computations:
+            continue
+        seen.add(name)
+        roots.extend(n for ins in module.computations[name] for _, n in called_computations(ins))
+    return seen
+
+
+def is_host_communication(instruction: Instruction) -> bool:
+    """An infeed/outfeed, a send/recv to or from the host, or a host callback."""
+    if instruction.opcode in HOST_OPCODES:
+        return True
+    if instruction.opcode in HOST_TRANSFER_OPCODES:
+        return "is_host_transfer=true" in instruction.rest
+    if instruction.opcode == "custom-call":
+        target = re.search(r'custom_call_target="([^"]*)"', instruction.rest)
+        return bool(target) and any(m in target.group(1).lower() for m in HOST_CALLBACK_MARKERS)
+    return False
+
+
+def type_bytes(type_text: str) -> int:
+    """Bytes of every array in a (tuple) type, tiling padding not counted."""
+    total = 0.0
+    for element, dims, _ in _ARRAY_TYPE.findall(type_text):
+        if element in ELEMENT_BYTES:
+            total += ELEMENT_BYTES[element] * math.prod(int(d) for d in dims.split(",") if d)
+    return int(total)
+
+
+def memory_spaces(type_text: str) -> set[int]:
+    """The memory spaces a type's layouts name (``S(n)``; none written: space 0, HBM)."""
+    spaces = set()
+    for _, _, layout in _ARRAY_TYPE.findall(type_text):
+        found = _MEMORY_SPACE.search(layout or "")
+        spaces.add(int(found.group(1)) if found else 0)
+    return spaces
+
+
+def tuple_elements(type_text: str) -> list[str]:
+    """The top-level elements of a tuple type ``(a, (b, c), d)``."""
+    inner, elements, depth, start = type_text.strip()[1:-1], [], 0, 0
+    for i, char in enumerate(inner):
+        depth += {"(": 1, "{": 1, "[": 1, ")": -1, "}": -1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            elements.append(inner[start:i].strip())
+            start = i + 1
+    elements.append(inner[start:].strip())
+    return elements
+
+
+def async_destination(instruction: Instruction) -> str:
+    """The type an asynchronous copy writes: ``copy-start`` returns (destination,
+    source, context), ``slice-start`` ((sources), destination, context)."""
+    elements = tuple_elements(instruction.type_text)
+    return elements[1] if instruction.opcode == "slice-start" else elements[0]
+
+
+def _top_level(module: Module) -> Iterable[tuple[str, Instruction]]:
+    fused = fused_computations(module)
+    for name, instructions in module.computations.items():
+        if name not in fused:
+            for ins in instructions:
+                yield name, ins
+
+
+def summarize(text: str) -> dict:
+    """The counts a compile report records for one program:
+
+    - ``fusions``: fusion kernels outside fused computations (nested fusions are
+      part of their kernel), in the entry and every loop body alike;
+    - ``while_loops``; ``host_ops_in_loops`` / ``host_ops``: host communication
+      inside any while loop / anywhere, as ``[opcode, name]`` lists;
+    - ``collectives``: counts by kind (async pairs once);
+    - ``async_copies``: counts of copy-start/done and slice-start/done, with
+      ``copy_start_bytes`` (the arrays copied) and ``copy_start_to_space``
+      (bytes copied by destination memory space: 0 is HBM, 1 on TPU on-chip
+      memory);
+    - ``custom_calls``: count.
+    """
+    module = parse(text)
+    in_loops = loop_computations(module)
+    counts = {"fusions": 0, "while_loops": 0, "custom_calls": 0}
+    host_ops, host_in_loops = [], []
+    collectives = dict.fromkeys(COLLECTIVES, 0)
+    copies = dict.fromkeys(ASYNC_COPY_OPCODES, 0)
+    copy_bytes, to_space = 0, {}
+    for computation, ins in _top_level(module):
+        if ins.opcode == "fusion":
+            counts["fusions"] += 1
+        elif ins.opcode == "while":
+            counts["while_loops"] += 1
+        elif ins.opcode == "custom-call":
+            counts["custom_calls"] += 1
+        if is_host_communication(ins):
+            host_ops.append([ins.opcode, ins.name])
+            if computation in in_loops:
+                host_in_loops.append([ins.opcode, ins.name])
+        for kind, opcodes in COLLECTIVES.items():
+            collectives[kind] += ins.opcode in opcodes
+        if ins.opcode in copies:
+            copies[ins.opcode] += 1
+        if ins.opcode in ("copy-start", "slice-start"):
+            destination = async_destination(ins)
+            size = type_bytes(destination)
+            copy_bytes += size
+            for space in memory_spaces(destination):
+                to_space[str(space)] = to_space.get(str(space), 0) + size
+    return {**counts, "host_ops": host_ops, "host_ops_in_loops": host_in_loops,
+            "collectives": collectives, "async_copies": copies,
+            "copy_start_bytes": copy_bytes, "copy_start_to_space": to_space}

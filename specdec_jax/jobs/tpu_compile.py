@@ -1,0 +1,260 @@
+"""The TPU compile job: compile the library's programs for a TPU topology from
+any machine, and report what the compiler says (``configs/bench/tpu_compile.gin``).
+
+Before booking TPUs, check that a job's programs compile for the chips, fit in
+their HBM, keep their loops free of host communication and run the collectives
+a sharded model should. ``run_tpu_compile`` builds every named program from
+shapes alone (``jobs.tpu_programs``: registry architectures, bfloat16, no
+weights), compiles it with libtpu for ``topology`` (``jobs.tpu_aot``; a CPU-only
+machine will do) and records per program: compiled or the compiler's error,
+HBM use against the chip's, flops, bytes accessed and the compiler's
+``optimal_seconds``, the roofline floor (weights and KV cache read once at the
+chip's HBM bandwidth), fusions, while loops, host communication inside loops,
+collectives and asynchronous copies. Every time figure is a "TPU compiler
+estimate": nothing here runs on a TPU.
+
+Writes ``out`` (JSON) and its Markdown beside it after every program, and
+resumes: programs already in ``out`` for the same topology and settings are
+skipped (a compile of a 1.5B generate function takes minutes on 2 cores)::
+
+    python -m eval.main --gin_file=configs/bench/tpu_compile.gin \\
+        --gin_bindings="TOPOLOGY = 'v5e:2x2'"
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+
+import jax
+
+from specdec_jax.jobs import resolver, tables, tpu_aot, tpu_programs
+from specdec_jax.runtime import jsonio
+
+TARGET = "qwen2.5-coder-1.5b"
+DRAFTER = "qwen2.5-coder-0.5b"
+# libtpu's start-up lines on a machine that is not a TPU VM: expected, not news.
+HARMLESS_LOG = ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "host bounds",
+                "Logging before InitGoogle", "Source Location Trace", "libtpu_init_utils")
+GIB = 1024 ** 3
+
+
+def architecture(name: str) -> str:
+    """A registry architecture from ``<architecture>`` or ``random:<architecture>[:<seed>]``
+    (only shapes are used: the seed does not matter)."""
+    if name.startswith(resolver.RANDOM_PREFIX):
+        return resolver.parse_random(name)[0]
+    resolver.registry.architecture(name)  # raises with the known names
+    return name
+
+
+def settings_of(*, topology: str, target: str, drafter: str, shapes: tpu_programs.Shapes,
+                compiler_options: dict) -> dict:
+    """What a record depends on: a resumed run must match it."""
+    return {"topology": topology, "target": target, "drafter": drafter,
+            "dtype": tpu_programs.DTYPE, "batch": shapes.batch,
+            "cache_length": shapes.cache_length, "prompt_len": shapes.prompt_len,
+            "max_new_tokens": shapes.max_new_tokens, "gamma": shapes.gamma,
+            "mesh": {"data": shapes.data, "model": shapes.model},
+            "compiler_options": dict(compiler_options), "jax": jax.__version__,
+            "libtpu": tpu_aot.libtpu_version()}
+
+
+def load_report(path: str, settings: dict) -> dict:
+    """The report at ``path`` to resume, or a new one; a report made with other
+    settings is refused (its records would not be comparable)."""
+    fresh = {"settings": settings, "programs": {}}
+    if not os.path.exists(path):
+        return fresh
+    report = jsonio.read_json(path)
+    old = report.get("settings", {})
+    differ = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    if differ:
+        changes = ", ".join(f"{k}: {old.get(k)!r} there, {settings.get(k)!r} here"
+                            for k in differ)
+        raise ValueError(f"{path} holds a compile report made with other settings ({changes}); "
+                         "write to another `out` or remove it.")
+    report.setdefault("programs", {})
+    return report
+
+
+def interesting_log(text: str) -> str:
+    """The compiler's stderr without libtpu's expected start-up lines (last 2000 chars)."""
+    lines = [line for line in text.splitlines()
+             if line.strip() and not any(mark in line for mark in HARMLESS_LOG)]
+    return "\n".join(lines)[-2000:]
+
+
+def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip,
+                compiler_options: dict) -> dict:
+    """One program's record: its figures, or the error that stopped it."""
+    kind = "generate" if name in tpu_programs.GENERATE else "per_call"
+    started = time.perf_counter()
+    record = {"kind": kind}
+    try:
+        program = tpu_programs.build(name, shapes, mesh, models)
+        record["note"] = program.note
+        compiled, seconds, log = tpu_aot.compile_abstract(
+            program.fn, program.args, donate_argnums=program.donate_argnums,
+            compiler_options=compiler_options)
+        record.update(status="compiled", compile_s=round(seconds, 1), **tpu_aot.program_record(
+            compiled, chip, data=shapes.data, model=shapes.model,
+            weight_bytes=program.weight_bytes, cache_bytes=program.cache_bytes))
+        if interesting_log(log):
+            record["compiler_log"] = interesting_log(log)
+    except Exception as error:  # noqa: BLE001 - a program that does not compile is a result
+        record.update(status="error", error=f"{type(error).__name__}: {error}"[:3000],
+                      compile_s=round(time.perf_counter() - started, 1))
+    return record
+
+
+def source_commit() -> str | None:
+    """The checkout's commit (``git rev-parse``) the programs were built from,
+    with ``+`` when the tree has uncommitted changes; None outside a checkout."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.strip() + ("+" if dirty.strip() else "")
+
+
+def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
+                    markdown_path: str | None = None, target: str = TARGET,
+                    drafter: str = DRAFTER, batch: int = 1, cache_length: int = 2048,
+                    prompt_len: int = 512, max_new_tokens: int = 128, gamma: int = 5,
+                    data: int = 1, model: int = 1,
+                    compiler_options: dict | None = None) -> dict:
+    """Compiles ``programs`` (names or groups of ``tpu_programs.PROGRAMS``:
+    ``per_call``, ``generate``) for ``topology`` (e.g. ``"v5e:2x2"``) and writes
+    the report (module docstring). ``target`` / ``drafter``: registry
+    architectures (or ``random:`` names of them). ``cache_length``: the KV-cache
+    room of per-call programs; ``prompt_len`` / ``max_new_tokens`` / ``gamma``:
+    the generate programs'. ``data`` x ``model``: the mesh (batch over
+    ``data``, weights and KV heads over ``model``), on the topology's first
+    ``data * model`` chips. ``compiler_options``: XLA options for every
+    compile (recorded; e.g. to compare a flag's effect). Returns the report."""
+    names = tpu_programs.expand(programs)
+    chip = tpu_aot.chip_of(topology)
+    shapes = tpu_programs.Shapes(target=architecture(target), drafter=architecture(drafter),
+                                 batch=batch, cache_length=cache_length,
+                                 prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                                 gamma=gamma, data=data, model=model)
+    compiler_options = dict(compiler_options or {})
+    settings = settings_of(topology=topology, target=shapes.target, drafter=shapes.drafter,
+                           shapes=shapes, compiler_options=compiler_options)
+    markdown_path = markdown_path or str(pathlib.Path(out).with_suffix(".md"))
+    report = load_report(out, settings)
+    mesh = tpu_aot.make_mesh(topology, data=data, model=model)
+    report["environment"] = {"machine": f"{platform.machine()} ({os.cpu_count()} CPUs)",
+                             "commit": source_commit(),
+                             "jax": jax.__version__, "libtpu": tpu_aot.libtpu_version(),
+                             "chip": chip.name, "chips_in_topology":
+                                 len(tpu_aot.topology_devices(topology))}
+    models = {"target": tpu_programs.abstract_model(shapes.target),
+              "drafter": tpu_programs.abstract_model(shapes.drafter)}
+    todo = [n for n in names if n not in report["programs"]]
+    print(f"tpu_compile {topology} ({chip.name}, mesh {data} x {model}): {len(todo)} to "
+          f"compile, {len(names) - len(todo)} already in {out}", flush=True)
+    for i, name in enumerate(todo):
+        record = compile_one(name, shapes, mesh, models, chip, compiler_options)
+        report["programs"][name] = record
+        _save(report, out, markdown_path)
+        print(f"[{i + 1}/{len(todo)}] {name}: {_summary(record)}", flush=True)
+    _save(report, out, markdown_path)
+    return report
+
+
+def _save(report: dict, out: str, markdown_path: str) -> None:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    jsonio.write_json(out, report, indent=1)
+    tmp = pathlib.Path(markdown_path + ".tmp")
+    tmp.write_text(markdown(report) + "\n")
+    os.replace(tmp, markdown_path)
+
+
+def _summary(record: dict) -> str:
+    if record["status"] != "compiled":
+        return f"ERROR {record['error'][:300]}"
+    return (f"compiled in {record['compile_s']} s, HBM {record['hbm_bytes'] / GIB:.2f} GiB, "
+            f"optimal_seconds {_ms(record['optimal_s'])} ms ({tpu_aot.ESTIMATE}), "
+            f"floor {_ms(record['floor_s'])} ms")
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.3f}"
+
+
+def _estimate(seconds) -> str:
+    """The compiler's ``optimal_seconds`` in ms; a negative one is not a time."""
+    if seconds is not None and seconds < 0:
+        return f"invalid ({_ms(seconds)})"
+    return _ms(seconds)
+
+
+def _gb(value) -> str:
+    return "-" if value is None else f"{value / 1e9:.3f}"
+
+
+def _collectives(hlo: dict) -> str:
+    c = hlo["collectives"]
+    return f"{c['all-reduce']}/{c['all-gather']}/{c['reduce-scatter']}"
+
+
+def markdown(report: dict) -> str:
+    """The report as Markdown: settings, then one table row per program."""
+    s, env = report["settings"], report.get("environment", {})
+    lines = [f"# TPU compile report: {s['topology']} ({env.get('chip', '?')})", "",
+             f"Compiled ahead of time with libtpu {s['libtpu']} and jax {s['jax']} on "
+             f"{env.get('machine', '?')} from commit {env.get('commit') or '(unknown)'}; "
+             "**nothing ran on a TPU**. Every time below is a "
+             f"**{tpu_aot.ESTIMATE}** (the compiler's `optimal_seconds`) or a roofline "
+             "floor (weights + KV cache read once at the chip's HBM bandwidth), never a "
+             "measurement.", "",
+             f"Target {s['target']}, drafter {s['drafter']}, {s['dtype']}, batch {s['batch']}, "
+             f"mesh {s['mesh']['data']} (data) x {s['mesh']['model']} (model); per-call "
+             f"programs at a KV cache of {s['cache_length']} tokens; generate programs: "
+             f"prompt {s['prompt_len']}, {s['max_new_tokens']} new tokens, G = {s['gamma']}."
+             + (f" Compiler options: {s['compiler_options']}." if s["compiler_options"] else ""),
+             ""]
+    rows, errors = [], []
+    for name, r in report["programs"].items():
+        if r["status"] != "compiled":
+            errors.append(f"- `{name}`: {r['error'][:500]}")
+            rows.append([f"`{name}`", "error"] + ["-"] * 11)
+            continue
+        hlo = r["hlo"]
+        ratio = r["bytes_accessed_over_floor_bytes"]
+        rows.append([
+            f"`{name}`", "compiled",
+            f"{r['hbm_bytes'] / GIB:.2f} ({100 * r['hbm_fraction']:.1f}%)",
+            f"{r['flops'] / 1e9:.2f}" if r["flops"] is not None else "-",
+            _gb(r["bytes_accessed"]), "-" if ratio is None else f"{ratio:.2f}",
+            _estimate(r["optimal_s"]), _ms(r["floor_s"]), str(hlo["fusions"]),
+            str(hlo["while_loops"]), str(len(hlo["host_ops_in_loops"])), _collectives(hlo),
+            f"{hlo['async_copies']['copy-start']}/{hlo['async_copies']['slice-start']}"])
+    lines += tables.markdown_table(
+        ["program", "status", "HBM GiB (of chip)", "GFLOP", "bytes accessed GB",
+         "accessed / (weights + cache)", f"optimal_seconds ms ({tpu_aot.ESTIMATE})",
+         "roofline floor ms", "fusions", "while loops", "host ops in loops",
+         "all-reduce/all-gather/reduce-scatter", "copy-start/slice-start"], rows)
+    if errors:
+        lines += ["", "Errors:", *errors]
+    lines += ["", "HBM: arguments + outputs + temporaries + generated code, less donated "
+              "(aliased) buffers, per chip. `bytes accessed` is the compiler's cost analysis, "
+              "not HBM traffic: it counts a weight prefetched into on-chip memory "
+              "(`copy-start`/`copy-done`, `slice-start`/`slice-done` into memory space 1) "
+              "in the copy and again in the kernel that reads it, so it exceeds the bytes a "
+              "step reads from HBM. `optimal_seconds` came out negative for programs with "
+              "sliced prefetches (`slice-start`); compiling with "
+              "`compiler_options={'xla_tpu_sliced_prefetch_max_slices': 0}` gives a positive "
+              "estimate (of a slightly different program). Whole generate programs count "
+              "each loop body once: use the per-call programs for per-call cost."]
+    return "\n".join(lines)

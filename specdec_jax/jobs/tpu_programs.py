@@ -1,0 +1,284 @@
+"""The programs the TPU compile job compiles, built from shapes alone.
+
+Each program is a function plus abstract arguments (``jax.ShapeDtypeStruct``
+with a ``NamedSharding`` over a TPU mesh): models come from the registry's
+architectures (``registry.ARCHITECTURES``) in the decode layout
+(``models.decoder.with_kernel_layout``), in bfloat16, through ``jax.eval_shape``,
+so no weight is ever made. Two kinds:
+
+- *per-call* programs, one model call each, the units a cost model prices:
+  ``target_k<K>`` (the target's ``extend`` of K tokens: K = 1 is the
+  autoregressive step, K = G + 1 a round's scoring call), ``drafter_k1``,
+  ``feature_draft_step`` (the EAGLE-style head: step, logits, argmax),
+  ``acceptance_head`` (SpecDec++'s head on one hidden state) and
+  ``maxgram_step`` (one Max-Gram proposal over the cache's room of text).
+  Calls that update a KV cache donate it, as a decoding loop's body does;
+- *generate* programs, whole ``api.make_generate_fn`` functions (prefill and
+  every round inside one program): ``generate_<name>`` in ``GENERATE``.
+
+``cost_analysis`` of a whole generate program is not per-call cost (a while
+loop's body is counted once, not per iteration): read it for memory, host
+communication and collectives; price calls with the per-call programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from specdec_jax import api, precision, sharding
+from specdec_jax.checkpoints import registry
+from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
+from specdec_jax.drafting import make_drafter
+from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
+from specdec_jax.drafting.adaptive import AdaptiveDrafter
+from specdec_jax.drafting.feature import FeatureDrafter
+from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
+from specdec_jax.jobs import tpu_aot
+from specdec_jax.models import feature_head
+from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.interface import Prompt
+from specdec_jax.models.layers import OUT_IN
+
+DTYPE = "bfloat16"
+MAX_SCORING_WIDTH = 9  # K = G + 1 for G = 1..8
+FEATURE = "feature"
+ADAPTIVE_HEAD_DEPTH = 3  # SpecDec++'s recommended head
+CSD_K_MATRIX = ((2, 10), (0, 10))  # the seed's decoder-only CS Drafting setting
+# generate program -> make_generate_fn arguments (method, drafter kind, verifier).
+GENERATE = {
+    "generate_autoregressive": ("autoregressive", None, "token"),
+    "generate_specdecode_token": ("specdecode", "model", "token"),
+    "generate_specdecode_block": ("specdecode", "model", "block"),
+    "generate_specdecode_block_seed": ("specdecode", "model", "block-seed"),
+    "generate_cascade_token_v3": ("token-v3", "model", "token"),
+    "generate_csd_maxgram": ("specdecode", "csd", "token"),
+    "generate_specdecpp": ("specdecode", "adaptive", "token"),
+    "generate_feature": ("specdecode", FEATURE, "token"),
+}
+PER_CALL = (*(f"target_k{k}" for k in range(1, MAX_SCORING_WIDTH + 1)), "drafter_k1",
+            "feature_draft_step", "acceptance_head", "maxgram_step")
+PROGRAMS = (*PER_CALL, *GENERATE)
+GROUPS = {"per_call": PER_CALL, "generate": tuple(GENERATE)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """What every program is built for: the pair, the batch, the room."""
+
+    target: str  # registry architecture, e.g. "qwen2.5-coder-1.5b"
+    drafter: str
+    batch: int = 1
+    cache_length: int = 2048  # KV-cache room of the per-call programs
+    prompt_len: int = 512  # generate programs: prompt width ...
+    max_new_tokens: int = 128  # ... and new tokens
+    gamma: int = 5
+    data: int = 1  # mesh: batch split over `data` chips,
+    model: int = 1  # weights and KV heads over `model` chips (Megatron style)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A function, its abstract arguments and what a roofline reads per call."""
+
+    fn: Callable
+    args: tuple
+    donate_argnums: tuple[int, ...] = ()
+    weight_bytes: int = 0
+    cache_bytes: int = 0
+    note: str = ""
+
+
+def expand(names) -> list[str]:
+    """Program names with the groups (``per_call``, ``generate``) spelled out,
+    checked, in order, each once."""
+    out: list[str] = []
+    for name in names:
+        for item in GROUPS.get(name, (name,)):
+            if item not in PROGRAMS:
+                raise ValueError(f"unknown program {item!r}; choose from "
+                                 f"{', '.join([*GROUPS, *PROGRAMS])}.")
+            if item not in out:
+                out.append(item)
+    return out
+
+
+def abstract_model(architecture: str, dtype: str = DTYPE) -> tuple[DecoderOnlyLM, dict]:
+    """``(model, abstract params)`` of a registered architecture in the decode
+    layout, every leaf in ``dtype`` (as ``load.random_model`` stores them)."""
+    dtype = precision.resolve_dtype(dtype)
+    config = decoder_config_from_hf(registry.architecture(architecture), dtype=dtype,
+                                    param_dtype=dtype,
+                                    matmul_precision=precision.matmul_precision(dtype))
+    return abstract_decoder(DecoderOnlyLM(config))
+
+
+def abstract_decoder(model: DecoderOnlyLM) -> tuple[DecoderOnlyLM, dict]:
+    """``(model, abstract params)`` of any decoder in the decode layout, every
+    leaf in the config's ``param_dtype``."""
+    dtype = model.config.param_dtype
+
+    def build():
+        params = model.init_params(jax.random.PRNGKey(0))
+        params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+        return with_kernel_layout(model, params, OUT_IN)[1]
+
+    return with_kernel_layout(model, {}, OUT_IN)[0], jax.eval_shape(build)
+
+
+def _params(model, params, mesh: Mesh):
+    return sharding.abstract_params(params, mesh, sharding.rules_for(model))
+
+
+def _cache(model, shapes: Shapes, mesh: Mesh, fill: int):
+    cache = jax.eval_shape(lambda: model.init_cache(shapes.batch, shapes.cache_length))
+    del fill  # the fill is a value (lengths), not a shape: compiled code is the same
+    return tpu_aot.kv_sharded(cache, mesh)
+
+
+def model_step(model, params, shapes: Shapes, mesh: Mesh, k: int) -> Program:
+    """One ``extend`` of ``k`` tokens at a cache of ``cache_length`` (donated)."""
+
+    def step(params, tokens_BxK, cache):
+        out = model.extend(params, tokens_BxK, cache)
+        return out.logits, out.cache
+
+    cache = _cache(model, shapes, mesh, shapes.cache_length - k)
+    tokens = tpu_aot.batch_sharded(jax.ShapeDtypeStruct((shapes.batch, k), jnp.int32), mesh)
+    return Program(step, (_params(model, params, mesh), tokens, cache), donate_argnums=(2,),
+                   weight_bytes=tpu_aot.tree_bytes(params), cache_bytes=tpu_aot.tree_bytes(cache))
+
+
+def feature_head_of(target, target_params):
+    """``(FeatureDrafter, abstract params)``: a head shaped like one target layer."""
+    head = feature_head.FeatureHead(feature_head.FeatureHeadConfig.for_target(
+        target, kernel_layout=OUT_IN))
+
+    def build(target_params):
+        net = jax.tree_util.tree_map(lambda x: x.astype(target.config.dtype),
+                                     head.init_net(jax.random.PRNGKey(0)))
+        return feature_head.drafter_params(target, target_params, net)
+
+    return FeatureDrafter(head, name=FEATURE), jax.eval_shape(build, target_params)
+
+
+def feature_draft_step(target, target_params, shapes: Shapes, mesh: Mesh) -> Program:
+    """One draft of the feature head: ``step`` on one (token, feature), logits, argmax."""
+    drafter, params = feature_head_of(target, target_params)
+    head = drafter.head
+
+    def step(params, token_B, feature_BxD, cache):
+        predicted, cache = head.step(params, token_B[:, None], feature_BxD[:, None], cache)
+        chosen = jnp.argmax(head.logits(params, predicted[:, 0]), -1).astype(jnp.int32)
+        return chosen, predicted[:, 0], cache
+
+    b, d = shapes.batch, head.config.feature_size
+    cache = tpu_aot.kv_sharded(jax.eval_shape(
+        lambda: head.init_cache(b, shapes.cache_length)), mesh)
+    args = (tpu_aot.replicated(params, mesh),
+            tpu_aot.batch_sharded(jax.ShapeDtypeStruct((b,), jnp.int32), mesh),
+            tpu_aot.batch_sharded(jax.ShapeDtypeStruct((b, d), jnp.float32), mesh), cache)
+    return Program(step, args, donate_argnums=(3,), weight_bytes=feature_bytes(target, params),
+                   cache_bytes=tpu_aot.tree_bytes(cache),
+                   note="the head's net plus the target's embedding and output rows")
+
+
+def feature_bytes(target, params) -> int:
+    """Bytes of a feature drafter's params, a tied target's table counted once
+    (its embedding and output rows are one buffer)."""
+    shared = tpu_aot.tree_bytes(params["embedding"]) if target.config.tie_embeddings else 0
+    return tpu_aot.tree_bytes(params) - shared
+
+
+def acceptance_head_of(drafter):
+    head = AcceptanceHead(HeadConfig(hidden_size=drafter.config.hidden_size,
+                                     depth=ADAPTIVE_HEAD_DEPTH))
+    return head, jax.eval_shape(head.init_params, jax.random.PRNGKey(0))
+
+
+def acceptance_head_step(drafter, shapes: Shapes, mesh: Mesh) -> Program:
+    """SpecDec++'s acceptance probability for one drafter hidden state per row."""
+    head, params = acceptance_head_of(drafter)
+    hidden = jax.ShapeDtypeStruct((shapes.batch, drafter.config.hidden_size),
+                                  jnp.dtype(drafter.config.dtype))
+    return Program(head.accept_probs, (tpu_aot.replicated(params, mesh),
+                                       tpu_aot.batch_sharded(hidden, mesh)),
+                   weight_bytes=tpu_aot.tree_bytes(params), note="float32 head, depth 3")
+
+
+def maxgram_step(vocab_size: int, shapes: Shapes, mesh: Mesh) -> Program:
+    """One Max-Gram proposal over ``cache_length`` tokens of text per row."""
+
+    def step(text_BxT, n_B, bigram_V):
+        return longest_match_next(text_BxT, n_B, bigram_V, DEFAULT_MAX_NGRAM)
+
+    b = shapes.batch
+    args = (tpu_aot.batch_sharded(jax.ShapeDtypeStruct((b, shapes.cache_length), jnp.int32),
+                                  mesh),
+            tpu_aot.batch_sharded(jax.ShapeDtypeStruct((b,), jnp.int32), mesh),
+            tpu_aot.replicated(jax.ShapeDtypeStruct((vocab_size,), jnp.int32), mesh))
+    return Program(step, args, cache_bytes=b * shapes.cache_length * 4,
+                   note=f"max n-gram {DEFAULT_MAX_NGRAM}; the text counted as cache")
+
+
+def generate_program(name: str, models: dict, shapes: Shapes, mesh: Mesh) -> Program:
+    """A whole ``make_generate_fn`` function: ``fn(target_params, drafter_params,
+    prompt, key, sampling_params)``."""
+    method, kind, verifier = GENERATE[name]
+    target, target_params = models["target"]
+    drafter, drafter_params = models["drafter"]
+    strategy, params = drafter, _params(drafter, drafter_params, mesh)
+    if kind is None:
+        strategy, params = None, None
+    elif kind == "csd":
+        strategy = make_drafter("drafter+mag", models={"drafter": drafter},
+                                vocab_size=target.vocab_size,
+                                k_matrix=[list(row) for row in CSD_K_MATRIX])
+        bigram = tpu_aot.replicated(jax.ShapeDtypeStruct((target.vocab_size,), jnp.int32),
+                                    mesh)
+        params = strategy.select_params({"drafter": params, "mag": bigram})
+    elif kind == "adaptive":
+        head, head_params = acceptance_head_of(drafter)
+        strategy = AdaptiveDrafter(drafter, head)
+        params = (params, tpu_aot.replicated(head_params, mesh))
+    elif kind == FEATURE:
+        strategy, feature_params = feature_head_of(target, target_params)
+        params = tpu_aot.replicated(feature_params, mesh)
+    gamma = None if kind == "csd" else shapes.gamma
+    fn = api.make_generate_fn(target=target, drafter=strategy, method=method, gamma=gamma,
+                              verifier=verifier, max_new_tokens=shapes.max_new_tokens)
+    prompt = tpu_aot.batch_sharded(Prompt(
+        tokens=jax.ShapeDtypeStruct((shapes.batch, shapes.prompt_len), jnp.int32),
+        lengths=jax.ShapeDtypeStruct((shapes.batch,), jnp.int32)), mesh)
+    key = tpu_aot.replicated(jax.eval_shape(lambda: jax.random.PRNGKey(0)), mesh)
+    sp = tpu_aot.replicated(jax.eval_shape(api.sampling_params), mesh)
+    # A feature drafter's embedding and output rows are the target's own buffers.
+    own = params["net"] if kind == FEATURE else params
+    weights = tpu_aot.tree_bytes(target_params) + (0 if own is None else tpu_aot.tree_bytes(own))
+    return Program(fn, (_params(target, target_params, mesh), params, prompt, key, sp),
+                   weight_bytes=weights,
+                   note="whole generate function; cost figures count each loop body once")
+
+
+def build(name: str, shapes: Shapes, mesh: Mesh, models: dict) -> Program:
+    """The program ``name`` (one of ``PROGRAMS``); ``models``: ``{"target": (model,
+    abstract params), "drafter": ...}`` from ``abstract_model``."""
+    target, target_params = models["target"]
+    drafter, drafter_params = models["drafter"]
+    if name.startswith("target_k"):
+        return model_step(target, target_params, shapes, mesh, int(name[len("target_k"):]))
+    if name == "drafter_k1":
+        return model_step(drafter, drafter_params, shapes, mesh, 1)
+    if name == "feature_draft_step":
+        return feature_draft_step(target, target_params, shapes, mesh)
+    if name == "acceptance_head":
+        return acceptance_head_step(drafter, shapes, mesh)
+    if name == "maxgram_step":
+        return maxgram_step(target.vocab_size, shapes, mesh)
+    if name in GENERATE:
+        return generate_program(name, models, shapes, mesh)
+    raise ValueError(f"unknown program {name!r}; choose from {', '.join(PROGRAMS)}.")
