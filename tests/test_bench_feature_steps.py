@@ -100,10 +100,12 @@ def test_bad_arguments_fail_before_any_model_loads(tmp_path, overrides, message)
 
 
 def test_tokens_per_round_per_token_and_per_position():
-    assert feature_steps.tokens_per_round(0.8, 5) == pytest.approx((1 - 0.8 ** 6) / 0.2)
-    assert feature_steps.tokens_per_round([0.8] * 7, 5) == pytest.approx((1 - 0.8 ** 6) / 0.2)
-    assert feature_steps.tokens_per_round([0.9, 0.8, 0.5, 0.1], 3) == \
+    assert cost.tokens_per_round(0.8, 5) == pytest.approx((1 - 0.8 ** 6) / 0.2)
+    assert cost.tokens_per_round([0.8] * 7, 5) == pytest.approx((1 - 0.8 ** 6) / 0.2)
+    assert cost.tokens_per_round([0.9, 0.8, 0.5, 0.1], 3) == \
         pytest.approx(1 + 0.9 + 0.72 + 0.36)
+    with pytest.raises(ValueError, match="2 per-position rates for G = 3"):
+        cost.tokens_per_round([0.9, 0.8], 3)
 
 
 def test_predicted_speedup_matches_a_hand_computation():
@@ -141,4 +143,4 @@ def test_predicted_speedup_matches_a_hand_computation():
     assert feature_steps.predicted_speedup(model, 5, "feature", 0.8)["speedup"] == \
         pytest.approx(tokens * 10 / 24)
     with pytest.raises(ValueError, match="'model' or 'feature'"):
-        feature_steps.round_seconds(model, 5, "tree")
+        feature_steps.predicted_speedup(model, 5, "tree", 0.8)

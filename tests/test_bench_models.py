@@ -10,7 +10,7 @@ import pytest
 from eval import main as eval_main
 from specdec_jax.checkpoints import registry
 from specdec_jax.jobs import resolver
-from specdec_jax.jobs.bench import child, models
+from specdec_jax.jobs.bench import child, peers
 
 
 @pytest.mark.parametrize("binding, message", [
@@ -32,9 +32,9 @@ def test_bench_models_refuses_bad_arguments_before_loading(tmp_path, monkeypatch
 def test_bench_models_table_gives_theirs_over_ours():
     side = lambda s: {"load_s": 1.0, "rss_gb": 0.5, "k1_s": s, "k6_s": 2 * s}  # noqa: E731
     report = {"environment": {"machine": "m", "cpu_count": "2", "jax": "j"}, "torch": "t",
-              "transformers": "x", "cache_fill": models.FILL,
+              "transformers": "x", "cache_fill": peers.FILL,
               "models": {"smollm2-135m": {"ours": side(0.01), "transformers": side(0.03)}}}
-    text = models.markdown(report)
+    text = peers.models_markdown(report)
     assert "| smollm2-135m | 1.0 / 1.0 | 0.50 / 0.50 | 10 / 30, 3.00x | 20 / 60, 3.00x |" in text
 
 

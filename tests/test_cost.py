@@ -1,11 +1,19 @@
-"""The one cost model: tokens per round, call costs by width, round pricing and
-the calibrated per-round overhead."""
+"""The one cost model: tokens per round, call costs by width, round pricing,
+pricing a generation's counted calls by model, the calibrated per-round
+overhead, and the one in-loop timer the costs are measured with."""
+
+import time
+import types
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.experimental import io_callback
 
 from specdec_jax.jobs import cost
 from specdec_jax.models.toy import TableLM
+from specdec_jax.runtime import timing
 
 
 @pytest.mark.parametrize("alpha, gamma, expected", [
@@ -52,11 +60,93 @@ def test_a_round_is_its_calls_plus_the_overhead():
         2.5 * 0.10 / round_s)
     row = {"target_calls": 10, "target_fed": 40, "target_single": 0, "drafter_calls": 40,
            "drafter_fed": 40, "drafter_single": 40}
-    without = cost.CostModel(target=target, drafter=drafter).row_seconds(row, prompt_tokens=0)
-    assert model.row_seconds(row, prompt_tokens=0) == pytest.approx(without + 10 * 0.01)
+    without = cost.CostModel(target=target, drafter=drafter).price(
+        cost.counters_as_stats(row))
+    assert model.price(cost.counters_as_stats(row)) == pytest.approx(without + 10 * 0.01)
     autoregressive = {**row, "drafter_calls": 0, "drafter_fed": 0, "drafter_single": 0}
-    assert model.row_seconds(autoregressive, prompt_tokens=0) == pytest.approx(
+    assert model.price(cost.counters_as_stats(autoregressive)) == pytest.approx(
         target.seconds(calls=10, fed=40, single=0))  # no rounds, no overhead
+
+
+def _stats(**fields):
+    """A GenerationStats stand-in: the priced counters as per-row arrays."""
+    return types.SimpleNamespace(**{k: np.asarray(v) for k, v in fields.items()})
+
+
+def test_price_charges_each_model_by_name_row_by_row():
+    """Two rows, two drafter models: each column is priced by its own model's
+    cost, the target by its own; only the speculative row pays round overheads."""
+    target = cost.CallCost.from_steps({1: 1.0, 2: 1.5, 4: 2.5}, prefill_per_token_s=0.01)
+    small = cost.CallCost.from_steps({1: 0.1, 2: 0.25, 4: 0.45})  # a = 0.05, b = 0.1
+    big = cost.CallCost.from_steps({1: 0.3, 2: 0.5, 4: 0.9})
+    model = cost.CostModel(target=target, drafter=big, round_overhead_s=0.05,
+                           models={"small": small})
+    stats = _stats(target_calls=[3, 5], target_fed=[12, 5], target_single_calls=[0, 5],
+                   drafter_calls_by_model=[[6, 2], [0, 0]],
+                   drafter_tokens_by_model=[[8, 2], [0, 0]],
+                   drafter_single_calls_by_model=[[5, 2], [0, 0]])
+    got = model.price(stats, drafters=("small", "big"), prompt_tokens=10)
+    # Row 0: the target's 3 calls by the fit a + b K (a = 0.5, b = 0.5 through (2, 1.5),
+    # (4, 2.5)) on 12 fed tokens, plus its prefill of 10 tokens; small: 5 one-token
+    # calls and one call of 3 tokens; big (not in ``models``: the default drafter):
+    # 2 one-token calls; 3 rounds of overhead.
+    target_s, small_s, big_s = 3 * 0.5 + 12 * 0.5 + 0.1, 5 * 0.1 + 0.05 + 3 * 0.1, 2 * 0.3
+    row0 = target_s + small_s + big_s + 3 * 0.05
+    row1 = 5 * 1.0 + 0.1  # autoregressive: no drafter, no overhead
+    np.testing.assert_allclose(got, [row0, row1])
+    items = model.itemise(stats, drafters=("small", "big"), prompt_tokens=10)
+    np.testing.assert_allclose(items["small"], [small_s, 0.0])
+    np.testing.assert_allclose(items["target"], [target_s, row1])
+    np.testing.assert_allclose(items[cost.ROUND_OVERHEAD], [0.15, 0.0])
+    # One stored row (a mapping of the same fields) prices like its GenerationStats row.
+    row = {name: np.asarray(getattr(stats, name))[0].tolist() for name in cost.PRICED_FIELDS}
+    assert model.price(row, drafters=("small", "big"), prompt_tokens=10) == pytest.approx(row0)
+    # Columns past the named drafters are not priced.
+    assert model.price(row, drafters=("small",), prompt_tokens=10) == pytest.approx(
+        row0 - big_s)
+
+
+def test_price_at_a_fixed_width_and_explicit_rounds():
+    """A model in ``widths`` pays its calls at that width's measured median (not
+    the fit, not the fed tokens); ``rounds`` overrides which calls pay overhead."""
+    target = cost.CallCost.from_steps({1: 1.0, 2: 1.5, 4: 3.0, 6: 3.5})
+    model = cost.CostModel(target=target, drafter=cost.CallCost.from_steps({1: 0.1}),
+                           round_overhead_s=0.2)
+    row = {"target_calls": 4, "target_fed": 16, "target_single_calls": 0,
+           "drafter_calls_by_model": [0], "drafter_tokens_by_model": [0],
+           "drafter_single_calls_by_model": [0]}
+    assert target.seconds(calls=4, fed=16, single=0) != pytest.approx(4 * 3.0)  # fit differs
+    assert model.price(row, widths={"target": 4}) == pytest.approx(4 * 3.0)
+    # No drafter calls (a Max-Gram drafter, say): rounds only when asked for.
+    assert model.price(row, widths={"target": 4}, rounds=4) == pytest.approx(4 * 3.0 + 0.8)
+
+
+def test_in_loop_times_one_step_after_a_warm_up():
+    """Each timed run is ``steps`` calls of the body inside one jitted loop,
+    after an untimed warm-up: a body that sleeps 10 ms a call reads ~10 ms a
+    step, and runs (1 warm-up + repeats) x steps times."""
+    calls = []
+
+    def sleep(x):
+        calls.append(1)
+        time.sleep(0.01)
+        return x
+
+    def body(params, carry):
+        return io_callback(sleep, jax.ShapeDtypeStruct((), jnp.float32), carry + params)
+
+    timed = timing.in_loop(body, jnp.float32(1.0), jnp.float32(0.0), steps=4, repeats=3)
+    assert len(calls) == (1 + 3) * 4
+    assert len(timed.run_s) == 3
+    assert 0.01 <= timed.median_s < 0.03  # per step, not per loop (0.04)
+    assert float(timed.output) == 4.0  # the carry went through every step
+
+
+def test_in_loop_step_returns_seconds_per_step_of_a_model():
+    model = TableLM(vocab_size=16, order=1)
+    params = model.init_params(jax.random.PRNGKey(0))
+    one = timing.in_loop_step(model, params, 2, fill=4, steps=2, repeats=1)
+    assert len(one.run_s) == 1 and one.median_s > 0 and one.compile_s > 0
 
 
 def test_round_overhead_is_measured_from_a_timed_generation():

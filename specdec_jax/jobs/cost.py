@@ -1,7 +1,8 @@
 """The one cost model: counted calls times measured per-call latencies, plus
 the per-round overhead of the loop around them.
 
-Every job and benchmark that prices latency prices it here, and every report
+Every job and benchmark that prices latency prices it here (a generation's
+counted calls: ``CostModel.price``, each model's calls by its name), and every report
 that prints a modelled latency prints, on its wall-clock subset, how well it
 agrees with measured time (``jobs.report.agreement``: correlation and mean
 ratio).
@@ -33,6 +34,7 @@ acceptance rate (Leviathan et al.), written once here.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -48,10 +50,16 @@ STEPS_PER_TIMING = 4
 ALPHA_TOLERANCE = 1e-9  # bisection bracket of acceptance_for_tokens_per_round
 
 
-def tokens_per_round(alpha: float, gamma: int) -> float:
-    """Expected tokens per round with ``gamma`` drafts each accepted with
-    probability ``alpha`` independently: ``(1 - alpha^(G+1)) / (1 - alpha)``
-    (``G + 1`` at ``alpha = 1``)."""
+def tokens_per_round(alpha, gamma: int) -> float:
+    """Expected tokens per round with ``gamma`` drafts. A rate ``alpha`` (each
+    draft accepted with that probability independently) gives
+    ``(1 - alpha^(G+1)) / (1 - alpha)`` (``G + 1`` at ``alpha = 1``); a list of
+    per-position rates ``[a_1, ...]`` (``a_i``: draft ``i`` accepted given the
+    earlier ones were) gives ``1 + sum_i prod_{j<=i} a_j``."""
+    if not isinstance(alpha, (int, float)):
+        if len(alpha) < gamma:
+            raise ValueError(f"{len(alpha)} per-position rates for G = {gamma}.")
+        return 1.0 + float(sum(np.prod(alpha[:i]) for i in range(1, gamma + 1)))
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"acceptance rate must be in [0, 1], got {alpha}.")
     if alpha == 1.0:
@@ -148,15 +156,12 @@ def measure_call_cost(model, params, *, context: int, widths=CALIBRATION_WIDTHS,
     medians = {}
     for width in widths:
 
-        def loop(params, cache, width=width):
-            def body(_, cache):
-                out = model.extend(params, jnp.ones((1, width), jnp.int32), cache)
-                return out.cache.replace(lengths=cache.lengths)
-            return jax.lax.fori_loop(0, STEPS_PER_TIMING, body, cache)
+        def body(params, cache, width=width):
+            out = model.extend(params, jnp.ones((1, width), jnp.int32), cache)
+            return out.cache.replace(lengths=cache.lengths)
 
-        compiled = timing.Compiled(jax.jit(loop), params, cache)
-        medians[width] = compiled.time(params, cache, repeats=repeats).median_s / \
-            STEPS_PER_TIMING
+        medians[width] = timing.in_loop(body, params, cache, steps=STEPS_PER_TIMING,
+                                        repeats=repeats).median_s
     prompt = make_prompt([[1] * context])
 
     def prefill(params, prompt):
@@ -168,28 +173,66 @@ def measure_call_cost(model, params, *, context: int, widths=CALIBRATION_WIDTHS,
     return CallCost.from_steps(medians, prefill_per_token_s=prefill_s / context), medians
 
 
+TARGET = "target"
+DRAFTER = "drafter"  # the name ``CostModel.drafter`` prices by default
+ROUND_OVERHEAD = "round overhead"  # ``CostModel.itemise``'s entry for the rounds
+# The counters of ``decoding.GenerationStats`` that price a generation.
+PRICED_FIELDS = ("target_calls", "target_fed", "target_single_calls", "drafter_calls_by_model",
+                 "drafter_tokens_by_model", "drafter_single_calls_by_model")
+
+
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     target: CallCost
     drafter: CallCost
     # Seconds a speculative round costs beyond its model calls (0: not calibrated).
     round_overhead_s: float = 0.0
+    # Drafter models priced apart from ``drafter``, by model name (the names of
+    # ``drafter.model_names``); not stored by ``to_json``.
+    models: dict = dataclasses.field(default_factory=dict, compare=False)
 
-    def row_seconds(self, row: dict, *, prompt_tokens: int) -> float:
-        """Seconds one example costs at batch 1, from its counters (``row`` keys:
-        target_calls, target_fed, target_single, drafter_calls, drafter_fed,
-        drafter_single). A row with drafter calls is speculative: each target
-        call is one round and pays ``round_overhead_s``."""
-        total = 0.0
-        if row["target_calls"]:
-            total += self.target.prefill(prompt_tokens) + self.target.seconds(
-                calls=row["target_calls"], fed=row["target_fed"], single=row["target_single"])
-        if row["drafter_calls"]:
-            total += self.drafter.prefill(prompt_tokens) + self.drafter.seconds(
-                calls=row["drafter_calls"], fed=row["drafter_fed"],
-                single=row["drafter_single"])
-            total += row["target_calls"] * self.round_overhead_s
-        return total
+    def call_cost(self, name: str) -> CallCost:
+        """The per-call cost of the model called ``name``: ``target``, one of
+        ``models``, else ``drafter``."""
+        return self.target if name == TARGET else self.models.get(name, self.drafter)
+
+    def itemise(self, stats, *, drafters=(DRAFTER,), widths=None, prompt_tokens: int = 0,
+                rounds=None) -> dict:
+        """A generation's counted calls priced at batch 1, in seconds by model
+        name (``target`` and each of ``drafters``) plus ``ROUND_OVERHEAD``.
+
+        ``stats``: a ``GenerationStats`` (every row at once: each entry is then
+        per row) or a mapping with its field names (``PRICED_FIELDS``: one stored
+        row). ``drafters``: the names of its per-model columns
+        (``drafter.model_names``), each priced by ``call_cost``; columns past
+        them are not priced. A model's calls cost ``CallCost.seconds`` of its
+        counts, or, for a model in ``widths`` (name -> K), ``calls x
+        call_s(K)`` (every call of that width: a fixed-G target's scoring
+        calls), plus its prefill of ``prompt_tokens`` where it ran. ``rounds``
+        (default: the target calls where any drafter call was counted) each pay
+        ``round_overhead_s``."""
+        field = lambda name: np.asarray(  # noqa: E731
+            stats[name] if isinstance(stats, Mapping) else getattr(stats, name), np.float64)
+        by_model = [field(name) for name in PRICED_FIELDS[3:]]
+        counts = [(TARGET, *(field(name) for name in PRICED_FIELDS[:3]))]
+        counts += [(name, *(x[..., m] for x in by_model)) for m, name in enumerate(drafters)]
+        widths = widths or {}
+        seconds: dict = {}
+        for name, calls, fed, single in counts:
+            call = self.call_cost(name)
+            priced = (calls * call.call_s(widths[name]) if name in widths
+                      else call.seconds(calls=calls, fed=fed, single=single))
+            seconds[name] = seconds.get(name, 0.0) + priced + np.where(
+                calls > 0, call.prefill(prompt_tokens), 0.0)
+        if rounds is None:
+            rounds = np.where(by_model[0].sum(-1) > 0, counts[0][1], 0.0)
+        seconds[ROUND_OVERHEAD] = np.asarray(rounds, np.float64) * self.round_overhead_s
+        return {name: _scalar(value) for name, value in seconds.items()}
+
+    def price(self, stats, **options):
+        """Seconds of a generation's counted calls at batch 1: the sum of
+        ``itemise(stats, **options)`` (per row for a ``GenerationStats``)."""
+        return _scalar(sum(np.asarray(v) for v in self.itemise(stats, **options).values()))
 
     def round_seconds(self, *, gamma: int, drafter_calls: float, catch_ups: float = 0.0,
                       catch_up_width: int = 2) -> float:
@@ -216,10 +259,26 @@ class CostModel:
                    round_overhead_s=data.get("round_overhead_s", 0.0))
 
 
+def _scalar(value):
+    """A 0-d array as a float (one stored row); arrays (every row) as they are."""
+    value = np.asarray(value)
+    return float(value) if value.ndim == 0 else value
+
+
+def counters_as_stats(row: dict) -> dict:
+    """A ``row_counters`` row (drafter models summed, as sweeps store it) as
+    ``CostModel.itemise`` reads it: the drafter's calls as one model column."""
+    return {"target_calls": row["target_calls"], "target_fed": row["target_fed"],
+            "target_single_calls": row["target_single"],
+            "drafter_calls_by_model": [row["drafter_calls"]],
+            "drafter_tokens_by_model": [row["drafter_fed"]],
+            "drafter_single_calls_by_model": [row["drafter_single"]]}
+
+
 def row_counters(stats, row: int, drafter_as_target: bool = False) -> dict:
-    """One row's counters of a generation (``GenerationStats``), as ``row_seconds``
-    prices them; ``drafter_as_target``: the drafter ran alone (its calls are the
-    drafter's)."""
+    """One row's counters of a generation (``GenerationStats``), as sweeps store
+    them (``counters_as_stats`` reads them back for pricing); ``drafter_as_target``:
+    the drafter ran alone (its calls are the drafter's)."""
     get = lambda name: np.asarray(getattr(stats, name))[row]  # noqa: E731
     counters = {
         "target_calls": int(get("target_calls")), "target_fed": int(get("target_fed")),
@@ -255,28 +314,30 @@ def measure_round_overhead(cost: CostModel, *, target, target_params, drafter, d
     compiled = timing.Compiled(fn, target_params, drafter_params, prompt, key, params)
     measured = compiled.time(target_params, drafter_params, prompt, key, params,
                              repeats=repeats).median_s
-    row = row_counters(fn(target_params, drafter_params, prompt, key, params).stats, 0)
-    priced = dataclasses.replace(cost, round_overhead_s=0.0).row_seconds(
-        row, prompt_tokens=context)
-    rounds = max(row["target_calls"], 1)
+    stats = fn(target_params, drafter_params, prompt, key, params).stats
+    priced = float(dataclasses.replace(cost, round_overhead_s=0.0).price(
+        stats, prompt_tokens=context)[0])
+    rounds = max(int(stats.target_calls[0]), 1)
     raw = (measured - priced) / rounds
     return {"round_overhead_s": max(raw, 0.0), "raw_s": raw, "rounds": rounds,
             "measured_s": measured, "priced_s": priced, "gamma": gamma}
 
 
 def calibrate(*, target, target_params, drafter, drafter_params, context: int,
-              widths=CALIBRATION_WIDTHS, repeats: int = 3,
+              widths=CALIBRATION_WIDTHS, drafter_widths=None, repeats: int = 3,
               overhead_gamma: int | None = 4) -> tuple[CostModel, dict]:
-    """Measures both models' calls and (unless ``overhead_gamma`` is None) the
-    per-round overhead at that draft length; returns the model and the raw
-    measurements (for the report). Run it on a quiet machine: anything else
-    running inflates every latency."""
+    """Measures both models' calls (the drafter's at ``drafter_widths``, by
+    default ``widths``) and (unless ``overhead_gamma`` is None) the per-round
+    overhead at that draft length; returns the model and the raw measurements
+    (for the report). Run it on a quiet machine: anything else running
+    inflates every latency."""
     if 1 not in widths or not any(w >= 2 for w in widths):
         raise ValueError(f"calibration widths must include 1 and a width >= 2, got {widths}.")
     target_cost, target_medians = measure_call_cost(target, target_params, context=context,
                                                     widths=widths, repeats=repeats)
     drafter_cost, drafter_medians = measure_call_cost(drafter, drafter_params,
-                                                      context=context, widths=widths,
+                                                      context=context,
+                                                      widths=drafter_widths or widths,
                                                       repeats=repeats)
     medians = {"target": {str(k): v for k, v in target_medians.items()},
                "drafter": {str(k): v for k, v in drafter_medians.items()},

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec_jax.jobs import tables
 from specdec_jax.runtime import jsonio
 
 # --- record schema ---------------------------------------------------------------------------
@@ -91,7 +92,8 @@ METHOD_LABELS = {
     "token-v3": "SpecCascade [Token]",
 }
 MISSING = "—"
-SCORE_FORMAT = "{:.2f}"
+SCORE_DIGITS = 2
+SCORE_FORMAT = f"{{:.{SCORE_DIGITS}f}}"
 LATENCY_FORMAT = "{:.3f}"
 RATE_FORMAT = "{:.3f}"
 SPEEDUP_FORMAT = "{:.2f}×"
@@ -271,8 +273,7 @@ def _fmt(value: Any, template: str) -> str:
 def _fmt_quality(score: float | None, low: float | None, high: float | None) -> str:
     if score is None:
         return MISSING
-    return (f"{SCORE_FORMAT.format(score)} "
-            f"[{SCORE_FORMAT.format(low)}, {SCORE_FORMAT.format(high)}]")
+    return tables.format_ci(float(score), (float(low), float(high)), digits=SCORE_DIGITS)
 
 
 def _fmt_alpha(alpha: Any) -> str:
@@ -281,12 +282,6 @@ def _fmt_alpha(alpha: Any) -> str:
 
 def _fmt_count(value: Any) -> str:
     return MISSING if value is None else str(int(value))
-
-
-def _markdown_rows(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
 
 
 # --- the full sweep table --------------------------------------------------------------------
@@ -320,7 +315,7 @@ def markdown_table(records: Sequence[dict], *, latency: str = "cost_model") -> s
                 _fmt(r["rejection_rate"], RATE_FORMAT), _fmt(r["deferral_rate"], RATE_FORMAT),
                 _fmt_count(r["calls"]["target"]), _fmt_count(r["calls"]["drafter"]),
             ))
-        lines += _markdown_rows(SWEEP_COLUMNS, rows)
+        lines += tables.markdown_table(SWEEP_COLUMNS, rows)
     return "\n".join(lines) + "\n"
 
 
@@ -425,7 +420,7 @@ def table2_markdown(rows: Sequence[dict]) -> str:
                                                        r["best_high"]),
             _fmt_alpha(r["best_alpha"]), _fmt(r["best_latency"], LATENCY_FORMAT), _verdict(r),
         ) for r in section]
-        lines += _markdown_rows(TABLE2_COLUMNS, body)
+        lines += tables.markdown_table(TABLE2_COLUMNS, body)
     return "\n".join(lines) + "\n"
 
 

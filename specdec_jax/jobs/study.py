@@ -24,7 +24,7 @@ from specdec_jax import precision, sharding
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
 from specdec_jax.data import tasks
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import report, resolver, sweep
+from specdec_jax.jobs import report, resolver, sweep, tables
 from specdec_jax.runtime import distributed, jsonio, timing
 
 
@@ -176,8 +176,7 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     sweep.wallclock_phase(pair, points, examples, data, path, max_new_tokens=max_new_tokens,
                           width=sweep.prompt_width(pair, examples), seed=seed, trials=trials,
                           progress=progress)
-    lines = ["| method | alpha | G | T | seconds / example | speedup vs target (95% CI) |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     show = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
     for record in data["records"]:
         seconds = [times[record["key"]] for times in data["wallclock"].values()]
@@ -185,10 +184,12 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
         record["speedup"] = 1.0 / record["relative_latency"]["wallclock"]
         low, high = record["relative_latency"]["wallclock_ci95"]
         record["speedup_ci95"] = [1.0 / high, 1.0 / low]
-        lines.append(f"| {record['method']} | {show(record['alpha'])} | "
-                     f"{show(record['gamma'])} | {record['temperature']:g} | "
-                     f"{record['seconds_per_example']:.3f} | {record['speedup']:.2f}x "
-                     f"({1.0 / high:.2f}-{1.0 / low:.2f}) |")
+        rows.append((record["method"], show(record["alpha"]), show(record["gamma"]),
+                     f"{record['temperature']:g}", f"{record['seconds_per_example']:.3f}",
+                     tables.format_ci(record["speedup"], record["speedup_ci95"], digits=2,
+                                      unit="x")))
+    lines = tables.markdown_table(("method", "alpha", "G", "T", "seconds / example",
+                                   "speedup vs target (95% CI)"), rows)
     path.write_text(json.dumps(data, indent=1))
     print(f"{target} / {drafter} on {len(examples)} {task} examples, batch 1, {dtype}, "
           f"{data['environment']['machine']}:\n" + "\n".join(lines))

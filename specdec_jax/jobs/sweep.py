@@ -284,9 +284,15 @@ def summarise(task: Task, point: Point, rows: list[dict], cost: CostModel | None
         "per_example": rows,
     }
     if cost is not None:
-        record["cost_seconds"] = [cost.row_seconds(r, prompt_tokens=r["prompt_tokens"])
-                                  for r in rows]
+        record["cost_seconds"] = cost_seconds(cost, rows)
     return record
+
+
+def cost_seconds(cost: CostModel, rows: list[dict]) -> list[float]:
+    """Each stored row's counted calls priced at batch 1 (``CostModel.price``),
+    its prompt's prefill included."""
+    return [cost.price(cost_lib.counters_as_stats(r), prompt_tokens=r["prompt_tokens"])
+            for r in rows]
 
 
 def derive_seq_cascade(task: Task, point: Point, drafter: dict, target: dict,
@@ -367,8 +373,7 @@ def run_sweep(*, pair: ModelPair, task: Task, examples: Sequence[Example],
         data["calibration"] = calibration
         for record in data["records"]:  # a recalibrated model reprices stored points
             if "per_example" in record:
-                record["cost_seconds"] = [cost.row_seconds(r, prompt_tokens=r["prompt_tokens"])
-                                          for r in record["per_example"]]
+                record["cost_seconds"] = cost_seconds(cost, record["per_example"])
         relative_latencies(data["records"])
     data["environment"] = timing.environment()
     data["records"] = [r for r in data["records"] if r["method"] not in DERIVED]

@@ -15,7 +15,7 @@ import pathlib
 import sys
 
 from specdec_jax.data import metrics, tasks
-from specdec_jax.jobs import resolver, sweep
+from specdec_jax.jobs import resolver, sweep, tables
 from specdec_jax.training.t5_pair import PAIRS, ROLES, ensure_member, parse_member
 
 
@@ -67,9 +67,8 @@ def report(pair: str, task: str, *, num_examples: int = 500, progress: bool = Tr
 def report_markdown(rows: dict) -> str:
     quality = next(iter(rows.values()))["quality"]
     lines = [f"Held-out quality: greedy, first {quality['num_examples']} examples of the "
-             f"{quality['split']} split, {quality['metric']} with bootstrap 95% CI.", "",
-             "| member | parameters | steps x batch | training tokens (targets) | time | "
-             f"{quality['metric']} [95% CI] |", "|---|---|---|---|---|---|"]
+             f"{quality['split']} split, {quality['metric']} with bootstrap 95% CI.", ""]
+    members = []
     for role, row in rows.items():
         s, q = row["summary"], row["quality"]
         if role == "small-distilled":
@@ -81,32 +80,29 @@ def report_markdown(rows: dict) -> str:
             budget = f"{s['steps']} x {s['batch_size']}"
             tokens = f"{s['training_tokens'] / 1e6:.2f} M ({s['epochs']:.1f} epochs)"
         resumed = " (resumed)" if s.get("resumed_from") else ""
-        lines.append(f"| {row['member']} | {params / 1e6:.2f} M | {budget} | {tokens} | "
-                     f"{s['seconds_this_invocation'] / 60:.0f} min{resumed} | "
-                     f"{q['score']:.2f} [{q['low']:.2f}, {q['high']:.2f}] |")
+        members.append((row["member"], f"{params / 1e6:.2f} M", budget, tokens,
+                        f"{s['seconds_this_invocation'] / 60:.0f} min{resumed}",
+                        tables.format_ci(q["score"], (q["low"], q["high"]), digits=2)))
+    lines += tables.markdown_table(("member", "parameters", "steps x batch",
+                                    "training tokens (targets)", "time",
+                                    f"{quality['metric']} [95% CI]"), members)
     differences = [(role, row["large_minus_this"]) for role, row in rows.items()
                    if "large_minus_this" in row]
     lines += [""] if differences else []
     for role, d in differences:
         verdict = "clearly ahead" if d["clearly_ahead"] else "not clearly ahead"
-        lines.append(f"Large minus {role}: {d['difference']:+.2f} [{d['low']:+.2f}, "
-                     f"{d['high']:+.2f}] {quality['metric']} (paired bootstrap 95% CI over the "
-                     f"same examples): the large model is {verdict}.")
+        diff = tables.format_ci(d["difference"], (d["low"], d["high"]), digits=2, sign=True)
+        lines.append(f"Large minus {role}: {diff} {quality['metric']} (paired bootstrap 95% CI "
+                     f"over the same examples): the large model is {verdict}.")
     distilled = rows.get("small-distilled", {}).get("summary")
     if distilled:
-        change = lambda key: (f"{_ci(distilled['before'], key)} -> "  # noqa: E731
-                              f"{_ci(distilled['after'], key)}")
+        change = lambda key: " -> ".join(  # noqa: E731
+            tables.format_ci(m[key], m.get(f"{key}_ci")) for m in (distilled["before"],
+                                                                  distilled["after"]))
         lines += ["", "Distillation (speculative decoding, large target, held-out validation "
                   f"inputs): block efficiency {change('block_efficiency')}; acceptance rate "
                   f"{change('acceptance_rate')}."]
     return "\n".join(lines) + "\n"
-
-
-def _ci(measured: dict, key: str) -> str:
-    """``measured[key]`` with its 95% CI (``measured[key + "_ci"]``) when there is one."""
-    interval = measured.get(f"{key}_ci")
-    return f"{measured[key]:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]"
-                                     if interval else "")
 
 
 def main(argv=None) -> int:

@@ -72,39 +72,54 @@ def device_limits(dtype: str = "float32", nbytes: int = 2**30, matmul_n: int = 2
             "matmul_gflop_s": 2 * matmul_n**3 / matmul / 1e9, "matmul_dtype": dtype}
 
 
+def in_loop(body: Callable, params, carry, *, steps: int, repeats: int,
+            warmup: int = 1) -> Timed:
+    """Seconds per ``body(params, carry) -> carry`` call, timed as ``steps``
+    calls inside one jitted fixed-trip loop: ``warmup`` untimed runs, then the
+    median of ``repeats`` timed runs (``Timed.median_s`` and ``run_s`` are per
+    step). The one in-loop timer every step cost is measured with.
+
+    Why in a loop: a host-dispatched single call carries the dispatch (1-2 ms
+    on a GPU) that the decoding loop, itself one jitted program, never pays.
+    Why a fixed trip count: a ``while_loop`` with an unknown one copies its
+    condition to the host every iteration on a GPU. Why the warm-up: the first
+    runs on a GPU read high while its clocks settle. ``body`` should make each
+    step depend on the previous one (feed its output back) at a fixed state,
+    so every step costs the same and none is dead code."""
+
+    def run(params, carry):
+        return jax.lax.fori_loop(0, steps, lambda _, c: body(params, c), carry)
+
+    compiled = Compiled(jax.jit(run), params, carry)
+    for _ in range(warmup):
+        jax.block_until_ready(compiled.executable(params, carry))
+    timed = compiled.time(params, carry, repeats=repeats)
+    timed.run_s = [s / steps for s in timed.run_s]
+    return timed
+
+
 def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: int = 32,
                  repeats: int = 5, head_rows: int | None = None) -> Timed:
-    """Seconds of one ``extend`` of ``k`` tokens per row, measured as ``steps``
-    calls inside one jitted loop (``Timed.median_s`` is per step). With
-    ``head_rows`` only the last that many positions get logits (``logits_at``:
-    a drafter's catch-up call needs one).
-
-    A host-dispatched single call carries the dispatch (1-2 ms on a GPU) that
-    the decoding loop, itself one jitted program, never pays; so a round is
-    compared with steps timed the same way. Each step feeds the previous
-    step's argmax (a real data dependency) at a fixed cache fill, so every
-    step costs the same.
-    """
+    """Seconds of one ``extend`` of ``k`` tokens per row (``in_loop``; each step
+    feeds the previous step's argmax, a real data dependency, at a fixed cache
+    fill of ``fill`` tokens, so every step costs the same). With ``head_rows``
+    only the last that many positions get logits (``logits_at``: a drafter's
+    catch-up call needs one)."""
 
     cache = model.init_cache(batch, fill + k).replace(
         lengths=jnp.full((batch,), fill, jnp.int32))
+    at = None if head_rows is None else jnp.broadcast_to(
+        jnp.arange(k - head_rows, k), (batch, head_rows))
 
-    def run(params, tokens, cache):
-        def body(_, carry):
-            tokens, cache = carry
-            at = None if head_rows is None else jnp.broadcast_to(
-                jnp.arange(k - head_rows, k), (batch, head_rows))
-            out = model.extend(params, tokens, cache, logits_at=at)
-            chosen = jnp.argmax(out.logits, -1).astype(jnp.int32)
-            return (jnp.broadcast_to(chosen[:, -1:], (batch, k)),
-                    out.cache.replace(lengths=cache.lengths))
-        return jax.lax.fori_loop(0, steps, body, (tokens, cache))[0]
+    def body(params, carry):
+        tokens, cache = carry
+        out = model.extend(params, tokens, cache, logits_at=at)
+        chosen = jnp.argmax(out.logits, -1).astype(jnp.int32)
+        return (jnp.broadcast_to(chosen[:, -1:], (batch, k)),
+                out.cache.replace(lengths=cache.lengths))
 
-    tokens = jnp.ones((batch, k), jnp.int32)
-    timed = Compiled(jax.jit(run), params, tokens, cache).time(params, tokens, cache,
-                                                               repeats=repeats)
-    timed.run_s = [s / steps for s in timed.run_s]
-    return timed
+    return in_loop(body, params, (jnp.ones((batch, k), jnp.int32), cache), steps=steps,
+                   repeats=repeats)
 
 
 def round_overhead(round_s: float, drafter_calls_per_round: float, drafter_step_s: float,

@@ -59,18 +59,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import warnings
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from specdec_jax import api, precision
-from specdec_jax.checkpoints.hf_decoder import decoder_config_to_hf, decoder_params_to_hf
-from specdec_jax.jobs import cost, resolver
+from specdec_jax.jobs import cost, resolver, tables
+from specdec_jax.jobs.bench import peers as peer_lib
 from specdec_jax.jobs.bench import shared
 from specdec_jax.models.decoder import DecoderOnlyLM
-from specdec_jax.models.interface import make_prompt
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
@@ -174,10 +172,10 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
         section["predicted"] = predict(rows, settings.acceptance)
         section["predicted_agreement"] = predicted_agreement(rows)
         if settings.peers:
-            ours_tokens_per_s, ours = ours_on_peer_prompts(models, settings)
-            section["peers"] = run_peers(models, settings, dtype, ours)
+            ours_tokens_per_s, ours = peer_lib.ours_on_peer_prompts(models, settings)
+            section["peers"] = peer_lib.run_peers(models, settings, dtype, ours)
             section["peers"]["ours_autoregressive_tokens_per_s"] = ours_tokens_per_s
-            match_peers_with_ours(section)
+            peer_lib.match_peers_with_ours(section)
         shared.write_report(report, out)
         del models
     timing.print_markdown(markdown(report), markdown_path)
@@ -232,12 +230,6 @@ def build_models(settings: Settings, dtype: str) -> dict:
 
 def weight_bytes(params) -> int:
     return sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
-
-
-def random_prompts(vocab_size: int, batch: int, length: int, count: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    return [make_prompt(rng.integers(0, vocab_size, (batch, length)).tolist())
-            for _ in range(count)]
 
 
 # -- in-loop steps -------------------------------------------------------------------------
@@ -303,7 +295,7 @@ def run_decode(config: dict, models: dict, settings: Settings, batch: int, steps
     fn = api.make_generate_fn(target=target, drafter=drafter, method=config["method"],
                               gamma=max(config["gamma"], 1),
                               max_new_tokens=settings.max_new_tokens)
-    prompts = random_prompts(target.vocab_size, batch, settings.prompt_len,
+    prompts = shared.random_prompts(target.vocab_size, batch, settings.prompt_len,
                              settings.repeats + 1, seed=batch)
     alpha = TOKEN_V3_ALPHA if config["method"] == "token-v3" else 0.0
     greedy = api.sampling_params(temperature=0.0, alpha=alpha)
@@ -392,125 +384,6 @@ def predicted_agreement(rows: list[dict]) -> dict:
     return cost.agreement_stats(*zip(*pairs)) if pairs else cost.agreement_stats([], [])
 
 
-# -- peers ---------------------------------------------------------------------------------
-
-def hf_model(model, params, dtype: str):
-    """A ``transformers`` model holding exactly our weights."""
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-
-    hf = decoder_config_to_hf(model.config)
-    torch_dtype = getattr(torch, dtype)
-    config = transformers.AutoConfig.for_model(**{k: v for k, v in hf.items()
-                                                  if k != "architectures"})
-    net = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    with warnings.catch_warnings():
-        # Read-only views of our buffers: load_state_dict copies them, never writes.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        state = {k: torch.from_numpy(v) for k, v in
-                 decoder_params_to_hf(params, model.config).items()}
-        missing, unexpected = net.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise ValueError(f"peer weights do not match: missing {missing}, unexpected "
-                         f"{unexpected}")
-    net.tie_weights()
-    return net.to(device="cuda" if torch.cuda.is_available() else "cpu",
-                  dtype=torch_dtype).eval()
-
-
-def run_peers(models: dict, settings: Settings, dtype: str,
-              ours_greedy: list[list[int]]) -> dict:
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-    from transformers import CompileConfig  # noqa: PLC0415
-
-    target = hf_model(*models["target"], dtype)
-    drafter = hf_model(*models["drafter"], dtype)
-    device = target.device
-    prompts = [torch.tensor(p.tokens.tolist(), device=device)
-               for p in random_prompts(models["target"][0].vocab_size, 1, settings.prompt_len,
-                                       settings.repeats + 1, seed=1)]
-    gamma = settings.gammas[len(settings.gammas) // 2]
-    for assistant in (target, drafter):
-        assistant.generation_config.num_assistant_tokens = gamma
-        assistant.generation_config.num_assistant_tokens_schedule = "constant"
-        assistant.generation_config.assistant_confidence_threshold = 0.0
-    compile_config = CompileConfig()
-    compile_config._compile_all_devices = True  # its switch to compile on CPU too
-    variants = {}
-    if "eager" in settings.peers:
-        variants["eager autoregressive"] = {}
-    if "assisted" in settings.peers:
-        variants[f"eager assisted G={gamma} all-accept"] = {"assistant_model": target}
-        variants[f"eager assisted G={gamma} none-accepted"] = {"assistant_model": drafter}
-    # Last: compiling leaves a compiled forward on the model. On the H200 run the
-    # eager assisted variants, timed after it, did not finish in ~170 s (3 prompts
-    # x 128 tokens; eager decoding took 2.4 s a prompt); recompiling at every new
-    # shape is the suspect, not confirmed. Timed last, it cannot slow the others.
-    if "compiled" in settings.peers:
-        variants["static cache + torch.compile autoregressive"] = {
-            "cache_implementation": "static", "compile_config": compile_config}
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    results = {"transformers": transformers.__version__, "torch": torch.__version__,
-               "gamma": gamma, "variants": {}}
-    new_tokens = settings.max_new_tokens
-    for name, extra in tqdm(variants.items(), desc="transformers"):
-        def generate(ids, extra=extra):
-            with torch.no_grad():
-                return target.generate(ids, do_sample=False, max_new_tokens=new_tokens,
-                                       min_new_tokens=new_tokens, **extra)
-        start = time.perf_counter()
-        generate(prompts[0])
-        sync()
-        warm_s = time.perf_counter() - start
-        seconds, outputs = 0.0, []
-        for ids in prompts[1:]:
-            start = time.perf_counter()
-            out = generate(ids)
-            sync()
-            seconds += time.perf_counter() - start
-            outputs.append(out[0, settings.prompt_len:].tolist())
-        tokens = new_tokens * len(outputs)
-        results["variants"][name] = {"tokens_per_s": tokens / seconds, "first_call_s": warm_s,
-                                     "outputs_identical_to_ours": sum(
-                                         a == b for a, b in zip(outputs, ours_greedy))}
-    results["prompts"] = len(prompts) - 1
-    return results
-
-
-def ours_on_peer_prompts(models: dict, settings: Settings) -> tuple[float, list[list[int]]]:
-    """Our greedy autoregressive tokens/s and outputs on the peers' prompts, at
-    batch 1 and end to end (prefill included) as the peers' ``generate`` runs."""
-    target, params = models["target"]
-    new_tokens = settings.max_new_tokens
-    fn = api.make_generate_fn(target=target, method="autoregressive", max_new_tokens=new_tokens)
-    prompts = random_prompts(target.vocab_size, 1, settings.prompt_len, settings.repeats + 1,
-                             seed=1)
-    greedy = api.sampling_params()
-    jax.block_until_ready(fn(params, params, prompts[0], jax.random.PRNGKey(0), greedy))
-    seconds, outs = 0.0, []
-    for prompt in prompts[1:]:
-        total_s, out = timing.seconds(fn, params, params, prompt, jax.random.PRNGKey(0), greedy)
-        seconds += total_s
-        outs.append(np.asarray(out.tokens[0, :new_tokens]).tolist())
-    return new_tokens * len(outs) / seconds, outs
-
-
-def match_peers_with_ours(section: dict) -> None:
-    """Gives each peer variant our end-to-end tokens/s for the same kind of run
-    on the same prompts (batch 1): autoregressive for theirs, ``specdecode``
-    at the same G and regime for their assisted generation."""
-    peers = section["peers"]
-    for name, variant in peers["variants"].items():
-        if "assisted" not in name:
-            variant["ours_tokens_per_s"] = peers["ours_autoregressive_tokens_per_s"]
-            continue
-        ours = [r for r in section["decoding"] if r["batch"] == 1 and r["method"] ==
-                "specdecode" and r["gamma"] == peers["gamma"] and r["regime"] in name]
-        variant["ours_tokens_per_s"] = (sum(x["tokens"] for x in ours[0]["runs"]) / sum(
-            x["decode_s"] + x["prefill_s"] for x in ours[0]["runs"]) if ours else None)
-
-
 # -- report --------------------------------------------------------------------------------
 
 def _weights_line(settings: dict) -> str:
@@ -531,6 +404,17 @@ def _agreement_line(stats: dict) -> str:
             f"mean ratio measured / modelled {stats['mean_ratio']:.3f}, Pearson r {pearson}.")
 
 
+def _decoding_cells(row: dict, rows: list[dict]) -> list[str]:
+    """One decoding run's cells, its tokens/s against the autoregressive run of its batch."""
+    ar = next(r for r in rows if r["batch"] == row["batch"] and not r["gamma"])
+    return [row["batch"], row["name"], f"{row['decode_tokens_per_s']:.2f}",
+            f"{row['decode_tokens_per_s'] / ar['decode_tokens_per_s']:.2f}x",
+            f"{1e3 * row['round_s']:.1f}", f"{row['tokens_per_round']:.2f}",
+            f"{row['acceptance']:.2f}" if "acceptance" in row else "–",
+            f"{100 * row['round_overhead']:+.1f}%", f"{row['first_call_s']:.1f}",
+            row["recompiles_after_first_call"]]
+
+
 def markdown(report: dict) -> str:
     env, s = report["environment"], report["settings"]
     lines = [f"{s['target']} <- {s['drafter']} ({_weights_line(s)}); prompt {s['prompt_len']} "
@@ -542,53 +426,29 @@ def markdown(report: dict) -> str:
         lines += [f"### {dtype} ({report['backend']})", "",
                   f"Device: read {lim['read_gb_s']:.1f} GB/s, copy {lim['copy_gb_s']:.1f} GB/s, "
                   f"{dtype} matmul {lim['matmul_gflop_s']:.0f} GFLOP/s. Weights: " + ", ".join(
-                      f"{r} {b / 1e9:.2f} GB" for r, b in sec["weight_bytes"].items()), "",
-                  "| model | batch | K | in-loop step ms | weight GB/s | of copy rate | "
-                  "of read rate |", "|---|---|---|---|---|---|---|"]
-        for role, by_b in sec["steps"].items():
-            for b, by_k in by_b.items():
-                for k, st in by_k.items():
-                    lines.append(f"| {role} | {b} | {k} | {1e3 * st['step_s']:.2f} | "
-                                 f"{st['weight_gb_s']:.1f} | {st['of_copy_bandwidth']:.2f} | "
-                                 f"{st.get('of_read_rate', float('nan')):.2f} |")
-        lines += ["", "| batch | configuration | tokens/s | vs AR | round ms | tokens/round | "
-                  "acceptance | round overhead | first call s | recompiles |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for row in sec["decoding"]:
-            ar = next(r for r in sec["decoding"] if r["batch"] == row["batch"] and not r["gamma"])
-            acc = f"{row['acceptance']:.2f}" if "acceptance" in row else "–"
-            lines.append(f"| {row['batch']} | {row['name']} | {row['decode_tokens_per_s']:.2f} | "
-                         f"{row['decode_tokens_per_s'] / ar['decode_tokens_per_s']:.2f}x | "
-                         f"{1e3 * row['round_s']:.1f} | {row['tokens_per_round']:.2f} | {acc} | "
-                         f"{100 * row['round_overhead']:+.1f}% | {row['first_call_s']:.1f} | "
-                         f"{row['recompiles_after_first_call']} |")
+                      f"{r} {b / 1e9:.2f} GB" for r, b in sec["weight_bytes"].items()), ""]
+        lines += tables.markdown_table(
+            ("model", "batch", "K", "in-loop step ms", "weight GB/s", "of copy rate",
+             "of read rate"),
+            [(role, b, k, f"{1e3 * st['step_s']:.2f}", f"{st['weight_gb_s']:.1f}",
+              f"{st['of_copy_bandwidth']:.2f}", f"{st.get('of_read_rate', float('nan')):.2f}")
+             for role, by_b in sec["steps"].items() for b, by_k in by_b.items()
+             for k, st in by_k.items()])
+        lines += [""] + tables.markdown_table(
+            ("batch", "configuration", "tokens/s", "vs AR", "round ms", "tokens/round",
+             "acceptance", "round overhead", "first call s", "recompiles"),
+            [_decoding_cells(row, sec["decoding"]) for row in sec["decoding"]])
         if sec["predicted"]:
             lines += ["", "Predicted for the real pair at CPU-measured acceptance (none-accepted "
-                      "round time, i.i.d. acceptance):", "",
-                      "| batch | method | G | acceptance | tokens/round | tokens/s | vs AR |",
-                      "|---|---|---|---|---|---|---|"]
-            for p in sec["predicted"]:
-                lines.append(f"| {p['batch']} | {p['method']} | {p['gamma']} | "
-                             f"{p['acceptance']:.2f} | {p['tokens_per_round']:.2f} | "
-                             f"{p['tokens_per_s']:.2f} | {p['speedup_vs_autoregressive']:.2f}x |")
+                      "round time, i.i.d. acceptance):", ""] + tables.markdown_table(
+                ("batch", "method", "G", "acceptance", "tokens/round", "tokens/s", "vs AR"),
+                [(p["batch"], p["method"], p["gamma"], f"{p['acceptance']:.2f}",
+                  f"{p['tokens_per_round']:.2f}", f"{p['tokens_per_s']:.2f}",
+                  f"{p['speedup_vs_autoregressive']:.2f}x") for p in sec["predicted"]])
             if "predicted_agreement" in sec:  # reports written before it lack it
                 lines += ["", _agreement_line(sec["predicted_agreement"])]
         if "peers" in sec:
-            peers = sec["peers"]
-            ours = peers["ours_autoregressive_tokens_per_s"]
-            lines += ["", f"Peers, batch 1, end to end (prefill included on both sides), the "
-                      f"same weights and prompts: transformers {peers['transformers']} (torch "
-                      f"{peers['torch']}), {peers['prompts']} prompts; ours: autoregressive "
-                      f"for their autoregressive rows, specdecode G={peers['gamma']} in the "
-                      "same regime for their assisted rows.", "",
-                      "| peer | tokens/s | ours tokens/s | ours / peer | first call s | "
-                      "greedy outputs = ours AR |", "|---|---|---|---|---|---|"]
-            for name, v in peers["variants"].items():
-                ours = v.get("ours_tokens_per_s")
-                ratio = f"{ours / v['tokens_per_s']:.2f}x" if ours else "–"
-                lines.append(f"| {name} | {v['tokens_per_s']:.2f} | "
-                             f"{ours or float('nan'):.2f} | {ratio} | {v['first_call_s']:.1f} | "
-                             f"{v['outputs_identical_to_ours']}/{peers['prompts']} |")
+            lines += [""] + peer_lib.accelerator_lines(sec["peers"])
         lines.append("")
     if report["backend"] == "cpu":
         lines.append("GPU: not measured in this run (no accelerator); the command in the "

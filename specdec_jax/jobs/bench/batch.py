@@ -33,6 +33,7 @@ import numpy as np
 
 from specdec_jax import api, batching, precision
 from specdec_jax.data import humaneval
+from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.runtime import timing
@@ -168,20 +169,18 @@ def markdown(report: dict) -> str:
              f"HumanEval prompts of {report['prompt_tokens']['min']}-"
              f"{report['prompt_tokens']['max']} tokens in length-sorted batches "
              f"(widths bucketed by {report['width_bucket']}); {env['machine']}, "
-             f"jax {env['jax']}.", "",
-             "| batch | method | rows | tokens | seconds (prefill) | tokens/s | vs smallest "
-             "batch | vs AR here | decode-phase tokens/s | vs smallest batch | vs AR here | "
-             "idle row fraction | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"jax {env['jax']}.", ""]
     ratio = lambda run, key: f"{run.get(key, float('nan')):.2f}x"  # noqa: E731
-    for run in report["runs"].values():
-        lines.append(
-            f"| {run['batch_size']} | {run['method']} | {run['rows']} | {run['tokens']} | "
-            f"{run['seconds']:.1f} ({run['prefill_s']:.1f}) | {run['tokens_per_s']:.2f} | "
-            f"{ratio(run, 'tokens_per_s_over_smallest_batch')} | "
-            f"{ratio(run, 'tokens_per_s_over_autoregressive_here')} | "
-            f"{run['decode_tokens_per_s']:.2f} | "
-            f"{ratio(run, 'decode_tokens_per_s_over_smallest_batch')} | "
-            f"{ratio(run, 'decode_tokens_per_s_over_autoregressive_here')} | "
-            f"{run['idle_row_fraction']:.2f} | {run['outputs_equal_to_first_run']:.0%} |")
-    return "\n".join(lines)
+    rows = [(run["batch_size"], run["method"], run["rows"], run["tokens"],
+             f"{run['seconds']:.1f} ({run['prefill_s']:.1f})", f"{run['tokens_per_s']:.2f}",
+             ratio(run, "tokens_per_s_over_smallest_batch"),
+             ratio(run, "tokens_per_s_over_autoregressive_here"),
+             f"{run['decode_tokens_per_s']:.2f}",
+             ratio(run, "decode_tokens_per_s_over_smallest_batch"),
+             ratio(run, "decode_tokens_per_s_over_autoregressive_here"),
+             f"{run['idle_row_fraction']:.2f}", f"{run['outputs_equal_to_first_run']:.0%}")
+            for run in report["runs"].values()]
+    return "\n".join(lines + tables.markdown_table(
+        ("batch", "method", "rows", "tokens", "seconds (prefill)", "tokens/s",
+         "vs smallest batch", "vs AR here", "decode-phase tokens/s", "vs smallest batch",
+         "vs AR here", "idle row fraction", "same text"), rows))

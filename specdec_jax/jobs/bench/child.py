@@ -49,6 +49,13 @@ def run_in_child(function: str, kwargs: Mapping, *, env: Mapping[str, str] | Non
         return json.loads(result.read_text())
 
 
+def rss() -> int:
+    """This process's resident memory in bytes (what a fresh process's load adds)."""
+    import psutil  # noqa: PLC0415 (a dev dependency; the launcher imports every job)
+
+    return psutil.Process().memory_info().rss
+
+
 def _check(function: str) -> None:
     module, _, name = function.partition(":")
     if not module.startswith(PACKAGE) or not name:

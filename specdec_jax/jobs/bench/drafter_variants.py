@@ -30,6 +30,7 @@ import numpy as np
 from specdec_jax import api, batching, precision
 from specdec_jax.data import bigram
 from specdec_jax.drafting import ModelDrafter
+from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
 from specdec_jax.jobs.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
 from specdec_jax.jobs.resolver import load_pair
@@ -92,12 +93,11 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
     base = seconds["autoregressive target"]
     env = timing.environment()
     lines = [f"{target} / {drafter}, G = {gamma}, greedy, {len(prompts)} prompts x {repeats}, "
-             f"{env['machine']}, {precision.resolve_dtype('auto')}, jax {env['jax']}",
-             "| variant | seconds | speedup vs target | tokens per target call | same tokens |",
-             "|---|---|---|---|---|"]
-    for name in variants:
-        lines.append(f"| {name} | {seconds[name]:.1f} | {base / seconds[name]:.2f}x | "
-                     f"{tokens[name] / max(calls[name], 1):.2f} | {same[name]} |")
+             f"{env['machine']}, {precision.resolve_dtype('auto')}, jax {env['jax']}"]
+    lines += tables.markdown_table(
+        ("variant", "seconds", "speedup vs target", "tokens per target call", "same tokens"),
+        [(name, f"{seconds[name]:.1f}", f"{base / seconds[name]:.2f}x",
+          f"{tokens[name] / max(calls[name], 1):.2f}", same[name]) for name in variants])
     timing.print_markdown("\n".join(lines), markdown_path)
     report = {"settings": settings, "environment": env, "seconds": seconds, "tokens": tokens,
               "target_calls": calls, "same_tokens_as_target": same}

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -51,8 +50,8 @@ from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.drafting.cs_drafting import HorizontalCascade, VerticalCascade, VerticalState
 from specdec_jax.drafting.model import ModelDrafter, ModelDrafterState
 from specdec_jax.jobs import cost as cost_lib
+from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
-from specdec_jax.jobs.bench.shared import mean_ci
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
@@ -212,21 +211,32 @@ def cost_model(costs: dict) -> tuple[cost_lib.CostModel, dict[str, cost_lib.Call
                               round_overhead_s=overhead), models
 
 
+def itemised(row, model: cost_lib.CostModel, gamma: int) -> dict:
+    """A stored row's counted calls priced at batch 1, decode only, by model
+    (``CostModel.itemise``; ``model.models`` prices each drafter by name): every
+    target call is a round, a scoring call of K = G + 1 tokens plus the
+    per-round overhead; the drafters' K = 1 calls by their own median, the rest
+    by the fit a + b K on the tokens they fed."""
+    names = list(row["drafter_calls"])
+    counts = {"target_calls": row["target_calls"],
+              "target_fed": (gamma + 1) * row["target_calls"], "target_single_calls": 0,
+              **{f"drafter_{key}_by_model": [row[f"drafter_{stored}"][n] for n in names]
+                 for key, stored in (("calls", "calls"), ("tokens", "fed"),
+                                     ("single_calls", "single"))}}
+    return model.itemise(counts, drafters=names, widths={cost_lib.TARGET: gamma + 1},
+                         rounds=row["target_calls"])
+
+
 def drafting_seconds(row, models: dict[str, cost_lib.CallCost]) -> float:
-    """The drafters' calls priced at batch 1 (``CallCost.seconds``: K = 1 calls by
-    their own median, the rest by the fit a + b K on the tokens they fed)."""
-    return sum(models[name].seconds(calls=calls, fed=row["drafter_fed"][name],
-                                    single=row["drafter_single"][name])
-               for name, calls in row["drafter_calls"].items())
+    """The drafters' calls priced at batch 1 (``itemised``)."""
+    model = cost_lib.CostModel(target=models["target"], drafter=models["target"], models=models)
+    return sum(itemised(row, model, 0)[name] for name in row["drafter_calls"])
 
 
 def predicted_seconds(row, model: cost_lib.CostModel, models: dict[str, cost_lib.CallCost],
                       gamma: int) -> float:
-    """Counted calls priced by the cost model (decode only, batch 1): every
-    target call is a round, a scoring call of K = G + 1 tokens plus the
-    per-round overhead; the drafters' calls by their own costs."""
-    return row["target_calls"] * (model.target.call_s(gamma + 1) + model.round_overhead_s) + \
-        drafting_seconds(row, models)
+    """Counted calls priced by the cost model (``itemised``, all of it)."""
+    return sum(itemised(row, dataclasses.replace(model, models=models), gamma).values())
 
 
 def ewif(alpha: float, cost_ratio: float, gamma: int) -> float:
@@ -252,9 +262,9 @@ def summarize(name, rows, gamma, costs, param_counts, spec):
     drafting_s = sum(drafting_seconds(r, models) for r in rows)
     out = {"name": name, "draft": spec, "gamma": gamma, "prompts": len(rows),
            "tokens": tokens, "target_calls": t_calls, "drafter_calls": d_calls,
-           "tokens_per_target_call": mean_ci(eff),
+           "tokens_per_target_call": tables.mean_ci(eff),
            "swi_params": tokens * p_t / cost_params,
-           "swi_latency": mean_ci(per_prompt_swi),
+           "swi_latency": tables.mean_ci(per_prompt_swi),
            "drafting_cost_per_round": drafting_s / t_calls / ar_latency,
            "ewif": tokens / t_calls / (1 + drafting_s / t_calls / ar_latency)}
     if not d_calls or name.startswith("sd-"):
@@ -309,10 +319,6 @@ def build(config, target, models, vocab, configs, method="specdecode", draft_nex
     return decoder, gamma
 
 
-def _pm(mean_half, digits=2) -> str:
-    mean, half = mean_half
-    return f"{mean:.{digits}f}" if not math.isfinite(half) else \
-        f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
 def agreement_line(report: dict) -> str | None:
@@ -339,27 +345,27 @@ def markdown(report: dict) -> str:
     summaries recomputed from the stored per-prompt rows; then the cost
     model's agreement with the wall clock."""
     wall = report.get("wallclock", {})
-    lines = ["| T | configuration | drafters | G | tokens / target call | SWI (params) | "
-             "SWI (latency) | EWIF (i.i.d.) | 0.5B calls / token | batch-1 tokens/s | wall-clock "
-             "speedup |", "|" + "---|" * 11]
     ar = wall.get("ar")
-    if ar:
-        lines.append(f"| 0 | autoregressive | – | – | 1 | 1 | 1 | – | – | "
-                     f"{ar['tokens_per_s']:.2f} | 1 |")
+    rows = [(0, "autoregressive", "–", "–", 1, 1, 1, "–", "–", f"{ar['tokens_per_s']:.2f}", 1)
+            ] if ar else []
     for section, temp in (("greedy", 0), ("t1", 1)):
         for name, stored in report.get(section, {}).items():
             r = summarize(name, stored["rows"], stored["gamma"], report["costs"],
                           report["param_counts"], stored["draft"])
             per_token = sum(r["drafter_calls"].values()) / r["tokens"]
             w = wall.get(name) if temp == 0 else None
-            speed = (f"{w['tokens_per_s']:.2f} | {1 / w['over_ar'][0]:.2f}x"
-                     if w else "– | –")
+            speed = ((f"{w['tokens_per_s']:.2f}", f"{1 / w['over_ar'][0]:.2f}x")
+                     if w else ("–", "–"))
             ewif_text = f"{r['ewif']:.2f}" + (f" ({r['ewif_iid']:.2f})" if "ewif_iid" in r
                                                else "")
-            lines.append(f"| {temp} | {name} | {r['draft']} | {r['gamma']} | "
-                         f"{_pm(r['tokens_per_target_call'])} | {r['swi_params']:.2f} | "
-                         f"{_pm(r['swi_latency'])} | {ewif_text} | ")
-            lines[-1] += f"{per_token:.2f} | {speed} |"
+            rows.append((temp, name, r["draft"], r["gamma"],
+                         tables.format_ci(*r["tokens_per_target_call"], digits=2),
+                         f"{r['swi_params']:.2f}", tables.format_ci(*r["swi_latency"], digits=2),
+                         ewif_text, f"{per_token:.2f}", *speed))
+    lines = tables.markdown_table(
+        ("T", "configuration", "drafters", "G", "tokens / target call", "SWI (params)",
+         "SWI (latency)", "EWIF (i.i.d.)", "0.5B calls / token", "batch-1 tokens/s",
+         "wall-clock speedup"), rows)
     extra = wall.get("sd-g7-with-step-g+1")
     if extra and "sd-g7" in wall:
         lines.append("")
@@ -543,7 +549,7 @@ def run_bench_drafting(*, target: str = "qwen2.5-coder-1.5b", drafter: str = DRA
         report["wallclock"] = {label: {
             "seconds_per_token": v["seconds_per_token"], "seconds": v["seconds"],
             "round_s": v["round_s"],
-            "over_ar": mean_ci(np.asarray(v["seconds_per_token"]) / ar),
+            "over_ar": tables.mean_ci(np.asarray(v["seconds_per_token"]) / ar),
             "tokens_per_s": float(1 / np.mean(v["seconds_per_token"]))}
             for label, v in timed.items()}
         save()

@@ -33,8 +33,8 @@ from specdec_jax.checkpoints.feature_heads import load_feature_head
 from specdec_jax.data import bigram
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter, cs_drafter
 from specdec_jax.jobs import cost as cost_lib
+from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
-from specdec_jax.jobs.bench.shared import mean_ci
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
@@ -102,7 +102,7 @@ def counted(fn, target_params, named, prompts, width, temperature, batch_size, s
 
 def summarize(rows, ar_rows=None) -> dict:
     per_call = [len(r["tokens"]) / max(r["target_calls"], 1) for r in rows]
-    mean, half = mean_ci(per_call)
+    mean, half = tables.mean_ci(per_call)
     summary = {"tokens_per_target_call": mean, "ci95": half,
                "tokens": int(sum(len(r["tokens"]) for r in rows)),
                "target_calls": int(sum(r["target_calls"] for r in rows)),
@@ -147,19 +147,11 @@ def gpu_costs(path: str, *, head_vocab: int, intermediate_size: int) -> dict:
 
 def predicted_speedup(rows, costs: dict, drafter_costs: Sequence[str]) -> float:
     """AR seconds over the counted calls priced with ``costs`` (``target`` and
-    one entry per drafter model, named by ``drafter_costs``)."""
-    target = costs["target"]
+    one entry per drafter model, named by ``drafter_costs``; ``CostModel.price``)."""
+    model = cost_lib.CostModel(target=costs["target"], drafter=costs["drafter"], models=costs)
     tokens = sum(len(r["tokens"]) for r in rows)
-    ar_s = tokens * target.call_s(1)
-    spent = 0.0
-    for r in rows:
-        spent += target.seconds(calls=r["target_calls"], fed=r["target_fed"],
-                                single=r["target_single_calls"])
-        for m, cost_name in enumerate(drafter_costs):
-            spent += costs[cost_name].seconds(calls=r["drafter_calls_by_model"][m],
-                                              fed=r["drafter_tokens_by_model"][m],
-                                              single=r["drafter_single_calls_by_model"][m])
-    return ar_s / spent
+    spent = sum(model.price(r, drafters=drafter_costs) for r in rows)
+    return tokens * model.target.call_s(1) / spent
 
 
 def markdown(report: dict) -> str:
@@ -168,10 +160,8 @@ def markdown(report: dict) -> str:
              f"{proto['num_prompts']} prompts x {proto['max_new_tokens']} tokens, G = "
              f"{proto['gamma']})", "",
              f"Machine: {report['environment'].get('machine', '?')}; precision "
-             f"{report.get('precision')}; head {report['head']}.", "",
-             "| T | drafter | tokens / target call (95% CI) | identical to target (T=0) | "
-             "predicted GPU speedup | measured CPU speedup (95% CI) |",
-             "|---|---|---|---|---|---|"]
+             f"{report.get('precision')}; head {report['head']}.", ""]
+    rows = []
     for temp, block in sorted(report.get("counted", {}).items()):
         wall = report.get("wallclock", {}).get(temp, {})
         for label, summary in block.items():
@@ -180,11 +170,14 @@ def markdown(report: dict) -> str:
             ident = summary.get("identical_to_target")
             pred = summary.get("predicted_gpu_speedup")
             measured = wall.get(label)
-            lines.append(
-                f"| {temp} | {label} | {summary['tokens_per_target_call']:.2f} "
-                f"± {summary['ci95']:.2f} | {'' if ident is None else ('yes' if ident else 'NO')}"
-                f" | {'' if pred is None else f'{pred:.2f}x'} | "
-                f"{'' if not measured else f'{measured[0]:.2f}x ± {measured[1]:.2f}'} |")
+            rows.append((temp, label, tables.format_ci(summary["tokens_per_target_call"],
+                                                       summary["ci95"], digits=2),
+                         "" if ident is None else ("yes" if ident else "NO"),
+                         "" if pred is None else f"{pred:.2f}x",
+                         tables.format_ci(*measured, digits=2, unit="x") if measured else ""))
+    lines += tables.markdown_table(
+        ("T", "drafter", "tokens / target call (95% CI)", "identical to target (T=0)",
+         "predicted GPU speedup", "measured CPU speedup (95% CI)"), rows)
     if report.get("gpu_steps"):
         lines += ["", f"Predicted GPU speedups price the counted calls with in-loop step costs "
                   f"from {report['gpu_steps']} (random weights of the real shapes); modelled, "
@@ -282,7 +275,7 @@ def run_bench_feature_drafter(*, head: str, target: str = "qwen2.5-coder-1.5b",
             ar_s = np.asarray(timed[AR]["seconds"])
             block = report.setdefault("wallclock", {}).setdefault(str(temp), {})
             for label in configs:
-                block[label] = list(mean_ci(ar_s / np.asarray(timed[label]["seconds"])))
+                block[label] = list(tables.mean_ci(ar_s / np.asarray(timed[label]["seconds"])))
             block["raw"] = timed
             save()
     timing.print_markdown(markdown(report), markdown_path)

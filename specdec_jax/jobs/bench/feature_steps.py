@@ -6,9 +6,9 @@ Runs where the real weights are not at hand: ``random:<architecture>:<seed>``
 names give the registered shapes with random weights (a step's cost depends on
 shapes and dtype, not on values), and a restricted head's token ids are random
 (its cost depends on their count only). Every step is timed as ``steps`` calls
-inside one jitted loop (``timing.in_loop_step`` for the models, the same method
-for the head: each step feeds the previous step's output, at a fixed cache fill
-of ``fill`` tokens), the median of ``repeats`` runs per step. Measured:
+inside one jitted loop (``timing.in_loop``; ``timing.in_loop_step`` for the
+models: each step feeds the previous step's output, at a fixed cache fill of
+``fill`` tokens), the median of ``repeats`` runs per step. Measured:
 
 * the target's ``extend`` of K tokens for each of ``target_widths`` (K = 1 is
   the autoregressive step, K = G + 1 a round's scoring call);
@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import precision
-from specdec_jax.jobs import cost, resolver
+from specdec_jax.jobs import cost, resolver, tables
 from specdec_jax.jobs.bench import shared
 from specdec_jax.models import feature_head
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
@@ -183,58 +183,28 @@ def check_acceptance(acceptance, max_gamma: int) -> list:
 
 # -- the cost model ------------------------------------------------------------------------
 
-def tokens_per_round(acceptance, gamma: int) -> float:
-    """Expected tokens per round of ``gamma`` drafts: a per-token rate goes to
-    ``cost.tokens_per_round``; per-position rates ``[a_1, ...]`` (``a_i``: draft
-    ``i`` accepted given the earlier ones were) give ``1 + sum_i prod_{j<=i} a_j``."""
-    if isinstance(acceptance, (int, float)):
-        return cost.tokens_per_round(float(acceptance), gamma)
-    if len(acceptance) < gamma:
-        raise ValueError(f"{len(acceptance)} per-position rates for G = {gamma}.")
-    return 1.0 + float(sum(np.prod(acceptance[:i]) for i in range(1, gamma + 1)))
-
-
 def acceptance_label(acceptance) -> str:
     if isinstance(acceptance, (int, float)):
         return f"a = {acceptance:g}"
     return "a_i = " + ", ".join(f"{a:g}" for a in acceptance)
 
 
-def round_seconds(model: cost.CostModel, gamma: int, kind: str) -> float:
-    """One round of ``gamma`` drafts (module docstring): ``kind`` 'model' (G
-    one-token drafter steps) or 'feature' (one window call of G + 1 tokens,
-    priced with the first logits, and G - 1 draft steps)."""
-    if kind == "model":
-        return model.round_seconds(gamma=gamma, drafter_calls=gamma)
-    if kind == "feature":
-        return model.round_seconds(gamma=gamma, drafter_calls=gamma, catch_ups=1,
-                                   catch_up_width=gamma + 1)
-    raise ValueError(f"kind must be 'model' or 'feature'; got {kind!r}.")
-
-
 def predicted_speedup(model: cost.CostModel, gamma: int, kind: str, acceptance) -> dict:
-    """Tokens per round, round seconds and speedup over the autoregressive target."""
-    per_round = tokens_per_round(acceptance, gamma)
-    round_s = round_seconds(model, gamma, kind)
+    """Tokens per round, round seconds and speedup over the autoregressive
+    target of a round of ``gamma`` drafts (module docstring): ``kind`` 'model'
+    (G one-token drafter steps) or 'feature' (one window call of G + 1 tokens,
+    priced with the first logits, and G - 1 draft steps)."""
+    if kind not in ("model", "feature"):
+        raise ValueError(f"kind must be 'model' or 'feature'; got {kind!r}.")
+    catch_up = dict(catch_ups=1, catch_up_width=gamma + 1) if kind == "feature" else {}
+    per_round = cost.tokens_per_round(acceptance, gamma)
+    round_s = model.round_seconds(gamma=gamma, drafter_calls=gamma, **catch_up)
     return {"tokens_per_round": per_round, "round_s": round_s,
             "drafting_s": round_s - model.target.call_s(gamma + 1) - model.round_overhead_s,
             "speedup": model.predicted_speedup(tokens_per_round=per_round, round_s=round_s)}
 
 
 # -- in-loop timing of the head ------------------------------------------------------------
-
-def in_loop(body: Callable, params, carry, steps: int, repeats: int) -> timing.Timed:
-    """Seconds per ``body(params, carry) -> carry`` call, timed as ``steps``
-    calls inside one jitted loop (``timing.in_loop_step``'s method), the
-    median of ``repeats`` runs."""
-
-    def run(params, carry):
-        return jax.lax.fori_loop(0, steps, lambda _, c: body(params, c), carry)[0]
-
-    timed = timing.Compiled(jax.jit(run), params, carry).time(params, carry, repeats=repeats)
-    timed.run_s = [s / steps for s in timed.run_s]
-    return timed
-
 
 def _head_cache(head: feature_head.FeatureHead, batch: int, fill: int, k: int):
     return head.init_cache(batch, fill + k).replace(lengths=jnp.full((batch,), fill, jnp.int32))
@@ -254,7 +224,8 @@ def time_draft_step(head, params, settings: Settings) -> timing.Timed:
 
     carry = (jnp.ones((b,), jnp.int32), jnp.zeros((b, d), jnp.float32),
              _head_cache(head, b, settings.fill, 1))
-    return in_loop(body, params, carry, settings.steps, settings.repeats)
+    return timing.in_loop(body, params, carry, steps=settings.steps,
+                          repeats=settings.repeats)
 
 
 def time_window(head, params, settings: Settings, width: int) -> timing.Timed:
@@ -269,7 +240,8 @@ def time_window(head, params, settings: Settings, width: int) -> timing.Timed:
         return predicted.astype(jnp.float32), new_cache.replace(lengths=cache.lengths)
 
     carry = (jnp.zeros((b, width, d), jnp.float32), _head_cache(head, b, settings.fill, width))
-    return in_loop(body, params, carry, settings.steps, settings.repeats)
+    return timing.in_loop(body, params, carry, steps=settings.steps,
+                          repeats=settings.repeats)
 
 
 def time_first_logits(head, params, settings: Settings) -> timing.Timed:
@@ -282,8 +254,8 @@ def time_first_logits(head, params, settings: Settings) -> timing.Timed:
         chosen = jnp.argmax(head.logits(params, feature_BxD), -1)
         return (jnp.take(params["embedding"], chosen, axis=0).astype(jnp.float32),)
 
-    return in_loop(body, params, (jnp.zeros((b, d), jnp.float32),), settings.steps,
-                   settings.repeats)
+    return timing.in_loop(body, params, (jnp.zeros((b, d), jnp.float32),),
+                          steps=settings.steps, repeats=settings.repeats)
 
 
 def _tree_bytes(tree) -> int:
@@ -559,40 +531,37 @@ def markdown(report: dict) -> str:
              f"{s['kernel_layout']}; {env['machine']}, jax {env['jax']}"
              f"{', jaxlib ' + env['jaxlib'] if 'jaxlib' in env else ''}, flax {env['flax']}"
              f"{'; driver ' + env['nvidia_smi_query'] if env.get('nvidia_smi_query') else ''}.",
-             "", "| step | K | head vocab | MLP | ms / step | of target K=1 | compile s | "
-             "status |", "|---|---|---|---|---|---|---|---|"]
+             ""]
+    steps = []
     for e in report["steps"]:
         status = e.get("status", "running")
         if status == "error":
             status = "error: " + e["error"][:120].replace("|", "/").replace("\n", " ")
-        lines.append(f"| {e['name']} | {e['k']} | {e.get('vocab', '–')} | "
-                     f"{e.get('intermediate_size', '–')} | {_fmt(e.get('step_ms'))} | "
-                     f"{_fmt(e.get('of_target_k1'))} | {_fmt(e.get('compile_s'), '.1f')} | "
-                     f"{status} |")
+        steps.append((e["name"], e["k"], e.get("vocab", "–"), e.get("intermediate_size", "–"),
+                      _fmt(e.get("step_ms")), _fmt(e.get("of_target_k1")),
+                      _fmt(e.get("compile_s"), ".1f"), status))
+    lines += tables.markdown_table(("step", "K", "head vocab", "MLP", "ms / step",
+                                    "of target K=1", "compile s", "status"), steps)
     rows = report.get("predicted") or []
     if rows:
         gammas = s["gammas"]
+        by_g = [f"G={g}" for g in gammas]
+        names = list(dict.fromkeys(r["drafter"] for r in rows))
+        cells = {(r["drafter"], str(r["acceptance"]), r["gamma"]): r for r in rows}
+        first = str(rows[0]["acceptance"])
         lines += ["", "Drafting cost per round, ms (feature head: window call of G + 1 + first "
                   "logits + G - 1 draft steps; drafter model: G steps), and as target K=1 "
-                  "steps:", "", "| drafter | " + " | ".join(f"G={g}" for g in gammas) + " |",
-                  "|---|" + "---|" * len(gammas)]
-        first = rows[0]["acceptance"]
-        for d in dict.fromkeys(r["drafter"] for r in rows):
-            cells = {r["gamma"]: r for r in rows if r["drafter"] == d and r["acceptance"] == first}
-            lines.append(f"| {d} | " + " | ".join(
-                f"{cells[g]['drafting_ms']:.2f} ({cells[g]['drafting_of_target_k1']:.2f})"
-                for g in gammas) + " |")
+                  "steps:", ""] + tables.markdown_table(["drafter", *by_g], [
+                      [d, *(f"{cells[d, first, g]['drafting_ms']:.2f} "
+                            f"({cells[d, first, g]['drafting_of_target_k1']:.2f})"
+                            for g in gammas)] for d in names])
         lines += ["", "Predicted speedup over autoregressive decoding (jobs.cost; round = target "
                   f"call of G + 1 + drafting, round overhead {s['round_overhead_ms']} ms; "
-                  "assumed acceptance):", "",
-                  "| drafter | acceptance | " + " | ".join(f"G={g}" for g in gammas) + " |",
-                  "|---|---|" + "---|" * len(gammas)]
-        for d in dict.fromkeys(r["drafter"] for r in rows):
-            for a in s["acceptance"]:
-                cells = {r["gamma"]: r for r in rows if r["drafter"] == d and
-                         r["acceptance"] == a}
-                lines.append(f"| {d} | {acceptance_label(a)} | " + " | ".join(
-                    f"{cells[g]['speedup']:.2f}x" for g in gammas) + " |")
+                  "assumed acceptance):", ""] + tables.markdown_table(
+                      ["drafter", "acceptance", *by_g],
+                      [[d, acceptance_label(a), *(f"{cells[d, str(a), g]['speedup']:.2f}x"
+                                                 for g in gammas)]
+                       for d in names for a in s["acceptance"]])
         fitted = sorted({r["gamma"] + 1 for r in rows if not r["target_width_measured"]})
         windows = sorted({r["gamma"] + 1 for r in rows if not r["window_width_measured"]})
         if fitted or windows:

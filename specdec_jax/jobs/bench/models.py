@@ -14,8 +14,6 @@ time is excluded (``configs/bench/models.gin``)::
 from __future__ import annotations
 
 import gc
-import os
-import statistics
 import time
 from collections.abc import Sequence
 
@@ -25,13 +23,14 @@ import jax.numpy as jnp
 from specdec_jax import api
 from specdec_jax.checkpoints import registry
 from specdec_jax.jobs import resolver
-from specdec_jax.jobs.bench import child, shared
+from specdec_jax.jobs.bench import child, peers, shared
+from specdec_jax.jobs.bench.peers import FILL, REPEATS
 from specdec_jax.models.layers import IN_OUT
 from specdec_jax.runtime import timing
 
-FILL = 128  # tokens already in the cache when K tokens are fed
-REPEATS = 10
-SIDES = ("ours", "transformers")
+# Each side's function, run in a fresh process.
+SIDES = {"ours": "specdec_jax.jobs.bench.models:ours",
+         "transformers": "specdec_jax.jobs.bench.peers:step_latency"}
 
 
 def run_bench_models(*, models: Sequence[str] = tuple(registry.MODELS),
@@ -52,28 +51,23 @@ def run_bench_models(*, models: Sequence[str] = tuple(registry.MODELS),
     for name in models:
         registry.local_path(name)  # fetch outside the timed region
         # A fresh process per side: clean RSS and caches.
-        report["models"][name] = {side: child.run_in_child(
-            f"specdec_jax.jobs.bench.models:{function}", {"name": name})
-            for side, function in zip(SIDES, ("ours", "theirs"), strict=True)}
+        report["models"][name] = {side: child.run_in_child(function, {"name": name})
+                                  for side, function in SIDES.items()}
         shared.write_report(report, out)
         if name != models[-1]:
-            print(markdown(report), flush=True)
-    timing.print_markdown(markdown(report), markdown_path)
+            print(peers.models_markdown(report), flush=True)
+    timing.print_markdown(peers.models_markdown(report), markdown_path)
     return report
 
 
-def rss() -> int:
-    import psutil  # noqa: PLC0415 (a dev dependency; the launcher imports every job)
-
-    return psutil.Process().memory_info().rss
-
-
 def ours(*, name: str) -> dict:
+    """Our side: load time, resident memory added by the load and the median
+    of one call of K = 1 and K = 6 tokens after ``FILL`` cached ones."""
     gc.collect()
-    before, start = rss(), time.perf_counter()
+    before, start = child.rss(), time.perf_counter()
     model, params, _ = resolver.resolve(name, kernel_layout=IN_OUT)  # the tree as loaded
     jax.block_until_ready(params)
-    load_s, mem = time.perf_counter() - start, rss() - before
+    load_s, mem = time.perf_counter() - start, child.rss() - before
     row = {"load_s": load_s, "rss_gb": mem / 2**30}
     model, params = api.decode_layout(model, params)  # as the decoders run it (after the load)
     fn = jax.jit(lambda p, t, c: model.extend(p, t, c).logits)
@@ -83,46 +77,3 @@ def ours(*, name: str) -> dict:
         compiled = timing.Compiled(fn, params, tokens, cache)
         row[f"k{k}_s"] = compiled.time(params, tokens, cache, repeats=REPEATS).median_s
     return row
-
-
-def theirs(*, name: str) -> dict:
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-
-    path = registry.local_path(name)
-    gc.collect()
-    before, start = rss(), time.perf_counter()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
-    load_s, mem = time.perf_counter() - start, rss() - before
-    row = {"load_s": load_s, "rss_gb": mem / 2**30}
-    with torch.no_grad():
-        prefix = torch.ones((1, FILL), dtype=torch.long)
-        for k in (1, 6):
-            runs = []
-            for _ in range(REPEATS + 1):
-                cache = transformers.DynamicCache()
-                model(prefix, past_key_values=cache, use_cache=True)
-                start = time.perf_counter()
-                model(torch.ones((1, k), dtype=torch.long), past_key_values=cache,
-                      use_cache=True)
-                runs.append(time.perf_counter() - start)
-            row[f"k{k}_s"] = statistics.median(runs[1:])  # first call warms up
-    return row
-
-
-def markdown(report) -> str:
-    env = report["environment"]
-    lines = [f"CPU float32, {env['machine']}, {env['cpu_count']} cores; jax {env['jax']}, "
-             f"torch {report['torch']}, transformers {report['transformers']}; cache fill "
-             f"{report['cache_fill']}", "",
-             "| model | load s (ours / HF) | RSS GB (ours / HF) | decode K=1 ms (ours / HF, "
-             "HF/ours) | score K=6 ms (ours / HF, HF/ours) |", "|---|---|---|---|---|"]
-    for name, row in report["models"].items():
-        o, t = row["ours"], row["transformers"]
-        lines.append(
-            f"| {name} | {o['load_s']:.1f} / {t['load_s']:.1f} | {o['rss_gb']:.2f} / "
-            f"{t['rss_gb']:.2f} | {1e3 * o['k1_s']:.0f} / {1e3 * t['k1_s']:.0f}, "
-            f"{t['k1_s'] / o['k1_s']:.2f}x | {1e3 * o['k6_s']:.0f} / {1e3 * t['k6_s']:.0f}, "
-            f"{t['k6_s'] / o['k6_s']:.2f}x |")
-    return "\n".join(lines)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.jobs import resolver
+from specdec_jax.jobs import resolver, tables
 from specdec_jax.jobs.bench import child, shared
 from specdec_jax.models.decoder import with_kernel_layout
 from specdec_jax.models.layers import IN_OUT, KERNEL_LAYOUTS
@@ -133,13 +133,13 @@ def markdown(report: dict) -> str:
         lines += [f"XLA flags `{variant['flags'] or '(defaults)'}`: read {lim['read_gb_s']:.1f} "
                   f"GB/s, copy {lim['copy_gb_s']:.1f} GB/s, matmul "
                   f"{lim['matmul_gflop_s']:.0f} GFLOP/s; weights "
-                  f"{variant['weight_bytes'] / 1e9:.2f} GB", "",
-                  "| kernel layout | K | step ms | weight-read limit ms | FLOP limit ms | "
-                  "step / max(limits) | step / step(K=1) |", "|---|---|---|---|---|---|---|"]
-        for row in variant["steps"].values():
-            lines.append(f"| {row['layout']} | {row['k']} | {1e3 * row['step_s']:.0f} | "
-                         f"{1e3 * row['weight_read_s']:.0f} "
-                         f"| {1e3 * row['flop_s']:.0f} | {row['over_limit']:.2f} | "
-                         f"{row['over_k1']:.2f} |")
+                  f"{variant['weight_bytes'] / 1e9:.2f} GB", ""]
+        lines += tables.markdown_table(
+            ("kernel layout", "K", "step ms", "weight-read limit ms", "FLOP limit ms",
+             "step / max(limits)", "step / step(K=1)"),
+            [(row["layout"], row["k"], f"{1e3 * row['step_s']:.0f}",
+              f"{1e3 * row['weight_read_s']:.0f}", f"{1e3 * row['flop_s']:.0f}",
+              f"{row['over_limit']:.2f}", f"{row['over_k1']:.2f}")
+             for row in variant["steps"].values()])
         lines.append("")
     return "\n".join(lines)

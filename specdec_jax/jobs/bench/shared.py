@@ -1,10 +1,9 @@
-"""Pieces several benchmarks share: normal confidence intervals over prompts,
-batch-1 wall clock timed interleaved, report files (plain or gzip) and the
-argument checks every job runs before it loads a model."""
+"""Pieces several benchmarks share: random prompts, batch-1 wall clock timed
+interleaved, report files (plain or gzip) and the argument checks every job
+runs before it loads a model."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable
 
 import jax
@@ -16,14 +15,13 @@ from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import jsonio, timing
 from specdec_jax.runtime.progress import tqdm
 
-Z95 = 1.959964
 
-
-def mean_ci(values) -> tuple[float, float]:
-    """Mean and the half-width of its 95% normal interval (NaN for one value)."""
-    values = np.asarray(values, np.float64)
-    half = Z95 * values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-    return float(values.mean()), float(half)
+def random_prompts(vocab_size: int, batch: int, length: int, count: int, seed: int = 0):
+    """``count`` prompts of ``batch`` rows of ``length`` random token ids (a
+    step's cost depends on shapes, not on which tokens)."""
+    rng = np.random.default_rng(seed)
+    return [make_prompt(rng.integers(0, vocab_size, (batch, length)).tolist())
+            for _ in range(count)]
 
 
 def wallclock(fns, params, prompts, width, seed, temperature):

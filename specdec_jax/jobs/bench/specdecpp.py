@@ -58,7 +58,7 @@ from specdec_jax.data.metrics import bootstrap_ci, ratio_ci
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
 from specdec_jax.drafting.adaptive import target_widths as default_target_widths
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import resolver
+from specdec_jax.jobs import resolver, tables
 from specdec_jax.jobs.bench import shared
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import jsonio, timing
@@ -300,9 +300,13 @@ def decode_seconds(cost: cost_lib.CostModel, config: dict, rows: list[dict], *,
     measured = sorted(int(w) for w in cost.target.by_width_s)
     width = target_width(config, rows, measured=measured, compiled=compiled)
     drafted, calls = (sum(r[key] for r in rows) for key in ("drafted", "target_calls"))
-    seconds = cost.drafter.call_s(1) * drafted + cost.target.call_s(width) * calls
-    if config["kind"] != "autoregressive":
-        seconds += cost.round_overhead_s * calls
+    counts = {"target_calls": calls, "target_fed": width * calls,
+              "target_single_calls": calls if width == 1 else 0,
+              "drafter_calls_by_model": [drafted], "drafter_tokens_by_model": [drafted],
+              "drafter_single_calls_by_model": [drafted]}
+    speculative = config["kind"] != "autoregressive"
+    seconds = cost.price(counts, widths={cost_lib.TARGET: width, cost_lib.DRAFTER: 1},
+                         rounds=calls if speculative else 0)
     return seconds, width
 
 
@@ -332,28 +336,14 @@ def cost_model_of(report: dict) -> tuple[cost_lib.CostModel, str]:
 
 def calibrate(pair, *, context: int, target_widths: Sequence[int], repeats: int,
               overhead_gamma: int) -> tuple[cost_lib.CostModel, dict]:
-    """The cost model on this machine: each model's in-loop call latency by
-    width at ``context`` cached tokens (``cost.measure_call_cost``; the target
-    at every width a configuration calls, the drafter at 1 and 2), then the
-    per-round overhead from a timed greedy generation
-    (``cost.measure_round_overhead``)."""
-    target, target_medians = cost_lib.measure_call_cost(
-        pair.target, pair.target_params, context=context, widths=tuple(target_widths),
-        repeats=repeats)
-    drafter, drafter_medians = cost_lib.measure_call_cost(
-        pair.drafter, pair.drafter_params, context=context, widths=DRAFTER_WIDTHS,
-        repeats=repeats)
-    model = cost_lib.CostModel(target=target, drafter=drafter)
-    overhead = cost_lib.measure_round_overhead(
-        model, target=pair.target, target_params=pair.target_params, drafter=pair.drafter,
-        drafter_params=pair.drafter_params, context=context, gamma=overhead_gamma,
-        repeats=repeats)
-    calibration = {"context": context, "repeats": repeats,
-                   "target": {str(k): v for k, v in target_medians.items()},
-                   "drafter": {str(k): v for k, v in drafter_medians.items()},
-                   "round_overhead": overhead}
-    return (cost_lib.CostModel(target=target, drafter=drafter,
-                               round_overhead_s=overhead["round_overhead_s"]), calibration)
+    """The cost model on this machine (``cost.calibrate``): the target's
+    in-loop calls at every width a configuration calls, the drafter's at 1
+    and 2, then the per-round overhead from a timed greedy generation."""
+    model, calibration = cost_lib.calibrate(
+        target=pair.target, target_params=pair.target_params, drafter=pair.drafter,
+        drafter_params=pair.drafter_params, context=context, widths=tuple(target_widths),
+        drafter_widths=DRAFTER_WIDTHS, repeats=repeats, overhead_gamma=overhead_gamma)
+    return model, {**calibration, "repeats": repeats}
 
 
 def summarise_wall_clock(report: dict, cost: cost_lib.CostModel) -> None:
@@ -437,14 +427,10 @@ def _run_line(report: dict) -> str:
             f"SpecDec++ target widths {report['target_widths']}")
 
 
-def format_ci(stat: dict, digits: int = 3) -> str:
-    low, high = stat["ci95"]
-    return f"{stat['value']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
-
-
-def _rates(counts: dict) -> str:
+def rate_cells(counts: dict) -> list[str]:
     """Figure 4's two cells: verification and discard rates with their CIs."""
-    return f"{format_ci(counts['verification_rate'])} | {format_ci(counts['discard_rate'])}"
+    return [tables.format_ci(counts[key]["value"], counts[key]["ci95"])
+            for key in ("verification_rate", "discard_rate")]
 
 
 def _cost_line(report: dict) -> str:
@@ -473,7 +459,7 @@ def markdown(report: dict) -> str:
         return markdown_counts(report)
     env = report["environment"]
     ar = report["wall_clock"]["autoregressive"]["tokens_per_s"]
-    measured = {name: {"value": w["tokens_per_s"], "ci95": w["ci95"]}
+    measured = {name: tables.format_ci(w["tokens_per_s"], w["ci95"], digits=2)
                 for name, w in report["wall_clock"].items()}
     lines = [
         "# SpecDec++ on HumanEval (Huang et al., Table 1 and Figure 4 layout)",
@@ -487,31 +473,31 @@ def markdown(report: dict) -> str:
         "",
         "## Table 1 layout: best throughput",
         "",
-        "| Method | measured tokens/s (95% CI) | speedup | model-predicted tokens/s (all "
-        "prompts) | greedy tokens/s | greedy == target |",
-        "|---|---|---|---|---|---|",
     ]
+    rows = []
     for label, name in (("SpecDec (best K)", report["best"]["fixed"]),
                         ("SpecDec++ (best h)", report["best"]["specdecpp"])):
         greedy = report["greedy"].get(name, {})
-        lines.append(
-            f"| {label}: {name} | {format_ci(measured[name], 2)} | "
-            f"{measured[name]['value'] / ar:.2f}x | "
-            f"{report['counts'][name]['predicted_tokens_per_s']:.2f} | "
-            f"{greedy.get('tokens_per_s', float('nan')):.2f} | "
-            f"{greedy.get('identical_to_target', 'n/a')} |")
+        speedup = report["wall_clock"][name]["tokens_per_s"] / ar
+        rows.append((f"{label}: {name}", measured[name], f"{speedup:.2f}x",
+                     f"{report['counts'][name]['predicted_tokens_per_s']:.2f}",
+                     f"{greedy.get('tokens_per_s', float('nan')):.2f}",
+                     greedy.get("identical_to_target", "n/a")))
+    lines += tables.markdown_table(
+        ("Method", "measured tokens/s (95% CI)", "speedup",
+         "model-predicted tokens/s (all prompts)", "greedy tokens/s", "greedy == target"), rows)
     modelled = "modelled_tokens_per_s" in report["wall_clock"]["autoregressive"]
-    lines += ["", "## Figure 4 data: every configuration", "",
-              "| Configuration | verification rate N_target/N (95% CI) | discard rate "
-              "N_discarded/N (95% CI) | measured tokens/s (95% CI) | "
-              + ("modelled tokens/s (timed prompts) | " if modelled else "")
-              + "predicted tokens/s |",
-              "|---|---|---|---|" + ("---|" if modelled else "") + "---|"]
+    rows = []
     for name, c in report["counts"].items():
-        timed = (f"{report['wall_clock'][name]['modelled_tokens_per_s']:.2f} | "
-                 if modelled else "")
-        lines.append(f"| {name} | {_rates(c)} | {format_ci(measured[name], 2)} | {timed}"
-                     f"{c['predicted_tokens_per_s']:.2f} |")
+        timed = ([f"{report['wall_clock'][name]['modelled_tokens_per_s']:.2f}"]
+                 if modelled else [])
+        rows.append([name, *rate_cells(c), measured[name], *timed,
+                     f"{c['predicted_tokens_per_s']:.2f}"])
+    lines += ["", "## Figure 4 data: every configuration", ""] + tables.markdown_table(
+        ["Configuration", "verification rate N_target/N (95% CI)",
+         "discard rate N_discarded/N (95% CI)", "measured tokens/s (95% CI)",
+         *(["modelled tokens/s (timed prompts)"] if modelled else []), "predicted tokens/s"],
+        rows)
     for device in report.get("device_predictions", []):
         lines += ["", *markdown_device(report, device)]
     if report.get("plot"):
@@ -533,13 +519,11 @@ def markdown_device(report: dict, device: dict) -> list[str]:
              + f" ms at widths {', '.join(device['t_target'])}; autoregressive "
              f"{device['autoregressive_tokens_per_s']:.0f} tokens/s. Best h "
              f"({best['specdecpp']}) vs best K ({best['fixed']}): {100 * gain:+.1f}%.",
-             "",
-             "| Configuration | target call width | predicted tokens/s | vs autoregressive |",
-             "|---|---|---|---|"]
-    for name, row in device["configurations"].items():
-        lines.append(f"| {name} | {row['target_width']} | {row['tokens_per_s']:.0f} | "
-                     f"{row['speedup']:.2f}x |")
-    return lines
+             ""]
+    return lines + tables.markdown_table(
+        ("Configuration", "target call width", "predicted tokens/s", "vs autoregressive"),
+        [(name, row["target_width"], f"{row['tokens_per_s']:.0f}", f"{row['speedup']:.2f}x")
+         for name, row in device["configurations"].items()])
 
 
 def markdown_counts(report: dict) -> str:
@@ -552,12 +536,10 @@ def markdown_counts(report: dict) -> str:
         f"95% bootstrap CIs over prompts; they do not depend on the machine. Wall clock "
         f"(phase 2) not run yet. Machine: {env['machine']}, {report.get('precision', 'float32')}, "
         f"jax {env['jax']}.",
-        "",
-        "| Configuration | tokens N | verification rate N_target/N (95% CI) | discard rate "
-        "N_discarded/N (95% CI) |",
-        "|---|---|---|---|"]
-    for name, c in report["counts"].items():
-        lines.append(f"| {name} | {c['tokens']} | {_rates(c)} |")
+        ""] + tables.markdown_table(
+        ("Configuration", "tokens N", "verification rate N_target/N (95% CI)",
+         "discard rate N_discarded/N (95% CI)"),
+        [(name, c["tokens"], *rate_cells(c)) for name, c in report["counts"].items()])
     if report.get("plot"):
         lines += ["", f"![verification vs discard rate]({report['plot']})"]
     return "\n".join(lines) + "\n"

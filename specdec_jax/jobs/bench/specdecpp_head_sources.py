@@ -20,6 +20,7 @@ import json
 import pathlib
 from collections.abc import Sequence
 
+from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import specdecpp as bench
 from specdec_jax.runtime import jsonio, timing
 
@@ -75,19 +76,14 @@ def compare(logs: dict[str, str], batches: set[int], cost, steps: dict | None,
 
 
 def markdown_table(result: dict, cost_source: str) -> str:
-    lines = [f"CPU-predicted tokens/s: {cost_source}.", "",
-             "| configuration | head | tokens N | verification rate (95% CI) | discard rate "
-             "(95% CI) | CPU-predicted tokens/s | device-predicted tokens/s |",
-             "|---|---|---|---|---|---|---|"]
-    for name, heads in result.items():
-        for head, r in heads.items():
-            device = r["device_predicted_tokens_per_s"]
-            rates = (f"{bench.format_ci(r['verification_rate'])} | "
-                     f"{bench.format_ci(r['discard_rate'])}")
-            lines.append(f"| {name} | {head} | {r['tokens']} | {rates} | "
-                         f"{r['cpu_predicted_tokens_per_s']:.2f} | "
-                         f"{'-' if device is None else f'{device:.0f}'} |")
-    return "\n".join(lines)
+    rows = [(name, head, r["tokens"], *bench.rate_cells(r),
+             f"{r['cpu_predicted_tokens_per_s']:.2f}",
+             "-" if r["device_predicted_tokens_per_s"] is None
+             else f"{r['device_predicted_tokens_per_s']:.0f}")
+            for name, heads in result.items() for head, r in heads.items()]
+    return "\n".join([f"CPU-predicted tokens/s: {cost_source}.", ""] + tables.markdown_table(
+        ("configuration", "head", "tokens N", "verification rate (95% CI)",
+         "discard rate (95% CI)", "CPU-predicted tokens/s", "device-predicted tokens/s"), rows))
 
 
 def run_bench_specdecpp_head_sources(

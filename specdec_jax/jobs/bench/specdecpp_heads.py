@@ -18,19 +18,19 @@ import pathlib
 from collections.abc import Sequence
 
 from specdec_jax.checkpoints.acceptance_heads import META_FILE
+from specdec_jax.jobs import tables
 from specdec_jax.runtime import timing
 from specdec_jax.training.specdecpp.data import MANIFEST
 from specdec_jax.training.specdecpp.train import evaluate_head
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| head | D | w_rej | scored on | binary KL | best constant | mean prediction | "
-             "mean label |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['head']} | {r['depth']} | {r['w_rej']:g} | {r['data_source']} | "
-                     f"{r['binary_kl']:.4f} | {r['constant_binary_kl']:.4f} | "
-                     f"{r['mean_prediction']:.3f} | {r['mean_label']:.3f} |")
-    return "\n".join(lines)
+    return "\n".join(tables.markdown_table(
+        ("head", "D", "w_rej", "scored on", "binary KL", "best constant", "mean prediction",
+         "mean label"),
+        [(r["head"], r["depth"], f"{r['w_rej']:g}", r["data_source"], f"{r['binary_kl']:.4f}",
+          f"{r['constant_binary_kl']:.4f}", f"{r['mean_prediction']:.3f}",
+          f"{r['mean_label']:.3f}") for r in rows]))
 
 
 def run_bench_specdecpp_heads(*, data: Sequence[str], heads: Sequence[str],

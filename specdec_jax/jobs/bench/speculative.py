@@ -19,9 +19,6 @@ and the transformers peer for plain speculative decoding.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import time
 from collections.abc import Sequence
 
 import jax
@@ -29,7 +26,8 @@ import numpy as np
 
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import registry
-from specdec_jax.jobs.bench import shared
+from specdec_jax.jobs import tables
+from specdec_jax.jobs.bench import peers, shared
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
@@ -77,55 +75,6 @@ def in_loop_step_s(model, params, k, fill):
     return timing.in_loop_step(model, params, k, fill=fill, steps=8, repeats=3).median_s
 
 
-def peer_assisted(target_path, drafter_path, prompts, gamma, max_new_tokens):
-    """transformers greedy: plain and assisted generation, same GGUF files."""
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-
-    def load(path):
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32)
-        return model.eval()
-
-    target, drafter = load(target_path), load(drafter_path)
-    drafter.generation_config.num_assistant_tokens = gamma
-    drafter.generation_config.num_assistant_tokens_schedule = "constant"
-    drafter.generation_config.assistant_confidence_threshold = 0.0
-    results = {}
-    for name, extra in (("autoregressive", {}), ("assisted", {"assistant_model": drafter})):
-        seconds, tokens, outputs = 0.0, 0, []
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                start = time.perf_counter()
-                out = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
-                                      min_new_tokens=max_new_tokens, **extra)
-                seconds += time.perf_counter() - start
-            new = out[0, len(prompt):].tolist()
-            tokens += len(new)
-            outputs.append(new)
-        results[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
-                         "outputs": outputs}
-    return results
-
-
-def check_peer(target: str, drafter: str, temperatures: Sequence[float]) -> None:
-    """The transformers peer reads the registry's GGUF files of both models,
-    runs greedy, and needs torch and transformers (the dev extra)."""
-    unknown = [name for name in (target, drafter) if name not in registry.MODELS]
-    if unknown:
-        raise ValueError(f"the transformers peer loads registry models' GGUF files; {unknown} "
-                         f"are not registry models ({', '.join(registry.MODELS)}). Set "
-                         "bench_speculative.no_peer = True.")
-    if 0.0 not in [float(t) for t in temperatures]:
-        raise ValueError(f"the transformers peer is compared greedy: temperatures "
-                         f"{list(temperatures)} need 0.0, or set no_peer = True.")
-    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ValueError(f"the transformers peer needs {' and '.join(missing)} (pip install -e "
-                         "'.[dev]'), or set bench_speculative.no_peer = True.")
-
-
 def run_bench_speculative(*, target: str = "qwen2.5-coder-1.5b",
                           drafter: str = "qwen2.5-coder-0.5b", num_prompts: int = 10,
                           max_new_tokens: int = 64, gammas: Sequence[int] = (3, 5, 7),
@@ -146,7 +95,7 @@ def run_bench_speculative(*, target: str = "qwen2.5-coder-1.5b",
     shared.check_temperatures("temperatures", temperatures)
     shared.check_humaneval_prompts(num_prompts=num_prompts)
     if not no_peer:
-        check_peer(target, drafter, temperatures)
+        peers.check_assisted_peer(target, drafter, temperatures)
 
     pair = load_pair(target=target, drafter=drafter)
     tgt, tp, drf, dp = pair.target, pair.target_params, pair.drafter, pair.drafter_params
@@ -202,23 +151,13 @@ def run_bench_speculative(*, target: str = "qwen2.5-coder-1.5b",
             report["batched"][f"B={batch_size},G={gamma}"] = row
 
     if not no_peer:
-        peer = peer_assisted(registry.local_path(target), registry.local_path(drafter),
-                             prompts, best_gamma, max_new_tokens)
-        ours_ar = report["batch_1"]["T=0,G=0"]
-        ours_sd = report["batch_1"][f"T=0,G={best_gamma}"]
-        report["peer"] = {
-            "transformers_version": __import__("transformers").__version__,
-            "torch_version": __import__("torch").__version__, "gamma": best_gamma,
-            "autoregressive_tokens_per_s": peer["autoregressive"]["tokens_per_s"],
-            "assisted_tokens_per_s": peer["assisted"]["tokens_per_s"],
-            "ours_over_theirs_assisted": ours_sd["tokens_per_s"] /
-            peer["assisted"]["tokens_per_s"],
-            "ours_over_theirs_autoregressive": ours_ar["tokens_per_s"] /
-            peer["autoregressive"]["tokens_per_s"],
-            "assisted_outputs_identical_to_ours": sum(
-                a == b for a, b in zip(peer["assisted"]["outputs"], greedy_outputs[best_gamma])),
-            "prompts": len(prompts),
-        }
+        peer = peers.assisted_generation(registry.local_path(target),
+                                         registry.local_path(drafter), prompts, best_gamma,
+                                         max_new_tokens)
+        report["peer"] = peers.compare_assisted(
+            peer, ours_autoregressive=report["batch_1"]["T=0,G=0"],
+            ours_speculative=report["batch_1"][f"T=0,G={best_gamma}"],
+            ours_greedy=greedy_outputs[best_gamma], gamma=best_gamma)
     shared.write_report(report, out)
     timing.print_markdown(markdown(report), markdown_path)
     return report
@@ -228,26 +167,22 @@ def markdown(report) -> str:
     env = report["environment"]
     lines = [f"{report['target']} <- {report['drafter']}, {report['num_prompts']} HumanEval "
              f"prompts, {report['max_new_tokens']} new tokens, batch 1, {report['precision']}, "
-             f"{env['machine']}, jax {env['jax']}", "",
-             "| T | G | tokens/s | speedup vs AR | block eff. | mean accepted | round overhead |",
-             "|---|---|---|---|---|---|---|"]
+             f"{env['machine']}, jax {env['jax']}", ""]
+    rows = []
     for key, row in report["batch_1"].items():
         t, g = (part.split("=")[1] for part in key.split(","))
-        lines.append(f"| {t} | {g if g != '0' else 'AR'} | {row['tokens_per_s']:.2f} | "
-                     f"{row.get('speedup_vs_autoregressive', 1.0):.2f}x | "
-                     f"{row['block_efficiency']:.2f} | {row.get('mean_accepted', 0):.2f} | "
-                     f"{100 * row['round_overhead']:+.1f}% |")
+        rows.append((t, g if g != "0" else "AR", f"{row['tokens_per_s']:.2f}",
+                     f"{row.get('speedup_vs_autoregressive', 1.0):.2f}x",
+                     f"{row['block_efficiency']:.2f}", f"{row.get('mean_accepted', 0):.2f}",
+                     f"{100 * row['round_overhead']:+.1f}%"))
+    lines += tables.markdown_table(("T", "G", "tokens/s", "speedup vs AR", "block eff.",
+                                    "mean accepted", "round overhead"), rows)
     if report["batched"]:
-        lines += ["", "| batch | G | tokens/s |", "|---|---|---|"]
+        rows = []
         for key, row in report["batched"].items():
             b, g = (part.split("=")[1] for part in key.split(","))
-            lines.append(f"| {b} | {g if g != '0' else 'AR'} | {row['tokens_per_s']:.2f} |")
+            rows.append((b, g if g != "0" else "AR", f"{row['tokens_per_s']:.2f}"))
+        lines += [""] + tables.markdown_table(("batch", "G", "tokens/s"), rows)
     if "peer" in report:
-        peer = report["peer"]
-        lines += ["", f"transformers {peer['transformers_version']} (torch "
-                  f"{peer['torch_version']}), greedy, G={peer['gamma']}: assisted "
-                  f"{peer['assisted_tokens_per_s']:.2f} tok/s, ours/theirs "
-                  f"{peer['ours_over_theirs_assisted']:.2f}x (AR: "
-                  f"{peer['ours_over_theirs_autoregressive']:.2f}x); identical outputs "
-                  f"{peer['assisted_outputs_identical_to_ours']}/{peer['prompts']}"]
+        lines += ["", peers.assisted_line(report["peer"])]
     return "\n".join(lines)

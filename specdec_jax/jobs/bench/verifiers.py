@@ -24,8 +24,8 @@ import numpy as np
 
 from specdec_jax import api, precision
 from specdec_jax.decoding import required_cache_length
+from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
-from specdec_jax.jobs.bench.shared import mean_ci
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
@@ -144,7 +144,7 @@ def run_bench_verifiers(*, target: str = "qwen2.5-coder-1.5b",
             for name in tqdm(VERIFIERS, desc=f"G={gamma}"):
                 values = efficiency_units(api.make_decoder(**static[gamma, name]), params,
                                           prefilled, units, temperature, batch_size)
-                eff, eff_ci = mean_ci(values)
+                eff, eff_ci = tables.mean_ci(values)
                 row[name] = {"block_efficiency": eff, "ci95": eff_ci, "units": list(values)}
             paired_improvements(row, "units", "improvement_pct")
             shared.write_report(report, out)
@@ -166,7 +166,7 @@ def run_bench_verifiers(*, target: str = "qwen2.5-coder-1.5b",
                 c = clock[f"G={gamma} {name}"]
                 normalized = np.asarray(c["seconds_per_token"]) / ar_per_token
                 kernel_s = verifier_kernel_seconds(name, gamma, pair.target.vocab_size)
-                mean, ci = mean_ci(normalized)
+                mean, ci = tables.mean_ci(normalized)
                 row[name].update({
                     "wallclock_normalized": mean, "wallclock_ci95": ci,
                     "wallclock_units": normalized.tolist(),
@@ -184,7 +184,7 @@ def paired_improvements(row, units_key, metric):
     prompt difficulty cancels; in % of token's mean, with a 95% CI."""
     token = np.asarray(row["token"][units_key])
     for name in VERIFIERS[1:]:
-        d, d_ci = mean_ci(np.asarray(row[name][units_key]) - token)
+        d, d_ci = tables.mean_ci(np.asarray(row[name][units_key]) - token)
         row[name][metric] = 100 * d / token.mean()
         row[name][metric + "_ci95"] = 100 * d_ci / token.mean()
 
@@ -200,33 +200,33 @@ def markdown(report) -> str:
     lines = [f"{report['target']} <- {report['drafter']}, HumanEval x{report['num_prompts']} "
              f"prompts x {len(report['seeds'])} seeds, T={report['temperature']}, "
              f"{report['max_new_tokens']} new tokens, {report['precision']}, {env['machine']}, "
-             f"{env['cpu_count']} cores, jax {env['jax']}; {clock}", "",
-             "| G | block eff. token | block | impr. % | block-seed | impr. % | "
-             "wall clock / AR token | block | Δ % | block-seed | Δ % | "
-             "tokens/s token / block / seed | verify kernel share token / block / seed |",
-             "|---" * 13 + "|"]
+             f"{env['cpu_count']} cores, jax {env['jax']}; {clock}", ""]
 
-    def cell(r, key, ci_key, fmt):
+    def cell(r, key, ci_key, digits=3, sign=False):
         if key not in r:
             return "–"
-        return f"{r[key]:{fmt}} ± {r[ci_key]:{'.3f' if fmt == '.3f' else '.2f'}}"
+        return tables.format_ci(r[key], r[ci_key], digits=digits, sign=sign)
 
+    rows = []
     for key, row in report["rows"].items():
         tok, blk, seed = (row[n] for n in VERIFIERS)
-        parts = [key[2:], cell(tok, "block_efficiency", "ci95", ".3f")]
+        parts = [key[2:], cell(tok, "block_efficiency", "ci95")]
         for r in (blk, seed):
-            parts += [cell(r, "block_efficiency", "ci95", ".3f"),
-                      cell(r, "improvement_pct", "improvement_pct_ci95", "+.2f")]
-        parts.append(cell(tok, "wallclock_normalized", "wallclock_ci95", ".3f"))
+            parts += [cell(r, "block_efficiency", "ci95"),
+                      cell(r, "improvement_pct", "improvement_pct_ci95", 2, True)]
+        parts.append(cell(tok, "wallclock_normalized", "wallclock_ci95"))
         for r in (blk, seed):
-            parts += [cell(r, "wallclock_normalized", "wallclock_ci95", ".3f"),
+            parts += [cell(r, "wallclock_normalized", "wallclock_ci95"),
                       cell(r, "wallclock_improvement_pct", "wallclock_improvement_pct_ci95",
-                           "+.2f")]
+                           2, True)]
         if "tokens_per_s" in tok:
             parts.append(" / ".join(f"{r['tokens_per_s']:.2f}" for r in (tok, blk, seed)))
             parts.append(" / ".join(f"{100 * r['verify_share_of_round']:.2f}%"
                                     for r in (tok, blk, seed)))
         else:
             parts += ["–", "–"]
-        lines.append("| " + " | ".join(parts) + " |")
-    return "\n".join(lines)
+        rows.append(parts)
+    return "\n".join(lines + tables.markdown_table(
+        ("G", "block eff. token", "block", "impr. %", "block-seed", "impr. %",
+         "wall clock / AR token", "block", "Δ %", "block-seed", "Δ %",
+         "tokens/s token / block / seed", "verify kernel share token / block / seed"), rows))
