@@ -4,9 +4,9 @@ from setuptools import find_packages, setup
 
 # Bounds are what was tested, not guesses: CI installs jax/jaxlib 0.10.2, flax
 # 0.12.8, optax 0.2.8 and orbax-checkpoint 0.12.8 (CPU); the GPU sessions ran the
-# suite and the benchmarks on jax/jaxlib 0.11.2 and flax 0.12.10. jax moves its
-# API between 0.x minors, and the code leans on parts that move: Pallas
-# (kernels.py), the coordination service's barrier (runtime/distributed.py reads
+# suite and the benchmarks on jax/jaxlib 0.11.2, flax 0.12.10 and orbax-checkpoint
+# 0.12.4. jax moves its API between 0.x minors, and the code leans on parts that
+# move: the coordination service's barrier (runtime/distributed.py reads
 # jax._src.distributed), jax.make_array_from_callback and jax.tree.* (sharding.py).
 # So each 0.x package is bounded to the minors that ran, from the tested release.
 CORE = [

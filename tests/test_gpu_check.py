@@ -45,18 +45,18 @@ def test_a_cut_run_is_summarised_per_file(tmp_path):
         {"stage": "suite", "rc": 124, "seconds": 30, "limit_s": 30, "timed_out": True}) + "\n")
     steps = {"target": {"1": {"1": {"step_s": 0.002, "weight_gb_s": 1500.0}}}}
     (work / "bench" / "paths.json").write_text(json.dumps(
-        {"dtype": "bfloat16", "paths": {"in_out:xla": {"status": "ok", "steps": steps},
-                                        "out_in:pallas": {"status": "error",
+        {"dtype": "bfloat16", "paths": {"in_out": {"status": "ok", "steps": steps},
+                                        "out_in:separate": {"status": "error",
                                                           "error": "ValueError: no"}}}))
     summary = _tool("gpu_check_summary").summarise(work, out, "full", ROOT)
     files = summary["suite"]["per_file"]
     assert files["tests/test_a.py"]["passed"] == 1 and files["tests/test_a.py"]["failed"] == 1
     assert files["tests/test_b.py"]["skipped"] == 1 and files["tests/test_b.py"]["not run"] == 1
     assert summary["suite"]["pytest_exit_status"] is None  # no "finished" line: cut
-    assert summary["bench"]["steps"][0]["in_out:xla bfloat16"]["step_ms"] == 2.0
+    assert summary["bench"]["steps"][0]["in_out bfloat16"]["step_ms"] == 2.0
     md = (out / "gpu_check.md").read_text()
     assert "suite: TIMED OUT" in md and "assert 1 == 2" in md
-    assert "out_in:pallas: error ValueError: no" in md
+    assert "out_in:separate: error ValueError: no" in md
     assert json.loads((out / "gpu_check.json").read_text())["mode"] == "full"
 
 

@@ -9,9 +9,9 @@
 #      under a hard time limit, each test's outcome written as it happens;
 #   4. runs the accelerator benchmark subset: the job of configs/bench/accelerator.gin
 #      (bf16, batch 1, in-loop steps of both models at K = 1 and 6, autoregressive,
-#      specdecode G = 5 all-accept and none-accepted; kernels out_in, matmul xla), then
-#      the in-loop steps of the other kernel paths (in_out:xla, out_in:pallas;
-#      tools/gpu_check_bench.py);
+#      specdecode G = 5 all-accept and none-accepted; kernels out_in with fused
+#      projections), then the in-loop steps of the other kernel paths (out_in:separate,
+#      in_out; tools/gpu_check_bench.py): fused against separate projections;
 #   5. writes into $OUT: gpu_check.md and gpu_check.json (pass/fail/error/skip/not-run
 #      per test file, failures, slowest tests, step table per kernel path, the
 #      benchmark's report), junit.xml, tests.jsonl, suite.log, bench.log, env.txt.
@@ -34,7 +34,7 @@
 # pytest arguments), GPU_CHECK_WORKERS (xdist workers; full 12, tiny 0 = serial),
 # GPU_CHECK_TEST_TIMEOUT_S (per test, with pytest-timeout; 150), GPU_CHECK_STAGES
 # ("suite bench"; either alone, or "bench suite"), GPU_CHECK_PATHS (the other kernel
-# paths, "in_out:xla out_in:pallas"; "" for none), GPU_CHECK_BENCH_BINDINGS (more gin
+# paths, "out_in:separate in_out"; "" for none), GPU_CHECK_BENCH_BINDINGS (more gin
 # bindings for the benchmark job, one a line), GPU_CHECK_KEEP_WORK (1: keep the work
 # folder, with the restored cache and the benchmark's own reports; else removed on exit).
 
@@ -85,7 +85,7 @@ else
 fi
 TEST_TIMEOUT=${GPU_CHECK_TEST_TIMEOUT_S:-150}
 STAGES=${GPU_CHECK_STAGES:-suite bench}
-PATHS=${GPU_CHECK_PATHS-in_out:xla out_in:pallas}
+PATHS=${GPU_CHECK_PATHS-out_in:separate in_out}
 SUMMARY_RESERVE=10
 GRACE_S=25
 
@@ -239,12 +239,13 @@ run_bench() {
   limit=$(( $(left) - reserve - SUMMARY_RESERVE ))
   if (( limit < MAIN_MIN_S )); then
     say "bench: only ${limit} s left for the job (needs ${MAIN_MIN_S}): skipped"
-    record "bench out_in:xla" 1 0 "$limit" false "no time left"
+    record "bench out_in:fused" 1 0 "$limit" false "no time left"
   else
     local bindings=("bench_accelerator.dtypes = ['$DTYPE']" "bench_accelerator.batch_sizes = [1]"
                     "bench_accelerator.gammas = [5]" "bench_accelerator.methods = ['specdecode']"
                     "bench_accelerator.kernel_layout = 'out_in'"
-                    "bench_accelerator.matmul_kernel = 'xla'"
+                    "bench_accelerator.fused_projections = True"
+                    "bench_accelerator.rounds_per_sync = [1, 8]"
                     "bench_accelerator.target_step_widths = []" "bench_accelerator.peers = []"
                     "${JOB_BINDINGS[@]}"
                     "OUT_PATH = '$WORK/bench/main.json'" "MARKDOWN_PATH = '$WORK/bench/main.md'")
@@ -253,12 +254,12 @@ run_bench() {
       [ -n "$line" ] && bindings+=("$line")
     done <<<"${GPU_CHECK_BENCH_BINDINGS:-}"
     for line in "${bindings[@]}"; do args+=("--gin_bindings=$line"); done
-    say "bench: $GIN (out_in:xla, $DTYPE, batch 1, K = 1 and 6, AR + specdecode G = 5), limit ${limit} s"
-    echo "== $GIN (out_in:xla)" >>"$OUT/bench.log"
+    say "bench: $GIN (out_in:fused, $DTYPE, batch 1, K = 1 and 6, AR + specdecode G = 5), limit ${limit} s"
+    echo "== $GIN (out_in:fused)" >>"$OUT/bench.log"
     run_limited "$limit" "$OUT/bench.log" "$PY" "${args[@]}"
-    say "bench out_in:xla: rc $RC in ${ELAPSED} s$($TIMED_OUT && echo ' (TIMED OUT)')"
+    say "bench out_in:fused: rc $RC in ${ELAPSED} s$($TIMED_OUT && echo ' (TIMED OUT)')"
     (( RC )) && tail -5 "$OUT/bench.log"
-    record "bench out_in:xla" "$RC" "$ELAPSED" "$limit" "$TIMED_OUT"
+    record "bench out_in:fused" "$RC" "$ELAPSED" "$limit" "$TIMED_OUT"
     summarise
   fi
   if (( ${#paths[@]} )); then

@@ -1,15 +1,15 @@
 """In-loop steps of both models for more kernel paths, in one process (tools/gpu_check.sh).
 
 The accelerator benchmark job (``configs/bench/accelerator.gin``) runs one kernel
-path (``kernel_layout`` x ``matmul_kernel``) per call, decoding included. The GPU
-check runs it once for the library's path (out_in, xla) and this script for the
-others: the job's own functions (``check_settings``, ``build_models``,
+path (``kernel_layout``, projections fused or separate) per call, decoding
+included. The GPU check runs it once for the library's path (``out_in:fused``)
+and this script for the others: the job's own functions (``check_settings``, ``build_models``,
 ``measure_steps``) at K = 1 and G + 1, without decoding, the device limits read
 once. The JSON report is rewritten after every path, so a run cut at its time
 limit keeps the paths it finished.
 
     python tools/gpu_check_bench.py --out /tmp/paths.json \\
-        --paths in_out:xla out_in:pallas --dtype bfloat16
+        --paths out_in:separate in_out --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def _write(report: dict, path: pathlib.Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True)
-    parser.add_argument("--paths", nargs="+", default=["in_out:xla", "out_in:pallas"],
-                        help="layout:matmul pairs (out_in|in_out : xla|pallas)")
+    parser.add_argument("--paths", nargs="+", default=["out_in:separate", "in_out"],
+                        help="kernel paths: out_in:fused, out_in:separate or in_out")
     parser.add_argument("--target", default="random:qwen2.5-coder-1.5b:0")
     parser.add_argument("--drafter", default="random:qwen2.5-coder-0.5b:1")
     parser.add_argument("--dtype", default="auto")
@@ -59,12 +59,16 @@ def main(argv: list[str] | None = None) -> int:
         entry = report["paths"][path] = {"status": "running"}
         start = time.perf_counter()
         try:
-            layout, kernel = path.split(":")
+            layout, _, projections = path.partition(":")
+            if projections not in ("", "fused", "separate"):
+                raise ValueError(f"kernel path {path!r}: out_in:fused, out_in:separate or "
+                                 "in_out")
             settings = accelerator.check_settings(
                 target=args.target, drafter=args.drafter, dtypes=[args.dtype],
                 batch_sizes=[args.batch], gammas=[args.gamma], methods=["specdecode"],
                 prompt_len=args.prompt_len, max_new_tokens=args.gamma + 1, steps=args.steps,
-                repeats=args.repeats, kernel_layout=layout, matmul_kernel=kernel,
+                repeats=args.repeats, kernel_layout=layout,
+                fused_projections=projections == "fused",
                 target_step_widths=[], acceptance=list(accelerator.MEASURED_ACCEPTANCE),
                 peers=[])
             dtype = settings.dtypes[0]

@@ -149,7 +149,10 @@ def step_table(main: dict | None, paths: dict | None) -> tuple[list[str], list[d
     columns: dict[str, dict] = {}
     if main:
         s = main.get("settings", {})
-        name = f"{s.get('kernel_layout', 'out_in')}:{s.get('matmul_kernel', 'xla')}"
+        # the job's kernel path, named as tools/gpu_check_bench.py names the others
+        name = s.get("kernel_layout", "out_in")
+        if name == "out_in":
+            name += ":fused" if s.get("fused_projections") else ":separate"
         for dtype, section in main.get("by_dtype", {}).items():
             if "steps" in section:
                 columns[f"{name} {dtype}"] = section["steps"]
@@ -240,7 +243,7 @@ def markdown(summary: dict, bench_dir: pathlib.Path, out: pathlib.Path) -> str:
     lines += ["", "## Accelerator benchmark", ""]
     if bench["steps"]:
         cols = bench["step_columns"]
-        lines += ["In-loop step ms (weight GB/s) per kernel path (layout:matmul dtype):", "",
+        lines += ["In-loop step ms (weight GB/s) per kernel path (layout:projections dtype):", "",
                   "| model | batch | K | " + " | ".join(cols) + " |",
                   "|---|---|---|" + "---|" * len(cols)]
         for row in bench["steps"]:

@@ -14,9 +14,12 @@ archive is. Three corpora come from it (see ``CORPORA`` for source, licence and 
 
 Packages (.deb) are fetched with ``apt-get download PKG=VERSION`` into a temporary folder of the
 cache (never installed, nothing written outside the cache), checked against a pinned sha256 and
-unpacked with ``dpkg-deb -x`` into ``<cache>/data/<pkg>-<version>/``. The .deb stays in
-``<cache>/data/debs/``; a .deb put there by hand (e.g. downloaded from snapshot.debian.org on a
-machine without apt) is used as is, after the same hash check.
+unpacked with ``dpkg-deb -x`` into ``<cache>/data/<pkg>-<version>/``. When apt's lists lack the
+pinned version (a fresh machine where ``apt-get update`` never ran), the lists are refreshed
+once per process (as root only; otherwise the error names the command to run) and the download
+is tried again. The .deb stays in ``<cache>/data/debs/``; a .deb put there by hand (e.g.
+downloaded from snapshot.debian.org on a machine without apt) is used as is, after the same
+hash check.
 
 Package descriptions and reproducibility
 ----------------------------------------
@@ -51,6 +54,7 @@ carrying its own hash).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gettext
 import hashlib
 import html.parser
@@ -235,8 +239,54 @@ def _hash_mismatch(path: pathlib.Path, expected: str, actual: str, fix: str) -> 
     return ValueError(f"{path}: sha256 {actual} does not match the pinned {expected}. {fix}")
 
 
+_APT_UPDATE = ("apt-get", "update", "-o", "Acquire::Languages=en")
+# What apt-get download says when its package lists lack the package or the pinned version:
+# on a fresh machine (a Docker image, a CI runner) ``apt-get update`` was never run.
+_LISTS_LACK = re.compile(r"Version '[^']*' for '[^']*' was not found|Unable to locate package")
+
+
+def _is_root() -> bool:
+    return getattr(os, "geteuid", lambda: -1)() == 0
+
+
+@functools.cache
+def _apt_update_outcome(apt_config: str | None) -> tuple[type[OSError], str] | None:
+    """Runs ``apt-get update`` at most once per process and apt configuration (``APT_CONFIG``):
+    None if it worked, else (error type, why not).
+
+    Only as root (it rewrites the system's lists); otherwise nothing runs and the outcome is a
+    PermissionError naming the command for the user to run. ``Acquire::Languages=en`` makes the
+    same update also fetch the Translation-en lists that the package descriptions come from.
+    """
+    command = " ".join(_APT_UPDATE)
+    if not _is_root():
+        return PermissionError, (f"apt's package lists lack what is needed and only root can "
+                                 f"refresh them: run `sudo {command}` (or `{command}` as root), "
+                                 f"then try again")
+    result = subprocess.run(list(_APT_UPDATE), capture_output=True, text=True)
+    if result.returncode != 0:
+        return ConnectionError, f"{command} failed: {result.stderr.strip()[-300:]}"
+    return None
+
+
+def _apt_update() -> None:
+    """Refreshes apt's package lists once per process; raises OSError if that cannot be done."""
+    if (outcome := _apt_update_outcome(os.environ.get("APT_CONFIG"))) is not None:
+        error, message = outcome
+        raise error(message)
+
+
+def _apt_get_download(pin: DebPin, folder: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["apt-get", "download", f"{pin.package}={pin.version}"],
+                          cwd=folder, capture_output=True, text=True)
+
+
 def _apt_download(pin: DebPin, dest: pathlib.Path) -> None:
-    """``apt-get download PKG=VERSION`` inside a temporary folder, then moved to ``dest``."""
+    """``apt-get download PKG=VERSION`` inside a temporary folder, then moved to ``dest``.
+
+    When apt's lists lack the pinned version (a machine where ``apt-get update`` never ran),
+    the lists are refreshed once (``_apt_update``, root only) and the download tried again.
+    """
     hint = (f"Without apt, or if the archive no longer has this version, download "
             f"{_ARCHIVE_URL}/{pin.pool}/{pin.filename} (or from "
             f"{_SNAPSHOT_URL}/{pin.pool.rsplit('/', 1)[-1]}/{pin.version}/) and put it at "
@@ -244,13 +294,21 @@ def _apt_download(pin: DebPin, dest: pathlib.Path) -> None:
     if shutil.which("apt-get") is None:
         raise FileNotFoundError(f"apt-get is not available to fetch {pin.filename}. {hint}")
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        result = subprocess.run(["apt-get", "download", f"{pin.package}={pin.version}"],
-                                cwd=tmp, capture_output=True, text=True)
+        result, updated = _apt_get_download(pin, tmp), ""
+        if result.returncode != 0 and _LISTS_LACK.search(result.stderr):
+            try:
+                _apt_update()
+            except OSError as err:  # one error type for every failed fetch, as offline
+                raise ConnectionError(
+                    f"{pin.filename} is not in the cache and apt-get download {pin.package}="
+                    f"{pin.version} found no such version in apt's lists; {err}. "
+                    f"{fetch.offline_hint(PREFILL)} {hint}") from None
+            result, updated = _apt_get_download(pin, tmp), " (after apt-get update)"
         got = pathlib.Path(tmp) / pin.filename
         if result.returncode != 0 or not got.is_file():
             raise ConnectionError(
                 f"{pin.filename} is not in the cache and apt-get download {pin.package}="
-                f"{pin.version} failed:\n{result.stderr.strip()[-800:]}\n"
+                f"{pin.version} failed{updated}:\n{result.stderr.strip()[-800:]}\n"
                 f"{fetch.offline_hint(PREFILL)} The pinned version is in Debian 12 (bookworm); "
                 f"add a bookworm apt source, or fetch it by hand. {hint}")
         shutil.move(got, dest)
@@ -617,11 +675,10 @@ def _translation_en() -> tuple[bytes, str]:
         return data, pinned
     lists = _apt_translation_lists()
     if not lists and shutil.which("apt-get"):
-        result = subprocess.run(["apt-get", "update", "-o", "Acquire::Languages=en"],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            notes.append("apt-get update -o Acquire::Languages=en failed (it needs root): "
-                         + result.stderr.strip()[-300:])
+        try:
+            _apt_update()
+        except OSError as err:
+            notes.append(str(err))
         lists = _apt_translation_lists()
     for path in lists:
         data = _read_apt_list(path)

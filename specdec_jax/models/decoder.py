@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import kernels, precision
+from specdec_jax import precision
 from specdec_jax.models import interface
 from specdec_jax.models.interface import Prompt, StepOutput
 from specdec_jax.models.layers import (
@@ -53,6 +53,7 @@ from specdec_jax.models.layers import (
     RMSNorm,
     is_kernel,
     masked_softmax_attention,
+    matmul_out_in,
     rotary_embedding,
 )
 
@@ -84,9 +85,6 @@ class DecoderConfig:
     # How dense kernels are stored: "in_out" (the documented tree) or "out_in"
     # (the decode layout, faster for few-row products; see decode_layout).
     kernel_layout: str = IN_OUT
-    # Few-row products of out_in kernels: "xla" (XLA's dot) or "pallas"
-    # (specdec_jax.kernels.small_m_matmul; opt-in, written for GPUs).
-    matmul_kernel: str = kernels.XLA
     # > 0: the output head scores only this many token ids (``with_head_vocab``;
     # every other token gets probability 0). 0: the whole vocabulary.
     head_vocab: int = 0
@@ -97,15 +95,9 @@ class DecoderConfig:
         if self.kernel_layout not in KERNEL_LAYOUTS:
             raise ValueError(f"DecoderConfig: kernel_layout={self.kernel_layout!r}; choose one "
                              f"of {', '.join(KERNEL_LAYOUTS)}.")
-        if self.matmul_kernel not in kernels.MATMUL_KERNELS:
-            raise ValueError(f"DecoderConfig: matmul_kernel={self.matmul_kernel!r}; choose one "
-                             f"of {', '.join(kernels.MATMUL_KERNELS)}.")
         if self.fused_projections and self.kernel_layout != OUT_IN:
             raise ValueError("DecoderConfig: fused_projections is part of the decode layout "
                              "(kernels stored [out, in]); convert with with_kernel_layout.")
-        if self.matmul_kernel == kernels.PALLAS and self.kernel_layout != OUT_IN:
-            raise ValueError("DecoderConfig: matmul_kernel='pallas' multiplies kernels stored "
-                             "[out, in]; convert the model first (sj.decode_layout).")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"DecoderConfig: num_heads={self.num_heads} is not a multiple of "
@@ -137,7 +129,7 @@ class DecoderCache:
 def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = False) -> Linear:
     return Linear(features, use_bias=use_bias, kernel_layout=cfg.kernel_layout,
                   dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                  precision=cfg.compute_precision, matmul_kernel=cfg.matmul_kernel, name=name)
+                  precision=cfg.compute_precision, name=name)
 
 
 class FusedLinear(nn.Module):
@@ -151,7 +143,6 @@ class FusedLinear(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     precision: str | None = None
-    matmul_kernel: str = kernels.XLA
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -160,9 +151,8 @@ class FusedLinear(nn.Module):
         init = nn.initializers.lecun_normal(in_axis=-1, out_axis=out_axes)
         kernel = self.param("kernel", init, (*self.out_shape, fan_in), self.param_dtype)
         rows = int(np.prod(self.out_shape))
-        y = kernels.matmul_out_in(x.astype(self.dtype),
-                                  kernel.reshape(rows, fan_in).astype(self.dtype),
-                                  kernel=self.matmul_kernel, precision=self.precision)
+        y = matmul_out_in(x.astype(self.dtype), kernel.reshape(rows, fan_in).astype(self.dtype),
+                          self.precision)
         y = y.reshape(x.shape[:-1] + self.out_shape)  # [..., N] -> [..., *out_shape]
         if self.use_bias:
             bias = self.param("bias", nn.initializers.zeros, self.out_shape, self.param_dtype)
@@ -174,7 +164,7 @@ def _fused(cfg: DecoderConfig, out_shape: tuple[int, ...], name: str, *,
            use_bias: bool = False) -> FusedLinear:
     return FusedLinear(out_shape, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
                        param_dtype=jnp.dtype(cfg.param_dtype), precision=cfg.compute_precision,
-                       matmul_kernel=cfg.matmul_kernel, name=name)
+                       name=name)
 
 
 class Attention(nn.Module):
@@ -282,9 +272,7 @@ class _DecoderNet(nn.Module):
             kernel = self.param("logits_dense_kernel",
                                 nn.initializers.lecun_normal(in_axis=-1, out_axis=-2),
                                 (cfg.vocab_size, cfg.hidden_size), jnp.dtype(cfg.param_dtype))
-            logits = kernels.matmul_out_in(h32, kernel.astype(jnp.float32),
-                                           kernel=cfg.matmul_kernel,
-                                           precision=cfg.compute_precision)
+            logits = matmul_out_in(h32, kernel.astype(jnp.float32), cfg.compute_precision)
         else:
             kernel = self.param("logits_dense_kernel", nn.initializers.lecun_normal(),
                                 (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
@@ -479,10 +467,7 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN,
         transpose = jax.jit(jnp.transpose)
         params = jax.tree_util.tree_map_with_path(
             lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, params)
-    # The Pallas kernel multiplies out_in kernels only: back in in_out, XLA's dot.
-    matmul_kernel = old.matmul_kernel if layout == OUT_IN else kernels.XLA
-    config = dataclasses.replace(old, kernel_layout=layout, matmul_kernel=matmul_kernel,
-                                 fused_projections=fused)
+    config = dataclasses.replace(old, kernel_layout=layout, fused_projections=fused)
     if fused:
         params = fuse_projections(config, params)
     return DecoderOnlyLM(config), params

@@ -8,8 +8,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import kernels
-
 Array = jax.Array
 
 
@@ -85,6 +83,12 @@ KERNEL_LAYOUTS = (IN_OUT, OUT_IN)
 HEAD_VOCAB = "head_vocab"
 
 
+def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None) -> Array:
+    """``x[..., K] @ w[N, K]^T``: a product with a kernel stored ``[out, in]``,
+    reducing along the kernel's contiguous minor dimension."""
+    return jnp.einsum("...k,nk->...n", x, w_NxK, precision=precision)
+
+
 def is_kernel(path) -> bool:
     """Whether a ``tree_flatten_with_path`` path names a dense kernel (the
     leaves a kernel layout transposes)."""
@@ -102,7 +106,6 @@ class Linear(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     precision: str | None = None
-    matmul_kernel: str = kernels.XLA  # "pallas": kernels.small_m_matmul (out_in only)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -110,8 +113,7 @@ class Linear(nn.Module):
         if self.kernel_layout == OUT_IN:
             init = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2)
             kernel = self.param("kernel", init, (self.features, fan_in), self.param_dtype)
-            y = kernels.matmul_out_in(x.astype(self.dtype), kernel.astype(self.dtype),
-                                      kernel=self.matmul_kernel, precision=self.precision)
+            y = matmul_out_in(x.astype(self.dtype), kernel.astype(self.dtype), self.precision)
         else:
             kernel = self.param("kernel", nn.initializers.lecun_normal(),
                                 (fan_in, self.features), self.param_dtype)

@@ -68,7 +68,7 @@ from specdec_jax import api, precision
 from specdec_jax.jobs import cost, resolver, tables
 from specdec_jax.jobs.bench import peers as peer_lib
 from specdec_jax.jobs.bench import shared
-from specdec_jax.models.decoder import DecoderOnlyLM
+from specdec_jax.models.decoder import with_kernel_layout
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
@@ -81,7 +81,6 @@ SPECULATIVE = ("specdecode", "token-v3")
 MEASURED_ACCEPTANCE = (0.87, 0.84)
 TOKEN_V3_ALPHA = 0.3
 PEERS = ("eager", "compiled", "assisted")
-MATMUL_KERNELS = ("xla", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +98,8 @@ class Settings:
     steps: int
     repeats: int
     kernel_layout: str
-    matmul_kernel: str
+    fused_projections: bool
+    rounds_per_sync: list[int]
     target_step_widths: list[int]
     acceptance: list[float]
     peers: list[str]
@@ -124,7 +124,8 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
                           gammas: Sequence[int] = (3, 5, 7),
                           methods: Sequence[str] = SPECULATIVE, prompt_len: int = 128,
                           max_new_tokens: int = 128, steps: int = 32, repeats: int = 5,
-                          kernel_layout: str = OUT_IN, matmul_kernel: str = "xla",
+                          kernel_layout: str = OUT_IN, fused_projections: bool = True,
+                          rounds_per_sync: Sequence[int] = (1,),
                           target_step_widths: Sequence[int] = (),
                           acceptance: Sequence[float] = MEASURED_ACCEPTANCE,
                           peers: Sequence[str] = PEERS,
@@ -138,9 +139,12 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
     ``steps``: steps per in-loop timing; ``repeats``: timed repeats (in-loop)
     and prompts (decoding). ``kernel_layout``: dense kernels while decoding,
     ``out_in`` (``api.decode_layout``, the library's way) or ``in_out`` (the
-    checkpoint tree); ``matmul_kernel``: few-row products of ``out_in`` kernels
-    by XLA's dot (``xla``) or the Pallas program of ``specdec_jax.kernels``
-    (``pallas``; Triton on GPUs). ``target_step_widths``: more widths K for the
+    checkpoint tree); ``fused_projections`` (``out_in`` only): q/k/v and gate/up
+    as one product each (the decode layout's default) or separate
+    (``models.decoder.with_kernel_layout``). ``rounds_per_sync``: each decoding
+    configuration runs once per value (``decoding.loop_until_done``: rounds
+    between two host reads of the loop condition; the round overhead shows
+    what a read costs). ``target_step_widths``: more widths K for the
     target's in-loop step table (decoding runs only at ``gammas``): SpecDec++'s
     compiled target widths, say, whose costs ``configs/bench/specdecpp_device.gin``
     turns into tokens/s. ``peers``: the ``transformers`` variants to time
@@ -150,7 +154,8 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
         target=target, drafter=drafter, dtypes=list(dtypes), batch_sizes=list(batch_sizes),
         gammas=list(gammas), methods=list(methods), prompt_len=prompt_len,
         max_new_tokens=max_new_tokens, steps=steps, repeats=repeats,
-        kernel_layout=kernel_layout, matmul_kernel=matmul_kernel,
+        kernel_layout=kernel_layout, fused_projections=fused_projections,
+        rounds_per_sync=list(rounds_per_sync),
         target_step_widths=list(target_step_widths), acceptance=list(acceptance),
         peers=list(peers))
     report = {"environment": timing.environment(), "backend": jax.default_backend(),
@@ -194,10 +199,16 @@ def check_settings(**arguments) -> Settings:
     shared.check_choices("methods", s["methods"], SPECULATIVE)
     shared.check_choices("peers", s["peers"], PEERS, allow_empty=True)
     shared.check_choices("kernel_layout", s["kernel_layout"], KERNEL_LAYOUTS)
-    shared.check_choices("matmul_kernel", s["matmul_kernel"], MATMUL_KERNELS)
-    if s["matmul_kernel"] == "pallas" and s["kernel_layout"] != OUT_IN:
-        raise ValueError("matmul_kernel 'pallas' multiplies out_in kernels; set "
-                         "kernel_layout = 'out_in'.")
+    if not s["rounds_per_sync"] or not all(isinstance(r, int) and r >= 1
+                                           for r in s["rounds_per_sync"]):
+        raise ValueError(f"rounds_per_sync takes integers >= 1, one or more; got "
+                         f"{s['rounds_per_sync']!r}.")
+    if not isinstance(s["fused_projections"], bool):
+        raise ValueError(f"fused_projections must be True or False, got "
+                         f"{s['fused_projections']!r}.")
+    if s["fused_projections"] and s["kernel_layout"] != OUT_IN:
+        raise ValueError("fused projections are part of the out_in layout; set "
+                         "fused_projections = False with kernel_layout = 'in_out'.")
     if not s["acceptance"] or not all(isinstance(a, (int, float)) and 0 <= a < 1
                                       for a in s["acceptance"]):
         raise ValueError(f"acceptance rates must lie in [0, 1), one or more; got "
@@ -218,13 +229,13 @@ def check_settings(**arguments) -> Settings:
 
 def build_models(settings: Settings, dtype: str) -> dict:
     """role -> (model, params): the target and the drafter (independent weights),
-    in ``kernel_layout`` with ``matmul_kernel``."""
+    in ``kernel_layout``, their projections fused or not."""
     models = {}
     for role in ("target", "drafter"):
         model, params, _ = resolver.resolve(getattr(settings, role), dtype=dtype,
                                             kernel_layout=settings.kernel_layout)
-        config = dataclasses.replace(model.config, matmul_kernel=settings.matmul_kernel)
-        models[role] = (DecoderOnlyLM(config), params)
+        models[role] = with_kernel_layout(model, params, settings.kernel_layout,
+                                          fused=settings.fused_projections)
     return models
 
 
@@ -276,7 +287,9 @@ def decode_configs(settings: Settings) -> list[dict]:
                 "regime": None}]
     configs += [{"name": f"{m} G={g} {r}", "method": m, "gamma": g, "regime": r}
                 for m in settings.methods for g in settings.gammas for r in REGIMES]
-    return configs
+    return [{**c, "rounds_per_sync": n,
+             "name": c["name"] + ("" if n == 1 else f" R={n}")}
+            for n in settings.rounds_per_sync for c in configs]
 
 
 def prefill_fns(models: dict, settings: Settings) -> dict:
@@ -294,7 +307,8 @@ def run_decode(config: dict, models: dict, settings: Settings, batch: int, steps
     drafter, drafter_params = models[drafter_role]
     fn = api.make_generate_fn(target=target, drafter=drafter, method=config["method"],
                               gamma=max(config["gamma"], 1),
-                              max_new_tokens=settings.max_new_tokens)
+                              max_new_tokens=settings.max_new_tokens,
+                              rounds_per_sync=config.get("rounds_per_sync", 1))
     prompts = shared.random_prompts(target.vocab_size, batch, settings.prompt_len,
                              settings.repeats + 1, seed=batch)
     alpha = TOKEN_V3_ALPHA if config["method"] == "token-v3" else 0.0
@@ -359,17 +373,26 @@ def predicted_tokens_per_s(row: dict, acceptance: float) -> tuple[float, float]:
     return per_round, row["batch"] * per_round / row["round_s"]
 
 
+def autoregressive_row(rows: list[dict], row: dict) -> dict:
+    """The autoregressive run ``row`` is compared with: same batch, same
+    ``rounds_per_sync`` (like with like: both loops read their condition as often)."""
+    same = row.get("rounds_per_sync", 1)
+    return next(r for r in rows if r["batch"] == row["batch"] and not r["gamma"]
+                and r.get("rounds_per_sync", 1) == same)
+
+
 def predict(rows: list[dict], acceptance: list[float]) -> list[dict]:
     """Tokens/s of the real pair at CPU-measured acceptance, from measured rounds."""
     predicted = []
     for row in rows:
         if row["regime"] != "none-accepted":
             continue
-        ar = next(r for r in rows if r["batch"] == row["batch"] and not r["gamma"])
+        ar = autoregressive_row(rows, row)
         for a in acceptance:
             per_round, tps = predicted_tokens_per_s(row, a)
             predicted.append({"batch": row["batch"], "method": row["method"],
                               "gamma": row["gamma"], "acceptance": a,
+                              "rounds_per_sync": row.get("rounds_per_sync", 1),
                               "tokens_per_round": per_round, "tokens_per_s": tps,
                               "speedup_vs_autoregressive": tps / ar["decode_tokens_per_s"]})
     return predicted
@@ -406,7 +429,7 @@ def _agreement_line(stats: dict) -> str:
 
 def _decoding_cells(row: dict, rows: list[dict]) -> list[str]:
     """One decoding run's cells, its tokens/s against the autoregressive run of its batch."""
-    ar = next(r for r in rows if r["batch"] == row["batch"] and not r["gamma"])
+    ar = autoregressive_row(rows, row)
     return [row["batch"], row["name"], f"{row['decode_tokens_per_s']:.2f}",
             f"{row['decode_tokens_per_s'] / ar['decode_tokens_per_s']:.2f}x",
             f"{1e3 * row['round_s']:.1f}", f"{row['tokens_per_round']:.2f}",
@@ -415,11 +438,20 @@ def _decoding_cells(row: dict, rows: list[dict]) -> list[str]:
             row["recompiles_after_first_call"]]
 
 
+def path_name(settings: dict) -> str:
+    """The kernel path of a run: ``in_out``, ``out_in:fused`` or ``out_in:separate``
+    (reports written before fused projections existed: ``out_in:separate``)."""
+    layout = settings.get("kernel_layout", "in_out")
+    if layout != OUT_IN:
+        return layout
+    return f"{layout}:{'fused' if settings.get('fused_projections') else 'separate'}"
+
+
 def markdown(report: dict) -> str:
     env, s = report["environment"], report["settings"]
     lines = [f"{s['target']} <- {s['drafter']} ({_weights_line(s)}); prompt {s['prompt_len']} "
              f"tokens, {s['max_new_tokens']} new tokens, greedy; kernels "
-             f"{s.get('kernel_layout', 'in_out')}, matmul {s.get('matmul_kernel', 'xla')}; "
+             f"{path_name(s)}; "
              f"{env['machine']}, jax {env['jax']}.", ""]
     for dtype, sec in report["by_dtype"].items():
         lim = sec["limits"]
@@ -442,7 +474,9 @@ def markdown(report: dict) -> str:
             lines += ["", "Predicted for the real pair at CPU-measured acceptance (none-accepted "
                       "round time, i.i.d. acceptance):", ""] + tables.markdown_table(
                 ("batch", "method", "G", "acceptance", "tokens/round", "tokens/s", "vs AR"),
-                [(p["batch"], p["method"], p["gamma"], f"{p['acceptance']:.2f}",
+                [(p["batch"], p["method"] + ("" if p.get("rounds_per_sync", 1) == 1 else
+                                             f" R={p['rounds_per_sync']}"),
+                  p["gamma"], f"{p['acceptance']:.2f}",
                   f"{p['tokens_per_round']:.2f}", f"{p['tokens_per_s']:.2f}",
                   f"{p['speedup_vs_autoregressive']:.2f}x") for p in sec["predicted"]])
             if "predicted_agreement" in sec:  # reports written before it lack it
