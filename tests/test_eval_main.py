@@ -71,7 +71,7 @@ def test_resume_with_other_settings_fails(tmp_path):
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"settings": {"task": "humaneval", "num_examples": 3},
                                 "records": []}))
-    with pytest.raises(ValueError, match="num_examples: stored 3, now 5"):
+    with pytest.raises(ValueError, match="num_examples: 3 here, 5 asked"):
         sweep.load_or_start(path, {"task": "humaneval", "num_examples": 5})
 
 

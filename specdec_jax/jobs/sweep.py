@@ -40,7 +40,7 @@ from specdec_jax.decoding import EndOfBlockStop
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs.cost import CostModel
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.runtime import distributed, jsonio, timing
+from specdec_jax.runtime import distributed, jsonio, resume, timing
 from specdec_jax.runtime.progress import tqdm
 
 AUTOREGRESSIVE = ("drafter", "target")
@@ -344,13 +344,10 @@ def load_or_start(path: pathlib.Path, settings: dict) -> dict:
     if not path.exists():
         return {"settings": settings, "records": [], "wallclock": {}}
     data = jsonio.read_json(path)
-    stored = data.get("settings", {})
-    differ = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+    differ = resume.differences(data.get("settings", {}), resume.as_json(settings))
     if differ:
-        detail = "; ".join(f"{k}: stored {stored.get(k)!r}, now {settings.get(k)!r}"
-                           for k in differ)
-        raise ValueError(f"{path} holds a sweep with other settings ({detail}). Resume with "
-                         "the same settings, or write to another output file.")
+        raise ValueError(f"{path} holds a sweep with other settings ({'; '.join(differ)}). "
+                         "Resume with the same settings, or write to another output file.")
     data.setdefault("wallclock", {})
     return data
 

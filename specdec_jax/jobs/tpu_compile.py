@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import jax
 
 from specdec_jax.jobs import resolver, tables, tpu_aot, tpu_programs
-from specdec_jax.runtime import jsonio
+from specdec_jax.runtime import jsonio, resume
 
 TARGET = "qwen2.5-coder-1.5b"
 DRAFTER = "qwen2.5-coder-0.5b"
@@ -71,13 +71,10 @@ def load_report(path: str, settings: dict) -> dict:
     if not os.path.exists(path):
         return fresh
     report = jsonio.read_json(path)
-    old = report.get("settings", {})
-    differ = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    differ = resume.differences(report.get("settings", {}), resume.as_json(settings))
     if differ:
-        changes = ", ".join(f"{k}: {old.get(k)!r} there, {settings.get(k)!r} here"
-                            for k in differ)
-        raise ValueError(f"{path} holds a compile report made with other settings ({changes}); "
-                         "write to another `out` or remove it.")
+        raise ValueError(f"{path} holds a compile report made with other settings "
+                         f"({'; '.join(differ)}); write to another `out` or remove it.")
     report.setdefault("programs", {})
     return report
 

@@ -17,7 +17,53 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Mapping
 from typing import Any
+
+# A value longer than this (a weight fingerprint) shows its first characters only.
+LONG_VALUE = 40
+SHOWN_CHARS = 16
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as it reads back from a JSON file (tuples become lists), so
+    that fresh settings compare equal to their stored copy."""
+    return json.loads(json.dumps(value))
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict's leaves by dotted path (``pair.drafter_fingerprint``);
+    an empty dict is a leaf (so that it differs from an absent one)."""
+    if not isinstance(value, Mapping) or not value:
+        return {prefix: value}
+    found: dict[str, Any] = {}
+    for key, item in value.items():
+        found.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
+    return found
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= LONG_VALUE else text[:SHOWN_CHARS] + "..."
+
+
+class _Absent:
+    """The value of a leaf one side lacks (unequal to any JSON value)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+def differences(stored: Mapping, wanted: Mapping) -> list[str]:
+    """``"path: <stored> here, <wanted> asked"`` for every leaf that differs
+    between two nested dicts (a missing leaf shows as ``<absent>``): what a
+    job says when it refuses to resume results made under other settings."""
+    here, asked = _leaves(stored), _leaves(wanted)
+    absent = _Absent()
+    return [f"{path}: {_shown(here.get(path, absent))} here, "
+            f"{_shown(asked.get(path, absent))} asked"
+            for path in sorted(set(here) | set(asked))
+            if here.get(path, absent) != asked.get(path, absent)]
 
 
 class ResumeLog:

@@ -17,7 +17,6 @@ top level, so a builder keeps the manifest layout its readers expect.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -26,12 +25,11 @@ from typing import Any
 import numpy as np
 
 from specdec_jax.runtime.jsonio import read_json, write_json
+from specdec_jax.runtime.resume import as_json, differences
 
 MANIFEST = "manifest.json"
 TEMP_SUFFIX = ".tmp"
 RESERVED = ("settings", "shards", "finished")  # manifest keys an identity may not use
-LONG_VALUE = 40  # a value longer than this (a weight fingerprint) shows its first characters:
-SHOWN_CHARS = 16
 
 
 def shard_name(index: int) -> str:
@@ -39,50 +37,10 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.npz"
 
 
-def _as_json(value: Any) -> Any:
-    """``value`` as it reads back from the manifest (tuples become lists), so
-    that a fresh identity or settings compares equal to its stored copy."""
-    return json.loads(json.dumps(value))
-
-
-def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested dict's leaves by dotted path (``pair.drafter_fingerprint``);
-    an empty dict is a leaf (so that it differs from an absent one)."""
-    if not isinstance(value, Mapping) or not value:
-        return {prefix: value}
-    found: dict[str, Any] = {}
-    for key, item in value.items():
-        found.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
-    return found
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= LONG_VALUE else text[:SHOWN_CHARS] + "..."
-
-
-class _Absent:
-    """The value of a leaf one side lacks (unequal to any JSON value)."""
-
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-def differences(stored: Mapping, wanted: Mapping) -> list[str]:
-    """``"path: <stored> here, <wanted> asked"`` for every leaf that differs
-    between two nested dicts (a missing leaf shows as ``<absent>``)."""
-    here, asked = _leaves(stored), _leaves(wanted)
-    absent = _Absent()
-    return [f"{path}: {_shown(here.get(path, absent))} here, "
-            f"{_shown(asked.get(path, absent))} asked"
-            for path in sorted(set(here) | set(asked))
-            if here.get(path, absent) != asked.get(path, absent)]
-
-
 def check_identity(manifest: Mapping, identity: Mapping, where: Any, what: str) -> None:
     """Refuses a build made for another model (any identity entry differs)."""
     stored = {key: manifest.get(key) for key in identity}
-    diff = differences(stored, _as_json(identity))
+    diff = differences(stored, as_json(identity))
     if diff:
         raise ValueError(f"{where} holds {what} built for another model ({'; '.join(diff)}): "
                          "it serves only the model it was built with. Build into another "
@@ -91,7 +49,7 @@ def check_identity(manifest: Mapping, identity: Mapping, where: Any, what: str) 
 
 def check_settings(manifest: Mapping, settings: Mapping, where: Any, what: str) -> None:
     """Refuses to resume a build made with other settings."""
-    diff = differences({"settings": manifest.get("settings")}, {"settings": _as_json(settings)})
+    diff = differences({"settings": manifest.get("settings")}, {"settings": as_json(settings)})
     if diff:
         raise ValueError(f"{where} holds {what} built with other settings ({'; '.join(diff)}); "
                          "a resumed build must continue the same one. Build into another "
@@ -121,7 +79,7 @@ def open_build(out_dir: str | os.PathLike, *, identity: Mapping, settings: Mappi
         check_identity(stored, identity, out, what)
         check_settings(stored, settings, out, what)
         return stored
-    manifest = {**_as_json(identity), "settings": _as_json(settings), "shards": {},
+    manifest = {**as_json(identity), "settings": as_json(settings), "shards": {},
                 "finished": False}
     write_json(out / MANIFEST, manifest)
     return manifest
