@@ -34,19 +34,21 @@ def assert_same(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("method, kwargs", [
-    ("autoregressive", {}),
-    ("specdecode", dict(gamma=3)),
-    ("specdecode", dict(gamma=3, verifier="block-seed")),
-    ("chow", dict(gamma=2)),
-    ("token-cascade", dict(gamma=4)),
+# Sampled (T = 1: every round draws keys, so a skipped or extra round would show)
+# for each decoder family; greedy once.
+@pytest.mark.parametrize("method, kwargs, temperature", [
+    ("autoregressive", {}, 1.0),
+    ("specdecode", dict(gamma=3), 1.0),
+    ("specdecode", dict(gamma=3), 0.0),
+    ("specdecode", dict(gamma=3, verifier="block-seed"), 1.0),
+    ("chow", dict(gamma=2), 1.0),
+    ("token-cascade", dict(gamma=4), 1.0),
 ])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_outputs_do_not_depend_on_rounds_per_sync(method, kwargs, temperature):
     plain = generate(method, 1, temperature, **kwargs)
-    assert len(set(np.asarray(plain.lengths).tolist())) > 1 or temperature == 0.0
-    for rounds in (3, 8):
-        assert_same(plain, generate(method, rounds, temperature, **kwargs))
+    if temperature:
+        assert len(set(np.asarray(plain.lengths).tolist())) > 1, "rows must end apart"
+    assert_same(plain, generate(method, 3, temperature, **kwargs))
 
 
 def test_a_drafting_strategy_with_rounds_per_sync():
