@@ -62,6 +62,12 @@ def toy_feature_drafter(target: TableLM, seed: int = 5, scale: float = 2.0):
 
 
 DRAFTER, DRAFTER_PARAMS = toy_feature_drafter(TARGET)
+# Jitted once for the module: eagerly, every small op compiles on its own for every new shape
+# (hundreds of compilations, most of these tests' time).
+_HEAD_STEP = jax.jit(DRAFTER.head.step)
+_HEAD_LOGITS = jax.jit(DRAFTER.head.logits)
+_PROPOSE = jax.jit(DRAFTER.propose, static_argnums=(3, 4, 7))
+_LAW_WIDTH = 16  # cache positions of drafter_law: the longest round it is asked for
 
 
 def target_features(tokens: tuple[int, ...]) -> np.ndarray:
@@ -83,13 +89,16 @@ def drafter_law(round_start: tuple[int, ...], drafts: tuple[int, ...]) -> np.nda
     real = target_features(round_start[:-1]) if len(round_start) > 1 else \
         np.zeros((0, head.config.feature_size))
     previous = np.concatenate([np.zeros((1, real.shape[-1])), real])  # f_{s-1}
-    cache = head.init_cache(1, len(round_start) + len(drafts) + 1)
-    predicted, cache = head.step(params, jnp.asarray([round_start], jnp.int32),
-                                 jnp.asarray(previous[None], jnp.float32), cache)
+    # One cache width for every law (the tail past the fed positions is masked, as it already
+    # is between steps), so the jitted step compiles once per prefix length, not per call.
+    assert len(round_start) + len(drafts) + 1 <= _LAW_WIDTH
+    cache = head.init_cache(1, _LAW_WIDTH)
+    predicted, cache = _HEAD_STEP(params, jnp.asarray([round_start], jnp.int32),
+                                  jnp.asarray(previous[None], jnp.float32), cache)
     last = predicted[:, -1:]
     for token in drafts:
-        last, cache = head.step(params, jnp.asarray([[token]], jnp.int32), last, cache)
-    return np.asarray(jax.nn.softmax(head.logits(params, last[0, 0])), np.float64)
+        last, cache = _HEAD_STEP(params, jnp.asarray([[token]], jnp.int32), last, cache)
+    return np.asarray(jax.nn.softmax(_HEAD_LOGITS(params, last[0, 0])), np.float64)
 
 
 def target_law(context: tuple[int, ...]) -> np.ndarray:
@@ -180,8 +189,8 @@ def test_first_draft_reads_real_features_and_later_ones_its_predictions():
     key = jax.random.PRNGKey(0)
 
     def check(state, length, known, num=3):
-        prop, state = DRAFTER.propose(DRAFTER_PARAMS, state, context(length, known), num, True,
-                                      key, T1, CONFIG)
+        prop, state = _PROPOSE(DRAFTER_PARAMS, state, context(length, known), num, True, key,
+                               T1, CONFIG)
         start, drafts = seq[:known + 1], seq[known + 1:length]
         tokens = tuple(int(t) for t in prop.tokens[0])
         for i in range(num + 1):
@@ -198,8 +207,10 @@ def test_first_draft_reads_real_features_and_later_ones_its_predictions():
     check(state, 9, 8)  # and re-fed on real ones once the target has them
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_greedy_output_is_the_targets(gamma):
+@functools.cache
+def greedy_setup():
+    """(target, params, drafter, drafter params, prompt, greedy target output), built and
+    compiled once for every gamma of the test below."""
     cfg = sj.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                            num_heads=4, num_kv_heads=2)
     target = sj.DecoderOnlyLM(cfg)
@@ -210,9 +221,15 @@ def test_greedy_output_is_the_targets(gamma):
     d_params = feature_head.drafter_params(target, params, head.init_net(jax.random.PRNGKey(1)),
                                       token_ids=np.arange(0, 64, 2))
     prompt = make_prompt([[1, 2, 3, 4, 5], [7, 8], [9] * 70])  # the last needs chunks
-    t0 = sampling_params(temperature=0.0)
     ar = jax.jit(AutoregressiveDecoder(target=target, max_new_tokens=24).generate)(
-        params, None, prompt, jax.random.PRNGKey(0), t0)
+        params, None, prompt, jax.random.PRNGKey(0), sampling_params(temperature=0.0))
+    return target, params, drafter, d_params, prompt, ar
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_output_is_the_targets(gamma):
+    target, params, drafter, d_params, prompt, ar = greedy_setup()
+    t0 = sampling_params(temperature=0.0)
     out = jax.jit(SpeculativeDecoder(target=target, drafter=drafter,
                                      target_fn=target_functions.SpecDecode(), gamma=gamma,
                                      max_new_tokens=24).generate)(

@@ -2,6 +2,7 @@
 data parallelism, checkpoints from another configuration, bad configs."""
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -25,19 +26,31 @@ T5 = T5EncoderDecoderLM(T5Config(vocab_size=32, d_model=32, d_kv=8, d_ff=48, num
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+@functools.cache
+def _jitted(model, method: str):
+    """``model.<method>`` jitted once per model: run eagerly, every small op compiles on its own
+    for every new shape (hundreds of compilations, most of a test's time)."""
+    return jax.jit(getattr(model, method))
+
+
+_TEACHER_FORCED = jax.jit(training.teacher_forced, static_argnums=0)
+_WIDTH = 8  # cache positions of _decode_step_by_step: one shape for every row
+
+
 def _decode_step_by_step(model, params, targets, inputs=None):
     """Logits [L, V] for one row, fed one token per ``extend`` call (decoding)."""
-    model_extend = jax.jit(model.extend)
+    model_extend = _jitted(model, "extend")
+    assert len(targets) <= _WIDTH and (inputs is None or len(inputs) <= _WIDTH)
     if inputs is None:
-        cache = model.init_cache(1, len(targets))
+        cache = model.init_cache(1, _WIDTH)
         rows = []
         for token in targets:
             out = model_extend(params, np.asarray([[token]], np.int32), cache)
             rows.append(np.asarray(out.logits[0, 0]))
             cache = out.cache
         return np.stack(rows)
-    cache = model.init_cache(1, len(targets), len(inputs))
-    first = model.prefill(params, make_prompt([inputs]), cache)
+    cache = model.init_cache(1, _WIDTH, _WIDTH)
+    first = _jitted(model, "prefill")(params, make_prompt([inputs]), cache)
     cache, rows = first.cache, []
     for token in [model.decoder_start_token_id, *targets[:-1]]:
         out = model_extend(params, np.asarray([[token]], np.int32), cache)
@@ -55,7 +68,7 @@ def test_training_forward_equals_decoding_logits():
     params = DECODER.init_params(jax.random.PRNGKey(0))
     rows = [[3, 9, 4, 1, 7], [5, 2]]
     data = training.lm_dataset(rows, length=6)
-    logits, labels, weights, _ = training.teacher_forced(
+    logits, labels, weights, _ = _TEACHER_FORCED(
         DECODER, params, training.Batch(targets=data.targets, weights=data.weights))
     for i, row in enumerate(rows):
         np.testing.assert_allclose(np.asarray(logits[i, :len(row)]),
@@ -69,7 +82,7 @@ def test_training_forward_equals_decoding_logits():
     data = training.seq2seq_dataset(inputs, targets, input_length=6, target_length=4)
     batch = training.Batch(targets=data.targets, weights=data.weights, inputs=data.inputs,
                            input_lengths=data.input_lengths)
-    logits, labels, weights, _ = training.teacher_forced(T5, params, batch)
+    logits, labels, weights, _ = _TEACHER_FORCED(T5, params, batch)
     for i in range(2):
         n = len(targets[i])
         np.testing.assert_allclose(np.asarray(logits[i, :n]),
