@@ -130,6 +130,7 @@ def test_drafting_prices_counted_calls_with_the_cost_model():
 
 # --- bench_drafter_variants ------------------------------------------------------------------
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_bench_drafter_variants_end_to_end(tmp_path, byte_table):
     report = run_job("drafter_variants", tmp_path, "HEAD_VOCAB = 64",
                      f"bench_drafter_variants.bigram_table = '{byte_table}'",
@@ -173,6 +174,7 @@ def test_bench_verifiers_efficiency_then_wallclock(tmp_path):
 
 # --- bench_speculative -----------------------------------------------------------------------
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_bench_speculative_end_to_end(tmp_path):
     report = run_job("speculative", tmp_path, "bench_speculative.num_prompts = 2",
                      "bench_speculative.max_new_tokens = 6", "bench_speculative.gammas = [2]",
@@ -204,6 +206,7 @@ def test_bench_speculative_subtracts_prefills_and_counts_drafter_calls():
 
 # --- bench_batch -----------------------------------------------------------------------------
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_bench_batch_end_to_end(tmp_path):
     report = run_job("batch", tmp_path, "bench_batch.batch_sizes = [1, 2]",
                      "bench_batch.min_prompts = 2", "bench_batch.max_new_tokens = 6",

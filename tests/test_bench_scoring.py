@@ -12,6 +12,7 @@ from specdec_jax.jobs import resolver
 from specdec_jax.jobs.bench import child, scoring
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_bench_scoring_times_both_kernel_layouts_in_one_process():
     """bench_scoring measures each K in each kernel layout on the same random
     weights, against the limits measured in the same process."""

@@ -77,7 +77,13 @@ def reference_token_cascade(prompt, alpha, cap, n):
     return out, calls
 
 
-@pytest.mark.parametrize("alpha, cap", [(0.45, 10), (0.45, 3), (0.0, 10), (1.0, 4)])
+# One case in the default suite; the other caps and thresholds under -m long (heavy).
+LONG = pytest.mark.long
+
+
+@pytest.mark.parametrize("alpha, cap", [(0.45, 10), pytest.param(0.45, 3, marks=LONG),
+                                        pytest.param(0.0, 10, marks=LONG),
+                                        pytest.param(1.0, 4, marks=LONG)])
 def test_token_cascade_matches_the_sequential_algorithm(alpha, cap):
     """Greedy tokens and target calls equal the token-by-token Alg. 2; the
     drafter never emits more than ``cap`` tokens without the target."""
@@ -123,7 +129,8 @@ def reference_bild(prompt, alpha, fallback, cap, n):
     return out[:n], calls, rollbacks
 
 
-@pytest.mark.parametrize("alpha, fallback", [(0.7, 0.5), (2.0, 0.6), (0.0, 0.5)])
+@pytest.mark.parametrize("alpha, fallback", [(0.7, 0.5), pytest.param(2.0, 0.6, marks=LONG),
+                                             pytest.param(0.0, 0.5, marks=LONG)])
 def test_bild_original_matches_fallback_and_rollback(alpha, fallback):
     out = run("bild-original", alpha, gamma=4, fallback_alpha=fallback)
     total_rollbacks = 0

@@ -24,6 +24,7 @@ def test_bad_draft_specs_exit_with_a_named_error(argv, message, capsys, monkeypa
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_printed_stats_hold_only_what_applies_to_the_method():
     """A real (toy) run of each kind: deferral appears only for methods that
     defer, acceptance only for speculative ones."""

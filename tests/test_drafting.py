@@ -174,6 +174,7 @@ def test_greedy_drafting_equals_greedy_target(name, drafter, gamma):
     assert np.asarray(out.stats.rejections).sum() > 0, "drafts must be rejected sometimes"
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_drafting_strategies_work_with_every_verifier_and_a_cascade_target():
     """Block-verified CS Drafting and cascades drafted by Max-Gram run and stay
     exact in the greedy case (block verification of specdecode)."""

@@ -107,6 +107,7 @@ def test_unknown_task_fails(tmp_path):
                         "--gin_bindings", f"OUT_DIR = '{tmp_path}'"])
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_generate_job(tmp_path, capsys):
     out = tmp_path / "gen.json"
     assert eval_main.main([

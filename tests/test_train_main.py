@@ -35,6 +35,7 @@ def vocab():
     return recipes.vocabulary(sources=["libc-de"], vocab_size=400, extra_ids=10)
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_finetune_job_writes_a_resumable_run(tmp_path):
     assert train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -79,6 +80,7 @@ def test_checkpoint_with_another_vocabulary_is_refused(tmp_path):
                          f"--gin.INIT_CHECKPOINT='{tmp_path / 't5x'}'"])
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_span_corruption_pretraining_job(tmp_path):
     assert train_main.main([*TINY_PRETRAINING, f"--gin.WORKDIR='{tmp_path}'"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -234,6 +236,7 @@ def test_a_pretrained_pair_member_fine_tunes_from_its_span_corruption_run(tmp_pa
         pair.ensure_member("t5-cpu-pretrained-small:summarisation_debian")
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_finetune_on_length_buckets_with_an_auxiliary_corpus(tmp_path):
     assert train_main.main([*TINY, f"--gin.WORKDIR='{tmp_path}'",
                             "--gin.run_training.length_buckets=[(32, 32), (96, 96)]",

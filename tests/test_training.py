@@ -170,6 +170,7 @@ def _run(workdir, kill_at=0):
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_resume_after_kill_9_reproduces_the_losses_bit_for_bit(tmp_path):
     whole = _run(tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -249,6 +250,7 @@ PARALLEL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_data_parallel_on_8_devices_matches_one_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
