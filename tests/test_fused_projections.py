@@ -1,4 +1,4 @@
-"""Fused projections in the decode layout (``models.decoder.fuse_projections``):
+"""Fused projections in the decode layout (``models.decoder.with_kernel_layout``):
 q/k/v in one ``[H_kv, G + 2, D_head, D]`` kernel and gate/up in one ``[I, 2, D]``.
 Same logits as the separate kernels, an exact round trip, the same weight
 fingerprint, three dot products per layer fewer in the compiled step, and

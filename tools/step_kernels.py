@@ -4,7 +4,7 @@ One ``extend`` of K tokens of a registered architecture (shapes only, no
 weights), compiled for this machine's CPU or, with libtpu, for one chip of a
 TPU topology; counted from the optimised HLO (``jobs.hlo_stats``): fusions
 (kernels), dot products outside fusions, custom calls. The decode layout fuses
-q/k/v and gate/up (``models.decoder.fuse_projections``); ``separate`` is the
+q/k/v and gate/up (``models.decoder.with_kernel_layout``); ``separate`` is the
 same layout without that.
 
     python tools/step_kernels.py --platform cpu --dtype float32

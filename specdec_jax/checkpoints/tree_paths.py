@@ -71,7 +71,7 @@ class _Part:
 
 def _separate_projections(params: Any) -> Any:
     """``params`` with each fused ``qkv`` / ``wi`` entry (``decoder.
-    fuse_projections``: [H_kv, G + 2, D_head, D] and [I, 2, D]) replaced by the
+    with_kernel_layout``: [H_kv, G + 2, D_head, D] and [I, 2, D]) replaced by the
     separate q/k/v and gate/up entries it holds, as ``_Part`` views."""
     if not isinstance(params, Mapping) or not any(
             isinstance(layer, Mapping) and "qkv" in layer.get("attention", {})
@@ -108,7 +108,7 @@ def params_fingerprint(params: Any, kernel_layout: str = IN_OUT) -> str:
     ``[in, out]`` form, so the fingerprint names the weights, not the layout.
     A restricted output head (``decoder.with_head_vocab``: rows copied from
     the head) is skipped for the same reason, and fused projections
-    (``decoder.fuse_projections``) are hashed as the separate kernels they
+    (``decoder.with_kernel_layout``) are hashed as the separate kernels they
     hold."""
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(_separate_projections(params))[0]:

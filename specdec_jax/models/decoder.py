@@ -32,7 +32,6 @@ heads (``sharding.DECODER_RULES_OUT_IN``), never part of a head.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -415,15 +414,6 @@ def _split_layer(layer: dict) -> dict:
     return {**layer, "attention": attention, "mlp": mlp}
 
 
-def fuse_projections(config: DecoderConfig, params: dict) -> dict:
-    """out_in parameters with each layer's q/k/v and gate/up fused (module
-    docstring); ``split_projections`` inverts it exactly."""
-    fuse = jax.jit(functools.partial(_fuse_layer, num_kv_heads=config.num_kv_heads,
-                                     head_dim=config.dims_per_head))
-    return {name: fuse(value) if name.startswith("layers_") else value
-            for name, value in params.items()}
-
-
 def split_projections(params: dict) -> dict:
     """Fused out_in parameters back to separate q/k/v and gate/up kernels (the
     documented names, still [out, in]). Needs no config: the fused shapes
@@ -439,8 +429,9 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN,
     (its config says the layout) and the parameters (every ``kernel``
     transposed; embeddings, norms and biases as they were). ``fused``
     (default: True for ``OUT_IN``) also fuses each layer's q/k/v and gate/up
-    kernels (``fuse_projections``: two products per layer fewer, the names of
-    the module docstring); ``fused=False`` keeps the documented names.
+    kernels (three products per layer fewer, the names of the module
+    docstring; ``split_projections`` undoes it); ``fused=False`` keeps the
+    documented names.
 
     ``OUT_IN`` is the decode layout. A decode step multiplies 1 to G + 1 rows
     by every kernel; stored ``[out, in]`` the product reduces along the
@@ -451,6 +442,10 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN,
     documented ``[in, out]`` tree; this converts once, after loading, and
     converts back just as well. Sharded parameters stay sharded (a kernel's
     spec is transposed with it; ``sharding.rules_for`` gives the rules).
+
+    Each top-level entry (a layer, the embedder, ...) is converted by one jitted
+    call that splits, transposes and fuses at once, so the peak memory is the
+    old tree plus the new one, never a third copy in between.
     """
     if layout not in KERNEL_LAYOUTS:
         raise ValueError(f"kernel layout {layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
@@ -461,15 +456,26 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN,
     old = model.config
     if layout == old.kernel_layout and fused == old.fused_projections:
         return model, params
-    if old.fused_projections:
-        params = split_projections(params)
-    if layout != old.kernel_layout:
-        transpose = jax.jit(jnp.transpose)
-        params = jax.tree_util.tree_map_with_path(
-            lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, params)
     config = dataclasses.replace(old, kernel_layout=layout, fused_projections=fused)
-    if fused:
-        params = fuse_projections(config, params)
+
+    def transpose_kernels(entry):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, leaf: jnp.transpose(leaf) if is_kernel(path) else leaf, entry)
+
+    @jax.jit  # one program for every layer (same shapes)
+    def convert_layer(layer: dict) -> dict:
+        if old.fused_projections:
+            layer = _split_layer(layer)
+        if layout != old.kernel_layout:
+            layer = transpose_kernels(layer)
+        return _fuse_layer(layer, config.num_kv_heads, config.dims_per_head) if fused else layer
+
+    transpose = jax.jit(jnp.transpose)
+    other = (lambda entry: entry) if layout == old.kernel_layout else (
+        lambda entry: jax.tree_util.tree_map_with_path(
+            lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, entry))
+    params = {name: convert_layer(entry) if name.startswith("layers_") else other(entry)
+              for name, entry in params.items()}
     return DecoderOnlyLM(config), params
 
 
