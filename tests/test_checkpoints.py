@@ -15,6 +15,7 @@ from specdec_jax.checkpoints import fetch, gguf, registry, safetensors_io
 from specdec_jax.checkpoints.load import load_model
 from specdec_jax.models import DecoderOnlyLM
 from tests.hf_peer import hf_logits, ours_from_hf, small_hf_decoder
+from tests.simulated_devices import run_on_devices
 
 TOKENS = [3, 17, 42, 5, 9, 60, 1, 33]
 
@@ -350,20 +351,13 @@ def test_converted_copy_is_read_slice_by_slice_into_a_mesh(tmp_path, monkeypatch
     """A mesh load (``load_model(mesh=...)``) on 8 simulated devices: the converted copy (not
     the GGUF file) is read through memory-mapped slices into a (2, 4) mesh,
     weights split over ``model``, values equal to a plain load."""
-    import os
-    import subprocess
-    import sys
 
     monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
     hf_model, config = small_hf_decoder("qwen2")
     path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2")
     from specdec_jax.checkpoints import load
     load._load_gguf(path, str(path), "float32", dict(dtype="float32", param_dtype="float32"))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SHARDED_READ, str(path)], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_on_devices(SHARDED_READ, str(path), timeout=300)
     assert "SLICED" in result.stdout, result.stdout
 
 

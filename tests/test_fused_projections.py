@@ -4,10 +4,7 @@ Same logits as the separate kernels, an exact round trip, the same weight
 fingerprint, three dot products per layer fewer in the compiled step, and
 shards that hold whole kv groups (never part of a head)."""
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -18,6 +15,7 @@ import pytest
 import specdec_jax as sj
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
 from specdec_jax.models.decoder import split_projections, with_kernel_layout
+from tests.simulated_devices import run_on_devices
 
 # Grouped-query attention with 3 query heads per kv head and Qwen2's q/k/v bias.
 CFG = sj.DecoderConfig(vocab_size=64, hidden_size=48, intermediate_size=40, num_layers=2,
@@ -118,9 +116,4 @@ SHARD_SCRIPT = textwrap.dedent("""
 
 
 def test_fused_shards_hold_whole_kv_groups():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SHARD_SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "WHOLE GROUPS" in result.stdout
+    assert "WHOLE GROUPS" in run_on_devices(SHARD_SCRIPT).stdout

@@ -1,11 +1,10 @@
 """Sharded and unsharded generation give identical tokens (8 simulated CPU devices)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.simulated_devices import run_on_devices
 
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
@@ -44,12 +43,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_generation_is_identical():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "IDENTICAL" in result.stdout
+    assert "IDENTICAL" in run_on_devices(SCRIPT).stdout
 
 
 NO_GATHER_SCRIPT = textwrap.dedent("""
@@ -95,10 +89,5 @@ def test_model_sharded_loop_gathers_no_weight_and_no_cache(layout):
     never all-gathers a full weight matrix or a layer's whole KV cache: only
     per-step activations and the sampled distributions move. In both kernel
     layouts, each sharded by its own rules."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
     script = NO_GATHER_SCRIPT.replace("LAYOUT ==", f"{layout!r} ==")
-    result = subprocess.run([sys.executable, "-c", script], env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "NO FULL GATHERS" in result.stdout
+    assert "NO FULL GATHERS" in run_on_devices(script).stdout

@@ -18,6 +18,7 @@ import specdec_jax as sj
 from specdec_jax import training
 from specdec_jax.models import make_prompt
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
+from tests.simulated_devices import run_on_devices
 
 DECODER = sj.DecoderOnlyLM(sj.DecoderConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
                                             num_layers=2, num_heads=4, num_kv_heads=2))
@@ -252,12 +253,7 @@ PARALLEL = textwrap.dedent("""
 
 @pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_data_parallel_on_8_devices_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", PARALLEL], env=env, capture_output=True,
-                            text=True, timeout=600, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "SAME" in result.stdout
+    assert "SAME" in run_on_devices(PARALLEL, cwd=REPO).stdout
 
 
 # --- mixtures and length buckets ---
