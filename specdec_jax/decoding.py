@@ -33,7 +33,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import sampling
+from specdec_jax import loops, sampling
 from specdec_jax.drafting.base import (
     Context,
     is_drafter,
@@ -440,41 +440,16 @@ class SpeculativeDecoder:
 
 
 def check_rounds_per_sync(rounds_per_sync: int) -> None:
-    if not isinstance(rounds_per_sync, int) or rounds_per_sync < 1:
-        raise ValueError(f"rounds_per_sync must be an integer >= 1, got {rounds_per_sync!r}.")
+    loops.check_every(rounds_per_sync, "rounds_per_sync")
 
 
 def loop_until_done(body_fn, state, rounds_per_sync: int = 1):
     """Runs ``body_fn`` while any row of ``state`` is not done (``state.done``:
-    bool [B]); the loop every decoder shares.
-
-    A ``lax.while_loop`` whose trip count is unknown copies its condition to
-    the host and waits for it at every iteration on a GPU (XLA's while thunk).
-    With ``rounds_per_sync = R > 1`` the loop reads its condition once every R
-    iterations: an outer while loop over chunks, each a fixed-trip loop of R
-    iterations (no host read), where an iteration after every row is done is
-    skipped (``lax.cond``). The state that comes out is the same as with R = 1,
-    bit for bit; R = 1 (the default) is the plain loop. E.g. 23 rounds with
-    R = 8: three condition reads instead of 24, and one skipped iteration.
-
-    On a GPU the skip is itself a conditional, which XLA decides on the device
-    only inside a command buffer (CONDITIONAL is in its default set) and on
-    the host otherwise; which R pays, if any, is for a GPU run to measure
-    (``tools/gpu_check.sh``), not something this loop can know.
-    """
-    check_rounds_per_sync(rounds_per_sync)
-
-    def not_done(s):
-        return ~jnp.all(s.done)
-
-    if rounds_per_sync == 1:
-        return jax.lax.while_loop(not_done, body_fn, state)
-
-    def chunk_fn(s):
-        step = lambda _, s: jax.lax.cond(not_done(s), body_fn, lambda s: s, s)  # noqa: E731
-        return jax.lax.fori_loop(0, rounds_per_sync, step, s)
-
-    return jax.lax.while_loop(not_done, chunk_fn, state)
+    bool [B]), reading that condition once every ``rounds_per_sync`` rounds
+    (``loops.checked_while_loop``: a GPU's host sync per read); the loop every
+    decoder shares. Outputs are the same for every value."""
+    return loops.checked_while_loop(lambda s: ~jnp.all(s.done), body_fn, state,
+                                    rounds_per_sync)
 
 
 def run_rounds(round_fn, state, max_new_tokens: int, rounds_per_sync: int = 1

@@ -1,7 +1,8 @@
-"""Reading the decoding loop's condition once every R rounds
-(``rounds_per_sync``, ``decoding.loop_until_done``) changes nothing but the
-number of host reads: tokens, lengths and every statistic are the same as the
-plain loop's, for each decoder family, greedy and sampled, in ragged batches."""
+"""Reading a loop's condition once every R iterations (``loops.checked_while_loop``:
+the decoders' ``rounds_per_sync``, SpecDec++'s ``steps_per_check``, a vertical
+cascade's ``reviews_per_check``) changes nothing but the number of host reads:
+tokens, lengths and every statistic are the same as the plain loop's, for each
+decoder family and both inner draft loops, greedy and sampled, in ragged batches."""
 
 import jax
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 
 from specdec_jax import api
 from specdec_jax.decoding import loop_until_done
-from specdec_jax.drafting import MaxGramDrafter, VerticalCascade
+from specdec_jax.drafting import AdaptiveDrafter, MaxGramDrafter, VerticalCascade
+from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.models.interface import make_prompt
 from tests.exactness import DRAFTER, DRAFTER_PARAMS, TARGET, TARGET_PARAMS
 
@@ -19,6 +21,7 @@ NEW_TOKENS = 13
 
 def generate(method, rounds_per_sync, temperature, drafter=DRAFTER,
              drafter_params=DRAFTER_PARAMS, **kwargs):
+    """Tokens, lengths and statistics of one generation of the ragged batch."""
     fn = api.make_generate_fn(target=TARGET, drafter=drafter, method=method,
                               max_new_tokens=NEW_TOKENS, eos_ids=(3,),
                               rounds_per_sync=rounds_per_sync, **kwargs)
@@ -51,17 +54,43 @@ def test_outputs_do_not_depend_on_rounds_per_sync(method, kwargs, temperature):
     assert_same(plain, generate(method, 3, temperature, **kwargs))
 
 
-def test_a_drafting_strategy_with_rounds_per_sync():
-    """A CS Drafting cascade (model over Max-Gram): same output either way."""
+def cascade(reviews_per_check: int) -> tuple[VerticalCascade, dict]:
     vocab = TARGET.vocab_size
     drafter = VerticalCascade(DRAFTER, MaxGramDrafter(vocab, name="mag"), inner_gamma=2,
-                              name="big")
-    params = drafter.select_params({"big": DRAFTER_PARAMS,
-                                    "mag": jax.random.randint(jax.random.PRNGKey(14), (vocab,),
-                                                              0, vocab)})
-    plain = generate("specdecode", 1, 1.0, drafter=drafter, drafter_params=params, gamma=3)
-    assert_same(plain, generate("specdecode", 4, 1.0, drafter=drafter, drafter_params=params,
-                                gamma=3))
+                              name="big", reviews_per_check=reviews_per_check)
+    return drafter, drafter.select_params({
+        "big": DRAFTER_PARAMS,
+        "mag": jax.random.randint(jax.random.PRNGKey(14), (vocab,), 0, vocab)})
+
+
+def adaptive(steps_per_check: int) -> tuple[AdaptiveDrafter, tuple]:
+    """SpecDec++ on the toy drafter, with a random acceptance head whose
+    predictions differ by context (rows stop drafting at different steps)."""
+    vocab = TARGET.vocab_size
+    head = AcceptanceHead(HeadConfig(hidden_size=vocab, depth=1))
+    head_params = {**head.init_params(jax.random.PRNGKey(21)),
+                   "output": {"kernel": 2.0 * jax.random.normal(jax.random.PRNGKey(22),
+                                                                (vocab, 1)),
+                              "bias": np.full((1,), 0.5, np.float32)}}
+    drafter = AdaptiveDrafter(DRAFTER, head, steps_per_check=steps_per_check)
+    return drafter, drafter.select_params({drafter.name: DRAFTER_PARAMS,
+                                           drafter.head_name: head_params})
+
+
+@pytest.mark.parametrize("make, every", [(cascade, 2), (adaptive, 3)])
+def test_inner_draft_loops_checked_less_often_draft_the_same(make, every):
+    """The inner draft loops (a vertical cascade's reviews, SpecDec++'s draft
+    steps), their condition read every ``every`` iterations, with R = 4 rounds
+    per sync as well: the same output as every loop read each time."""
+    plain = generate("specdecode", 1, 1.0, *make(1), gamma=4)
+    assert_same(plain, generate("specdecode", 4, 1.0, *make(every), gamma=4))
+
+
+def test_inner_loop_settings_must_be_positive_integers():
+    with pytest.raises(ValueError, match="reviews_per_check must be an integer >= 1"):
+        cascade(0)
+    with pytest.raises(ValueError, match="steps_per_check must be an integer >= 1"):
+        adaptive(True)
 
 
 def test_loop_until_done_counts_iterations_and_skips_after_the_end():

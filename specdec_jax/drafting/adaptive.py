@@ -36,7 +36,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import sampling
+from specdec_jax import loops, sampling
 from specdec_jax.drafting.acceptance_head import AcceptanceHead
 from specdec_jax.drafting.base import (
     Context,
@@ -96,6 +96,9 @@ class StoppingRuleNames:
                              f"{max_drafts + 1} (a row may draft K_max tokens).")
         return widths
 
+    def check_steps_per_check(self) -> None:
+        loops.check_every(self.steps_per_check, "steps_per_check")
+
     def select_params(self, named: dict):
         """``(drafter params, acceptance head params)`` from a name -> params dict."""
         missing = [k for k in (self.name, self.head_name) if k not in named]
@@ -112,6 +115,8 @@ class AdaptiveDrafter(StoppingRuleNames, SingleModelDrafter):
     Params: ``(model_params, head_params)`` from ``select_params({name: ...,
     name + "/acceptance_head": ...})``. ``eos_ids`` end a row's block at an
     EOS draft. ``widths`` overrides the target call widths (``target_widths``).
+    ``steps_per_check``: draft steps between two host reads of the draft loop's
+    condition (``loops.checked_while_loop``; same drafts for every value).
     """
 
     model: LanguageModel
@@ -120,6 +125,10 @@ class AdaptiveDrafter(StoppingRuleNames, SingleModelDrafter):
     eos_ids: tuple[int, ...] = ()
     widths: tuple[int, ...] | None = None
     catch_up_widths: tuple[int, ...] = (1, 2)
+    steps_per_check: int = 1
+
+    def __post_init__(self):
+        self.check_steps_per_check()
 
     def init(self, params, prompt: Prompt, max_length: int,
              encoder_decoder: bool) -> ModelDrafterState:
@@ -141,7 +150,7 @@ class AdaptiveDrafter(StoppingRuleNames, SingleModelDrafter):
             return out.logits[:, 0], out.hidden[:, 0], out.cache
 
         loop = draft_adaptively(step, cache, logits[:, 0], hidden[:, 0], num, key, self.head,
-                                head_params, sp, config, self.eos_ids)
+                                head_params, sp, config, self.eos_ids, self.steps_per_check)
         steps = loop.step  # the batch's lockstep calls after the catch-up window
         proposal = Proposal(tokens=loop.tokens, q=loop.q, q_stat=loop.q_stat, hidden=loop.hidden,
                             calls=(calls_B + steps)[:, None], fed=(fed_B + steps)[:, None],
@@ -152,7 +161,7 @@ class AdaptiveDrafter(StoppingRuleNames, SingleModelDrafter):
 def draft_adaptively(step_fn, cache, first_logits_BxV: Array, first_hidden_BxD: Array,
                      num: int, key: Array, head: AcceptanceHead, head_params,
                      sp: sampling.SamplingParams, config: sampling.SamplingConfig,
-                     eos_ids: tuple[int, ...] = ()) -> _DraftLoop:
+                     eos_ids: tuple[int, ...] = (), steps_per_check: int = 1) -> _DraftLoop:
     """SpecDec++'s lockstep draft loop (module docstring), for any drafter.
 
     ``first_logits`` give ``q_1`` (the drafter's output after the pending
@@ -205,7 +214,7 @@ def draft_adaptively(step_fn, cache, first_logits_BxV: Array, first_hidden_BxD: 
             count=jnp.where(stop_now, i, loop.count), stopped=loop.stopped | stop_now,
             nan=loop.nan + has_nan(logits_BxV))
 
-    return jax.lax.while_loop(cond_fn, body_fn, loop)
+    return loops.checked_while_loop(cond_fn, body_fn, loop, steps_per_check)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,8 +233,10 @@ class AdaptiveFeatureDrafter(StoppingRuleNames, FeatureDrafter):
     acceptance_head: AcceptanceHead | None = None
     eos_ids: tuple[int, ...] = ()
     widths: tuple[int, ...] | None = None
+    steps_per_check: int = 1  # as AdaptiveDrafter's
 
     def __post_init__(self):
+        self.check_steps_per_check()
         if self.acceptance_head is None:
             raise ValueError("AdaptiveFeatureDrafter needs acceptance_head=AcceptanceHead("
                              "HeadConfig(hidden_size=<the target's hidden size>)).")
@@ -254,7 +265,7 @@ class AdaptiveFeatureDrafter(StoppingRuleNames, FeatureDrafter):
 
         loop = draft_adaptively(step, cache, self.head.logits(feature_params, e0_BxD), e0_BxD,
                                 num, key, self.acceptance_head, head_params, sp, config,
-                                self.eos_ids)
+                                self.eos_ids, self.steps_per_check)
         # own[length + i - 1] = e_i for the fed drafts (slots past them are scratch).
         own = write_rows(own, loop.hidden[:, 1:], length_B)
         steps = loop.step

@@ -83,7 +83,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import sampling
+from specdec_jax import loops, sampling
 from specdec_jax.drafting.base import (
     Context,
     Drafter,
@@ -192,6 +192,8 @@ class VerticalCascade:
     ``lenient = False`` reviews with ``l = 1`` whatever ``sp.lenience`` says
     (the seed never relaxes a review of Max-Gram). Params: a dict name ->
     params holding ``name`` and everything ``inner`` needs.
+    ``reviews_per_check``: inner reviews between two host reads of the review
+    loop's condition (``loops.checked_while_loop``; same drafts for every value).
     """
 
     model: LanguageModel
@@ -200,10 +202,12 @@ class VerticalCascade:
     name: str = "drafter"
     lenient: bool = True
     catch_up_widths: tuple[int, ...] = (2,)
+    reviews_per_check: int = 1
 
     def __post_init__(self):
         if self.inner_gamma < 1:
             raise ValueError(f"inner_gamma must be >= 1, got {self.inner_gamma}.")
+        loops.check_every(self.reviews_per_check, "reviews_per_check")
 
     @staticmethod
     def review_law(q_xV: Array, p_xV: Array, lenience: Array) -> Array:
@@ -307,13 +311,13 @@ class VerticalCascade:
                 nan=loop.nan + active[:, 0] * (has_nan(logits) + inner_prop.nan))
 
         zeros_BxM = jnp.zeros((batch, num_models), jnp.int32)
-        loop = jax.lax.while_loop(cond_fn, body_fn, _InnerLoop(
+        loop = loops.checked_while_loop(cond_fn, body_fn, _InnerLoop(
             context=pad_history(context, room), count=jnp.zeros((batch,), jnp.int32),
             tokens=jnp.zeros((batch, room), jnp.int32),
             law=jnp.zeros((batch, room, vocab), jnp.float32),
             stat=jnp.zeros((batch, room, vocab), jnp.float32), cache=state.cache,
             inner=state.inner, key=key, calls=zeros_BxM, fed=zeros_BxM, single=zeros_BxM,
-            nan=jnp.zeros((batch,), jnp.int32)))
+            nan=jnp.zeros((batch,), jnp.int32)), self.reviews_per_check)
         mask = lambda x: pad_to(x[:, :need], num + 1)  # q_{G+1} only when asked for
         proposal = Proposal(tokens=loop.tokens[:, :num], q=mask(loop.law),
                             q_stat=mask(loop.stat), hidden=None, calls=loop.calls,
