@@ -113,6 +113,7 @@ def test_the_generate_job_on_two_processes_writes_what_one_process_writes(tmp_pa
     assert multi["per_example"] == single["per_example"]
 
 
+@pytest.mark.long  # waits out a join timeout: CI runs it with -m long
 def test_a_process_that_cannot_join_fails_with_the_settings_named():
     """Either process alone: no hang past the timeout, and stderr names the
     coordinator, the process id and count, and what to check."""

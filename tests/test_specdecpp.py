@@ -210,6 +210,7 @@ def test_bad_settings_fail_with_the_fix():
         ADAPTIVE.select_params({"drafter": DRAFTER_PARAMS})
 
 
+@pytest.mark.long  # reads the whole standard library: CI runs it with -m long
 def test_stdlib_prompts_are_a_recorded_seeded_sample_disjoint_from_humaneval():
     from specdec_jax.data import humaneval  # noqa: PLC0415
     from specdec_jax.data.stdlib_prompts import stdlib_prompts  # noqa: PLC0415

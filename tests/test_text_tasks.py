@@ -203,6 +203,7 @@ def test_paired_difference_sees_what_overlapping_intervals_hide():
         metrics.paired_difference_ci(better, spread[:-1], metrics.ROUGE2.aggregate)
 
 
+@pytest.mark.long  # scans the whole Ding corpus: CI runs it with -m long
 def test_ding_phrases_are_training_only_words_and_phrases(splits):
     phrases = corpora.ding_phrase_pairs()
     assert len(phrases) == corpora.DING_PHRASE_RECORDS
