@@ -21,30 +21,12 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import precision
-from specdec_jax.checkpoints import registry
-from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
-from specdec_jax.jobs import hlo_stats, tables
-from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
-from specdec_jax.models.layers import OUT_IN
-
-
-def abstract(architecture: str, dtype: str, fused: bool):
-    config = decoder_config_from_hf(registry.architecture(architecture), dtype=dtype,
-                                    param_dtype=dtype,
-                                    matmul_precision=precision.matmul_precision(dtype))
-    model = DecoderOnlyLM(config)
-
-    def build():
-        params = jax.tree_util.tree_map(lambda x: x.astype(dtype),
-                                        model.init_params(jax.random.PRNGKey(0)))
-        return with_kernel_layout(model, params, OUT_IN, fused=fused)[1]
-
-    return with_kernel_layout(model, {}, OUT_IN, fused=fused)[0], jax.eval_shape(build)
+from specdec_jax.jobs import hlo_stats, tables, tpu_programs
 
 
 def counts(architecture: str, dtype: str, fused: bool, k: int, cache_length: int,
            device) -> dict:
-    model, params = abstract(architecture, dtype, fused)
+    model, params = tpu_programs.abstract_model(architecture, dtype, fused=fused)
     cache = jax.eval_shape(lambda: model.init_cache(1, cache_length))
     tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
 

@@ -107,17 +107,20 @@ def expand(names) -> list[str]:
     return out
 
 
-def abstract_model(architecture: str, dtype: str = DTYPE) -> tuple[DecoderOnlyLM, dict]:
+def abstract_model(architecture: str, dtype: str = DTYPE, *, fused: bool = True
+                   ) -> tuple[DecoderOnlyLM, dict]:
     """``(model, abstract params)`` of a registered architecture in the decode
-    layout, every leaf in ``dtype`` (as ``load.random_model`` stores them)."""
+    layout (its projections ``fused`` or separate), every leaf in ``dtype`` (as
+    ``load.random_model`` stores them)."""
     dtype = precision.resolve_dtype(dtype)
     config = decoder_config_from_hf(registry.architecture(architecture), dtype=dtype,
                                     param_dtype=dtype,
                                     matmul_precision=precision.matmul_precision(dtype))
-    return abstract_decoder(DecoderOnlyLM(config))
+    return abstract_decoder(DecoderOnlyLM(config), fused=fused)
 
 
-def abstract_decoder(model: DecoderOnlyLM) -> tuple[DecoderOnlyLM, dict]:
+def abstract_decoder(model: DecoderOnlyLM, *, fused: bool = True
+                     ) -> tuple[DecoderOnlyLM, dict]:
     """``(model, abstract params)`` of any decoder in the decode layout, every
     leaf in the config's ``param_dtype``."""
     dtype = model.config.param_dtype
@@ -125,9 +128,9 @@ def abstract_decoder(model: DecoderOnlyLM) -> tuple[DecoderOnlyLM, dict]:
     def build():
         params = model.init_params(jax.random.PRNGKey(0))
         params = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-        return with_kernel_layout(model, params, OUT_IN)[1]
+        return with_kernel_layout(model, params, OUT_IN, fused=fused)[1]
 
-    return with_kernel_layout(model, {}, OUT_IN)[0], jax.eval_shape(build)
+    return with_kernel_layout(model, {}, OUT_IN, fused=fused)[0], jax.eval_shape(build)
 
 
 def _params(model, params, mesh: Mesh):
