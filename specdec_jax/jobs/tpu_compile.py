@@ -150,8 +150,9 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
     markdown_path = markdown_path or str(pathlib.Path(out).with_suffix(".md"))
     report = load_report(out, settings)
     mesh = tpu_aot.make_mesh(topology, data=data, model=model)
+    commit = source_commit()
     report["environment"] = {"machine": f"{platform.machine()} ({os.cpu_count()} CPUs)",
-                             "commit": source_commit(),
+                             "commit": commit,
                              "jax": jax.__version__, "libtpu": tpu_aot.libtpu_version(),
                              "chip": chip.name, "chips_in_topology":
                                  len(tpu_aot.topology_devices(topology))}
@@ -162,6 +163,7 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
           f"compile, {len(names) - len(todo)} already in {out}", flush=True)
     for i, name in enumerate(todo):
         record = compile_one(name, shapes, mesh, models, chip, compiler_options)
+        record["commit"] = commit  # a resumed report mixes programs of several commits
         report["programs"][name] = record
         _save(report, out, markdown_path)
         print(f"[{i + 1}/{len(todo)}] {name}: {_summary(record)}", flush=True)
@@ -208,9 +210,11 @@ def _collectives(hlo: dict) -> str:
 def markdown(report: dict) -> str:
     """The report as Markdown: settings, then one table row per program."""
     s, env = report["settings"], report.get("environment", {})
+    commits = sorted({r.get("commit") or "(not recorded)" for r in report["programs"].values()})
     lines = [f"# TPU compile report: {s['topology']} ({env.get('chip', '?')})", "",
              f"Compiled ahead of time with libtpu {s['libtpu']} and jax {s['jax']} on "
-             f"{env.get('machine', '?')} from commit {env.get('commit') or '(unknown)'}; "
+             f"{env.get('machine', '?')} from commit(s) {', '.join(commits) or '(none)'} "
+             "(each program's in the JSON); "
              "**nothing ran on a TPU**. Every time below is a "
              f"**{tpu_aot.ESTIMATE}** (the compiler's `optimal_seconds`) or a roofline "
              "floor (weights + KV cache read once at the chip's HBM bandwidth), never a "
