@@ -1,0 +1,456 @@
+"""Exact verification of token trees (docs/algorithms.md, 'Token trees').
+
+A round may draft a *tree* instead of a chain: ``N`` nodes per row, node ``i``
+holding a drafted token ``x_i`` whose parent is ``par(i)`` (``-1`` = the
+round's root, the last emitted token). The tree is data, so one compiled
+program serves every tree of ``N`` nodes:
+
+    parents  int32 [B, N]   par(i), -1 = root
+    tokens   int32 [B, N]   x_i
+    valid    bool  [B, N]   node i exists (a row with fewer nodes marks the rest False)
+
+Requirements on the layout (``validate_tree`` checks them on the host):
+``par(i) < i`` (topological order: a chain is ``par(i) = i - 1``), the parent
+of a valid node is valid, and the children of a node appear in the order
+they were drafted (the first drawn has the lowest index; they need not be
+contiguous). A level-by-level (breadth-first) numbering meets all three.
+
+Laws are given per *context*, index 0 = the root, index ``i + 1`` = node
+``i``: ``q_BxN1xV[:, i + 1]`` is the drafter's law at node ``i``'s context,
+the law node ``i``'s children were drawn from, ``pi_BxN1xV`` the target law
+``pi = T(q, p)`` there (``p`` itself for speculative decoding, a cascade's
+``pi`` otherwise). ``pi`` must be normalised (the lossy rule's weights are
+not). Children drawn *without replacement* (``sample_children``) follow the
+sequential laws ``q_j`` = ``q`` with the earlier siblings' tokens removed and
+renormalised (``sibling_laws``); drawn *with replacement* each follows ``q``.
+
+Every verifier returns ``TreeVerifyOutput``: the accepted node (``-1`` = the
+root: no draft kept), its depth (= drafts accepted) and the next token. The
+round emits the tokens on the path root -> node (``path_tokens``), then the
+next token.
+
+* ``GreedyTreeVerifier`` (``greedy``): the deepest node whose whole path
+  matches ``argmax pi`` at each parent; the next token is ``argmax pi`` after it.
+* ``RecursiveRejectionVerifier`` (``rrs``; ``rrs-replacement``): recursive
+  rejection sampling (SpecInfer; Jeon et al. for children drawn without
+  replacement). At a node with children ``c_1 .. c_k`` start with
+  ``r = pi``; accept ``c_j`` w.p. ``min(1, r(c_j) / q_j(c_j))`` and descend;
+  on reject ``r <- norm((r - q_j)_+)``; all rejected -> emit ``y ~ r``; an
+  accepted leaf emits ``y ~ pi`` of the leaf.
+* ``TraversalVerifier`` (``traversal``): traversal verification (Weng et al.),
+  leaf to root over whole paths. Each node carries ``(alpha, P)``, initially
+  ``alpha`` = its clipped joint ratio ``min(1, alpha_par P_par(x) / q_j(x))``
+  (``alpha_root = 1``) and ``P = pi`` of its context. Nodes are visited in
+  post-order (children in drafting order); a visited node, all of whose
+  children were rejected, is accepted w.p. ``alpha`` (the root always is);
+  a rejected node ``c`` with parent ``n`` and law ``q_c`` updates its parent
+
+      S = sum_x (alpha_n P_n(x) - q_c(x))_+
+      P_n <- norm((alpha_n P_n - q_c)_+),   alpha_n <- S / (S + 1 - alpha_n)   (0/0 -> 1)
+
+  and the next sibling's ``alpha`` is computed from the updated parent. The
+  accepted node emits ``y ~ P`` of its context. On a chain this is exactly
+  the stateless block verifier (``verify_block.BlockVerifier``): ``alpha`` of
+  node ``i`` is ``w_{i+1}``, the parent update gives ``h_i`` and the residual
+  ``norm((w_i pi_{i+1} - q_{i+1})_+)``, and with the same key both draw the
+  same uniforms and the same token.
+
+Worked example (N = 3, parents [-1, -1, 0]: two root children, the first
+with one child). Traversal visits node 2 (leaf, alpha_2), then node 0 (with
+alpha_0 updated by node 2's rejection), then node 1 (alpha_1 from the root's
+state after node 0's rejection), then the root. RRS tests node 0, and only if
+it rejects node 0 does it test node 1; node 2 is tested only after node 0 is
+accepted.
+
+All functions are pure and jittable; the per-node loops are fixed-trip
+``lax.fori_loop`` s over the node slots, vectorised over rows with ``vmap``.
+Exactness needs the tree's shape to be fixed before its tokens are drawn, or
+at least never to depend on a node's own token or on tokens drafted after it
+in the verifier's visiting order (docs/algorithms.md, 'Token trees').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.verify import RESIDUAL_EPS, first_argmax, residual, sample_from_weights
+
+Array = jax.Array
+
+ROOT = -1  # parent index of the root's children; accepted "node" when no draft is kept
+
+
+# ---------------------------------------------------------------------------
+# The tree and its index helpers
+# ---------------------------------------------------------------------------
+
+@flax.struct.dataclass
+class Tree:
+    """A batch of token trees of ``N`` node slots (module docstring)."""
+
+    parents: Array  # int32 [B, N]: parent node index, -1 = root
+    tokens: Array  # int32 [B, N]: the drafted token of each node
+    valid: Array  # bool [B, N]: the node exists
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+
+def chain(drafts_BxG: Array) -> Tree:
+    """The chain ``X_1 .. X_G`` as a tree: ``par(i) = i - 1``."""
+    batch, g = drafts_BxG.shape
+    parents_BxG = jnp.broadcast_to(jnp.arange(g, dtype=jnp.int32) - 1, (batch, g))
+    return Tree(parents=parents_BxG, tokens=drafts_BxG.astype(jnp.int32),
+                valid=jnp.ones((batch, g), bool))
+
+
+def static_tree(widths: tuple[int, ...]) -> np.ndarray:
+    """Parents (int32 [N]) of the full tree with ``widths[d]`` children per node
+    at depth ``d``, numbered level by level.
+
+    widths (2, 2) -> [-1, -1, 0, 0, 1, 1]; (3, 1) -> [-1, -1, -1, 0, 1, 2].
+    """
+    parents, level = [], [ROOT]
+    for width in widths:
+        next_level = []
+        for node in level:
+            for _ in range(width):
+                next_level.append(len(parents))
+                parents.append(node)
+        level = next_level
+    return np.asarray(parents, np.int32)
+
+
+def validate_tree(parents, valid=None) -> None:
+    """Host-side check of the layout the verifiers assume (module docstring)."""
+    parents = np.asarray(parents)
+    parents = parents.reshape(-1, parents.shape[-1])
+    valid = np.ones(parents.shape, bool) if valid is None else \
+        np.asarray(valid).reshape(parents.shape)
+    index = np.arange(parents.shape[-1])
+    if np.any(valid & ((parents < ROOT) | (parents >= index))):
+        raise ValueError("tree nodes must come in topological order: -1 <= parents[i] < i.")
+    parent_valid = np.take_along_axis(valid, np.maximum(parents, 0), axis=-1)
+    if np.any(valid & (parents >= 0) & ~parent_valid):
+        raise ValueError("a valid tree node has an invalid parent.")
+
+
+def ancestor_mask(tree: Tree) -> Array:
+    """bool [B, N, N]: row ``i`` marks the path root -> ``i`` (``i`` included).
+
+    parents [-1, 0, 0, 1] -> rows {0}, {0, 1}, {0, 2}, {0, 1, 3}. Invalid nodes
+    get empty rows. Built by doubling the reach of the parent relation.
+    """
+    n = tree.num_nodes
+    index_N = jnp.arange(n)
+    parent_BxNxN = (tree.parents[:, :, None] == index_N[None, None, :]) & tree.valid[:, :, None]
+    reach = parent_BxNxN | (jnp.eye(n, dtype=bool)[None] & tree.valid[:, :, None])
+    for _ in range(max(n - 1, 1).bit_length()):  # reach covers paths of 2^k steps
+        reach = reach | (jnp.einsum("bij,bjk->bik", reach.astype(jnp.float32),
+                                    reach.astype(jnp.float32)) > 0)
+    return reach
+
+
+def depths(tree: Tree) -> Array:
+    """int32 [B, N]: depth of each node (the root's children have depth 1; 0 if invalid)."""
+    return jnp.sum(ancestor_mask(tree), axis=-1).astype(jnp.int32)
+
+
+def node_depth(tree: Tree, node_B: Array) -> Array:
+    """int32 [B]: depth of ``node`` (0 for the root, -1)."""
+    depth_BxN1 = jnp.pad(depths(tree), ((0, 0), (1, 0)))
+    return jnp.take_along_axis(depth_BxN1, (node_B + 1)[:, None], axis=1)[:, 0]
+
+
+def path_nodes(tree: Tree, node_B: Array) -> Array:
+    """int32 [B, N]: the nodes on the path root -> ``node`` in depth order, then -1.
+
+    parents [-1, 0, 0, 2], node 3 -> [0, 2, 3, -1]; node -1 -> [-1, -1, -1, -1].
+    """
+    n = tree.num_nodes
+    anc_BxNxN = ancestor_mask(tree)
+    on_path_BxN = jnp.take_along_axis(anc_BxNxN, jnp.maximum(node_B, 0)[:, None, None],
+                                      axis=1)[:, 0] & (node_B >= 0)[:, None]
+    slot_BxN = jnp.where(on_path_BxN, jnp.cumsum(on_path_BxN, axis=1) - 1, n)  # n: dropped
+    index_BxN = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), on_path_BxN.shape)
+    out_BxN = jnp.full(on_path_BxN.shape, ROOT, jnp.int32)
+    rows_B1 = jnp.arange(on_path_BxN.shape[0])[:, None]
+    return out_BxN.at[rows_B1, slot_BxN].set(index_BxN, mode="drop")
+
+
+def path_tokens(tree: Tree, node_B: Array, pad: int = 0) -> Array:
+    """int32 [B, N]: the tokens on the path root -> ``node`` (the accepted drafts),
+    then ``pad``. parents [-1, 0, 0], tokens [5, 6, 7], node 2 -> [5, 7, pad]."""
+    nodes_BxN = path_nodes(tree, node_B)
+    tokens_BxN = jnp.take_along_axis(tree.tokens, jnp.maximum(nodes_BxN, 0), axis=1)
+    return jnp.where(nodes_BxN >= 0, tokens_BxN, pad)
+
+
+def emitted_tokens(tree: Tree, node_B: Array, next_token_B: Array, pad: int = 0) -> Array:
+    """int32 [B, N + 1]: the accepted drafts then the next token at index depth(node)."""
+    path_BxN1 = jnp.pad(path_tokens(tree, node_B, pad), ((0, 0), (0, 1)), constant_values=pad)
+    at_B1 = node_depth(tree, node_B)[:, None]
+    return jnp.where(jnp.arange(path_BxN1.shape[1])[None, :] == at_B1,
+                     next_token_B[:, None], path_BxN1)
+
+
+def gather_contexts(x_BxN1xV: Array, node_BxN: Array) -> Array:
+    """[B, N + 1, V] laws per context, [B, M] node indices (-1 = root) -> [B, M, V]."""
+    return jnp.take_along_axis(x_BxN1xV, (node_BxN + 1)[:, :, None], axis=1)
+
+
+def sibling_laws(tree: Tree, q_BxN1xV: Array, replacement: bool = False) -> Array:
+    """float32 [B, N, V]: the law each node's token was drawn from.
+
+    With replacement: ``q`` at the parent's context. Without: that ``q`` with
+    the tokens of the node's earlier siblings removed and renormalised, the
+    ``q_j`` of sequential sampling without replacement (what
+    ``sample_children`` reports). Example: q = [0.5, 0.3, 0.2], siblings drawn
+    1 then 0 -> laws [0.5, 0.3, 0.2] and [5/7, 0, 2/7].
+    """
+    q_BxNxV = gather_contexts(q_BxN1xV, tree.parents)
+    if replacement:
+        return q_BxNxV
+    n, v = tree.num_nodes, q_BxN1xV.shape[-1]
+    index_N = jnp.arange(n)
+    earlier_BxNxN = ((tree.parents[:, :, None] == tree.parents[:, None, :])
+                     & tree.valid[:, None, :] & (index_N[None, None, :] < index_N[None, :, None]))
+    batch = tree.tokens.shape[0]
+    rows_B11 = jnp.arange(batch)[:, None, None]
+    nodes_1N1 = index_N[None, :, None]
+    tokens_B1N = jnp.broadcast_to(tree.tokens[:, None, :], earlier_BxNxN.shape)
+    removed_BxNxV = jnp.zeros((batch, n, v), bool).at[rows_B11, nodes_1N1, tokens_B1N].max(
+        earlier_BxNxN)
+    kept_BxNxV = jnp.where(removed_BxNxV, 0.0, q_BxNxV)
+    mass_BxNx1 = jnp.sum(kept_BxNxV, axis=-1, keepdims=True)
+    return kept_BxNxV / jnp.where(mass_BxNx1 > 0, mass_BxNx1, 1.0)
+
+
+class Children(NamedTuple):
+    tokens: Array  # int32 [..., K]: the children in drafting order
+    laws: Array  # float32 [..., K, V]: the law child j was drawn from (q_j)
+    valid: Array  # bool [..., K]: False where q has fewer than K tokens to offer
+
+
+def sample_children(key: Array, q_xV: Array, k: int, temperature_zero) -> Children:
+    """``k`` children drawn from ``q`` without replacement, in drafting order.
+
+    At T > 0: Gumbel-top-k (the ``k`` largest ``log q + Gumbel`` in decreasing
+    order are a sequential sample without replacement: child ``j`` follows
+    ``q_j`` = ``q`` with children ``1 .. j-1`` removed, renormalised). At
+    ``temperature_zero`` (traced bool allowed): the top-``k`` tokens of ``q``
+    (pass the statistics law there: the processed one is one-hot), each
+    reported with the one-hot law it was "drawn" from. A child is invalid
+    where ``q`` gives its token no mass (``k`` above the support of ``q``).
+    """
+    v = q_xV.shape[-1]
+    log_q = jnp.where(q_xV > 0, jnp.log(jnp.maximum(q_xV, 1e-38)), -jnp.inf)
+    gumbel = jax.random.gumbel(key, q_xV.shape, jnp.float32)
+    scores = log_q + jnp.where(temperature_zero, 0.0, gumbel)
+    _, tokens_xK = jax.lax.top_k(scores, k)
+    tokens_xK = tokens_xK.astype(jnp.int32)
+    one_hot_xKxV = jax.nn.one_hot(tokens_xK, v, dtype=jnp.float32)
+    earlier_xKxV = jnp.cumsum(one_hot_xKxV, axis=-2) - one_hot_xKxV
+    kept_xKxV = jnp.where(earlier_xKxV > 0, 0.0, q_xV[..., None, :])
+    mass_xKx1 = jnp.sum(kept_xKxV, axis=-1, keepdims=True)
+    laws_xKxV = kept_xKxV / jnp.where(mass_xKx1 > 0, mass_xKx1, 1.0)
+    laws_xKxV = jnp.where(temperature_zero, one_hot_xKxV, laws_xKxV)
+    valid_xK = jnp.take_along_axis(q_xV, tokens_xK, axis=-1) > 0
+    return Children(tokens=tokens_xK, laws=laws_xKxV, valid=valid_xK)
+
+
+# ---------------------------------------------------------------------------
+# Verifiers
+# ---------------------------------------------------------------------------
+
+@flax.struct.dataclass
+class TreeVerifyOutput:
+    node: Array  # int32 [B]: the accepted node, -1 = root (no draft kept)
+    num_accepted: Array  # int32 [B]: depth of that node (drafts accepted)
+    next_token: Array  # int32 [B]: the correction or bonus token emitted after them
+
+
+def normalised(weights_xV: Array) -> Array:
+    return weights_xV / jnp.sum(weights_xV, axis=-1, keepdims=True)
+
+
+def _is_child(tree_row: Tree, i: Array, node: Array) -> Array:
+    return tree_row.valid[i] & (tree_row.parents[i] == node)
+
+
+@dataclasses.dataclass(frozen=True)
+class GreedyTreeVerifier:
+    """Longest root path matching the target's argmax at each parent (T = 0).
+
+    Among equally deep matching nodes (only possible with repeated sibling
+    tokens) the lowest index wins. ``key`` and ``q`` are unused.
+    """
+
+    name: str = "greedy"
+
+    def __call__(self, key: Array, tree: Tree, q_BxN1xV: Array,
+                 pi_BxN1xV: Array) -> TreeVerifyOutput:
+        del key, q_BxN1xV
+        n = tree.num_nodes
+        best_BxN1 = first_argmax(pi_BxN1xV)  # [B, N + 1, V] -> [B, N + 1]
+        want_BxN = jnp.take_along_axis(best_BxN1, tree.parents + 1, axis=1)
+        match_BxN = tree.valid & (tree.tokens == want_BxN)
+        anc_BxNxN = ancestor_mask(tree)
+        ok_BxN = tree.valid & jnp.all(match_BxN[:, None, :] | ~anc_BxNxN, axis=-1)
+        depth_BxN = jnp.sum(anc_BxNxN, axis=-1)
+        score_BxN = jnp.where(ok_BxN, depth_BxN * (n + 1) + (n - jnp.arange(n)), -1)
+        node_B = jnp.where(jnp.any(ok_BxN, axis=1), jnp.argmax(score_BxN, axis=1),
+                           ROOT).astype(jnp.int32)
+        next_B = jnp.take_along_axis(best_BxN1, (node_B + 1)[:, None], axis=1)[:, 0]
+        return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
+                                next_token=next_B.astype(jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecursiveRejectionVerifier:
+    """Recursive rejection sampling over each node's children (module docstring).
+
+    ``replacement=False`` (name ``rrs``): children drawn without replacement
+    (``sample_children``), verified against their sequential laws ``q_j``.
+    ``replacement=True`` (``rrs-replacement``): children drawn independently
+    from ``q`` (SpecInfer), verified against ``q``.
+
+    One fixed-trip loop over the node slots in index order: slot ``i`` is
+    tested iff it is a child of the current node; children of a node come
+    after it and its siblings in drafting order, so this is the recursion.
+    Example: parents [-1, -1, 0, 1]: node 0 rejected, node 1 accepted ->
+    current node 1; slot 2 (child of 0) is skipped, slot 3 tested.
+    """
+
+    replacement: bool = False
+    needs_normalised_law: ClassVar[bool] = True
+
+    @property
+    def name(self) -> str:
+        return "rrs-replacement" if self.replacement else "rrs"
+
+    def sibling_residual(self, r_V: Array, law_V: Array) -> Array:
+        """The law left for the next sibling after one with law ``law`` was
+        rejected: ``norm((r - law)_+)`` (``r`` itself if that has no mass)."""
+        return normalised(residual(r_V, law_V))
+
+    def __call__(self, key: Array, tree: Tree, q_BxN1xV: Array,
+                 pi_BxN1xV: Array) -> TreeVerifyOutput:
+        accept_key, sample_key = jax.random.split(key)
+        u_BxN = jax.random.uniform(accept_key, tree.tokens.shape)
+        law_BxNxV = sibling_laws(tree, q_BxN1xV, self.replacement)
+        n = tree.num_nodes
+
+        def row(tree_row: Tree, law_NxV, pi_N1xV, u_N):
+            def body_fn(i, carry):
+                node, r_V = carry  # int32 []: current node; float32 [V]: its law left
+                x = tree_row.tokens[i]
+                law_x = law_NxV[i, x]
+                tested = _is_child(tree_row, i, node)
+                accept = tested & (law_x > 0) & (u_N[i] * law_x < r_V[x])
+                reject = tested & ~accept
+                r_V = jnp.where(accept, pi_N1xV[i + 1],
+                                jnp.where(reject, self.sibling_residual(r_V, law_NxV[i]), r_V))
+                return jnp.where(accept, i, node), r_V
+
+            return jax.lax.fori_loop(0, n, body_fn, (jnp.int32(ROOT), pi_N1xV[0]))
+
+        node_B, weights_BxV = jax.vmap(row)(tree, law_BxNxV, pi_BxN1xV, u_BxN)
+        return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
+                                next_token=sample_from_weights(sample_key, weights_BxV))
+
+
+@dataclasses.dataclass(frozen=True)
+class TraversalVerifier:
+    """Traversal verification (Weng et al.), leaf to root (module docstring).
+
+    ``replacement``: how the children were drawn (the paper's setting, and
+    the default, is without replacement); it only changes the sibling laws
+    ``q_j``. A fixed-trip loop of ``2 N + 1`` steps walks the tree depth
+    first: each step either enters the next unvisited child of the current
+    node (fixing that child's ``alpha`` from the parent's current state) or,
+    when none is left, tests the current node (accept w.p. ``alpha``; the root
+    always accepts) and on rejection updates the parent and returns to it.
+    Node ``i`` is tested with uniform ``u_i``, so on a chain the uniforms are
+    the block verifier's ``eta``.
+    """
+
+    replacement: bool = False
+    name: str = "traversal"
+    needs_normalised_law: ClassVar[bool] = True
+
+    def __call__(self, key: Array, tree: Tree, q_BxN1xV: Array,
+                 pi_BxN1xV: Array) -> TreeVerifyOutput:
+        accept_key, sample_key = jax.random.split(key)
+        u_BxN = jax.random.uniform(accept_key, tree.tokens.shape)
+        law_BxNxV = sibling_laws(tree, q_BxN1xV, self.replacement)
+        n = tree.num_nodes
+        index_N = jnp.arange(n, dtype=jnp.int32)
+
+        def row(tree_row: Tree, law_NxV, pi_N1xV, u_N):
+            def body_fn(_, carry):
+                # node: current node; after: its children up to this index are done;
+                # alpha_N1 [N + 1], p_N1xV [N + 1, V]: (alpha, P) per context
+                node, after, alpha_N1, p_N1xV, done, accepted = carry
+                is_next = _is_child(tree_row, index_N, node) & (index_N > after)
+                child = jnp.min(jnp.where(is_next, index_N, n))
+                enter = ~done & (child < n)
+                leave = ~done & (child >= n)
+                # Enter ``child``: alpha = min(1, alpha_node P_node(x) / q_j(x)).
+                c = jnp.minimum(child, n - 1)
+                x = tree_row.tokens[c]
+                law_x = law_NxV[c, x]
+                ratio = (alpha_N1[node + 1] * p_N1xV[node + 1, x]
+                         / jnp.where(law_x > 0, law_x, 1.0))
+                alpha_child = jnp.where(law_x > 0, jnp.minimum(ratio, 1.0), 0.0)
+                # Leave ``node``: test it; on rejection update its parent.
+                accept = leave & ((node == ROOT) | (u_N[jnp.maximum(node, 0)]
+                                                    < alpha_N1[node + 1]))
+                reject = leave & ~accept
+                parent = tree_row.parents[jnp.maximum(node, 0)]
+                alpha_p, p_V = alpha_N1[parent + 1], p_N1xV[parent + 1]
+                diff_V = alpha_p * p_V - law_NxV[jnp.maximum(node, 0)]
+                s = jnp.sum(jnp.maximum(diff_V, 0.0))
+                denom = s + 1.0 - alpha_p
+                new_alpha_p = jnp.where(denom > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
+                new_p_V = jnp.where(s > RESIDUAL_EPS,
+                                    jnp.maximum(diff_V, 0.0) / jnp.maximum(s, RESIDUAL_EPS), p_V)
+                alpha_N1 = jnp.where(enter, alpha_N1.at[c + 1].set(alpha_child),
+                                     jnp.where(reject, alpha_N1.at[parent + 1].set(new_alpha_p),
+                                               alpha_N1))
+                p_N1xV = jnp.where(reject, p_N1xV.at[parent + 1].set(new_p_V), p_N1xV)
+                new_node = jnp.where(enter, c, jnp.where(reject, parent, node))
+                new_after = jnp.where(enter, c, jnp.where(reject, node, after))
+                accepted = jnp.where(accept, node, accepted)
+                return new_node, new_after, alpha_N1, p_N1xV, done | accept, accepted
+
+            alpha_N1 = jnp.ones((n + 1,), jnp.float32)
+            init = (jnp.int32(ROOT), jnp.int32(ROOT), alpha_N1, pi_N1xV, jnp.bool_(False),
+                    jnp.int32(ROOT))
+            *_, p_N1xV, _, accepted = jax.lax.fori_loop(0, 2 * n + 1, body_fn, init)
+            return accepted, p_N1xV[accepted + 1]
+
+        node_B, weights_BxV = jax.vmap(row)(tree, law_BxNxV, pi_BxN1xV, u_BxN)
+        return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
+                                next_token=sample_from_weights(sample_key, weights_BxV))
+
+
+TREE_VERIFIERS = ("greedy", "rrs", "rrs-replacement", "traversal")
+
+
+def get_tree_verifier(name: str):
+    """The tree verifier for a name (see ``TREE_VERIFIERS``)."""
+    verifiers = {"greedy": GreedyTreeVerifier(), "rrs": RecursiveRejectionVerifier(),
+                 "rrs-replacement": RecursiveRejectionVerifier(replacement=True),
+                 "traversal": TraversalVerifier()}
+    if name not in verifiers:
+        raise ValueError(f"unknown tree verifier {name!r}; choose one of "
+                         f"{', '.join(TREE_VERIFIERS)}.")
+    return verifiers[name]
