@@ -51,6 +51,7 @@ JOBS = {
     "bench_feature_drafter":
         "specdec_jax.jobs.bench.feature_drafter:run_bench_feature_drafter",
     "tpu_compile": "specdec_jax.jobs.tpu_compile:run_tpu_compile",
+    "tpu_prices": "specdec_jax.jobs.tpu_prices:run_tpu_prices",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
 # writing; training: batches split along the data axis, orbax writing every
