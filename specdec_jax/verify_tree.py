@@ -63,7 +63,10 @@ it rejects node 0 does it test node 1; node 2 is tested only after node 0 is
 accepted.
 
 All functions are pure and jittable; the per-node loops are fixed-trip
-``lax.fori_loop`` s over the node slots, vectorised over rows with ``vmap``.
+``lax.fori_loop`` s over the node slots, one row at a time (``lax.map``, so
+that a step that changes no law skips its ``[V]`` work: at the 152k
+vocabulary, 20 nodes, on CPU, a row of traversal verification took 16 ms
+this way against 90 ms vectorised over rows).
 Exactness needs the tree's shape to be fixed before its tokens are drawn, or
 at least never to depend on a node's own token or on tokens drafted after it
 in the verifier's visiting order (docs/algorithms.md, 'Token trees').
@@ -356,13 +359,17 @@ class RecursiveRejectionVerifier:
                 tested = _is_child(tree_row, i, node)
                 accept = tested & (law_x > 0) & (u_N[i] * law_x < r_V[x])
                 reject = tested & ~accept
-                r_V = jnp.where(accept, pi_N1xV[i + 1],
-                                jnp.where(reject, self.sibling_residual(r_V, law_NxV[i]), r_V))
+                # A real branch per row (``lax.map`` below): slots that are not
+                # children of the current node touch no [V] row.
+                r_V = jax.lax.switch(accept.astype(jnp.int32) + 2 * reject.astype(jnp.int32),
+                                     [lambda r_V: r_V, lambda r_V: pi_N1xV[i + 1],
+                                      lambda r_V: self.sibling_residual(r_V, law_NxV[i])], r_V)
                 return jnp.where(accept, i, node), r_V
 
             return jax.lax.fori_loop(0, n, body_fn, (jnp.int32(ROOT), pi_N1xV[0]))
 
-        node_B, weights_BxV = jax.vmap(row)(tree, law_BxNxV, pi_BxN1xV, u_BxN)
+        node_B, weights_BxV = jax.lax.map(lambda args: row(*args),
+                                          (tree, law_BxNxV, pi_BxN1xV, u_BxN))
         return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
                                 next_token=sample_from_weights(sample_key, weights_BxV))
 
@@ -415,17 +422,23 @@ class TraversalVerifier:
                                                     < alpha_N1[node + 1]))
                 reject = leave & ~accept
                 parent = tree_row.parents[jnp.maximum(node, 0)]
-                alpha_p, p_V = alpha_N1[parent + 1], p_N1xV[parent + 1]
-                diff_V = alpha_p * p_V - law_NxV[jnp.maximum(node, 0)]
-                s = jnp.sum(jnp.maximum(diff_V, 0.0))
-                denom = s + 1.0 - alpha_p
-                new_alpha_p = jnp.where(denom > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
-                new_p_V = jnp.where(s > RESIDUAL_EPS,
+
+                def reject_update(state):
+                    # The parent's (alpha, P) after its child ``node`` (law q_j) is rejected.
+                    alpha_N1, p_N1xV = state
+                    alpha_p, p_V = alpha_N1[parent + 1], p_N1xV[parent + 1]
+                    diff_V = alpha_p * p_V - law_NxV[jnp.maximum(node, 0)]
+                    s = jnp.sum(jnp.maximum(diff_V, 0.0))
+                    denom = s + 1.0 - alpha_p
+                    alpha_p = jnp.where(denom > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
+                    p_V = jnp.where(s > RESIDUAL_EPS,
                                     jnp.maximum(diff_V, 0.0) / jnp.maximum(s, RESIDUAL_EPS), p_V)
-                alpha_N1 = jnp.where(enter, alpha_N1.at[c + 1].set(alpha_child),
-                                     jnp.where(reject, alpha_N1.at[parent + 1].set(new_alpha_p),
-                                               alpha_N1))
-                p_N1xV = jnp.where(reject, p_N1xV.at[parent + 1].set(new_p_V), p_N1xV)
+                    return alpha_N1.at[parent + 1].set(alpha_p), p_N1xV.at[parent + 1].set(p_V)
+
+                alpha_N1 = alpha_N1.at[c + 1].set(jnp.where(enter, alpha_child, alpha_N1[c + 1]))
+                # A real branch per row (``lax.map`` below): only rejections touch [V] rows.
+                alpha_N1, p_N1xV = jax.lax.cond(reject, reject_update, lambda state: state,
+                                                (alpha_N1, p_N1xV))
                 new_node = jnp.where(enter, c, jnp.where(reject, parent, node))
                 new_after = jnp.where(enter, c, jnp.where(reject, node, after))
                 accepted = jnp.where(accept, node, accepted)
@@ -437,7 +450,8 @@ class TraversalVerifier:
             *_, p_N1xV, _, accepted = jax.lax.fori_loop(0, 2 * n + 1, body_fn, init)
             return accepted, p_N1xV[accepted + 1]
 
-        node_B, weights_BxV = jax.vmap(row)(tree, law_BxNxV, pi_BxN1xV, u_BxN)
+        node_B, weights_BxV = jax.lax.map(lambda args: row(*args),
+                                          (tree, law_BxNxV, pi_BxN1xV, u_BxN))
         return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
                                 next_token=sample_from_weights(sample_key, weights_BxV))
 
