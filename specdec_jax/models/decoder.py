@@ -235,21 +235,28 @@ class _DecoderNet(nn.Module):
 
     @nn.compact
     def __call__(self, tokens_BxK, cache: DecoderCache, select_BxN=None, head=None,
-                 all_hidden: bool = False):
+                 all_hidden: bool = False, tree=None):
         cfg = self.config
         dtype = jnp.dtype(cfg.dtype)
         embedder = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                             param_dtype=jnp.dtype(cfg.param_dtype), name="embedder")
         k = tokens_BxK.shape[1]
-        positions_BxK = cache.lengths[:, None] + jnp.arange(k)[None, :]
-        mask_BxKxS = interface.causal_cache_mask(cache.lengths, k, cache.max_length)
+        if tree is None:  # a chain: K tokens at lengths .. lengths + K - 1
+            positions_BxK = cache.lengths[:, None] + jnp.arange(k)[None, :]
+            mask_BxKxS = interface.causal_cache_mask(cache.lengths, k, cache.max_length)
+            write_at_B, new_lengths_B = cache.lengths, cache.lengths + k
+        else:  # nodes start .. start + K - 1 of a tree (interface: 'Token trees')
+            parents_BxN, start = tree
+            positions_BxK, mask_BxKxS = interface.tree_positions_and_mask(
+                cache.lengths, parents_BxN, cache.max_length, start, k)
+            write_at_B, new_lengths_B = cache.lengths + start, cache.lengths
         x = embedder(tokens_BxK)
         new_keys, new_values = [], []
         for i in range(cfg.num_layers):
             norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_attention_norm")
             attn_out, keys, values = Attention(cfg, name=f"layers_{i}_attention")(
                 norm(x), positions_BxK, mask_BxKxS, cache.keys[i], cache.values[i],
-                cache.lengths)
+                write_at_B)
             x = x + attn_out
             norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_mlp_norm")
             x = x + SwiGLU(cfg, name=f"layers_{i}_mlp")(norm(x))
@@ -277,7 +284,7 @@ class _DecoderNet(nn.Module):
                                 (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))
             logits = jnp.matmul(h32, kernel.astype(jnp.float32), precision=cfg.compute_precision)
         new_cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
-                                  lengths=cache.lengths + k)
+                                  lengths=new_lengths_B)
         return logits, every_hidden if all_hidden else hidden, new_cache
 
 
@@ -338,7 +345,7 @@ class DecoderOnlyLM:
         return DecoderCache(keys=zeros(), values=zeros(),
                             lengths=jnp.zeros((batch_size,), jnp.int32))
 
-    def _apply(self, params, tokens, cache, select=None, all_hidden=False):
+    def _apply(self, params, tokens, cache, select=None, all_hidden=False, tree=None):
         flat = _flatten(params)
         head = flat.pop(HEAD_VOCAB, None)
         if (head is None) != (self.config.head_vocab == 0):
@@ -348,7 +355,8 @@ class DecoderOnlyLM:
                 "with decoder.with_head_vocab.")
         if head is not None:
             head = (head["token_ids"], head["rows"])
-        return self._net.apply({"params": flat}, tokens, cache, select, head, all_hidden)
+        return self._net.apply({"params": flat}, tokens, cache, select, head, all_hidden,
+                               tree)
 
     def prefill(self, params: dict, prompt: Prompt, cache: DecoderCache,
                 all_hidden: bool = False) -> StepOutput:
@@ -380,6 +388,35 @@ class DecoderOnlyLM:
         interface.check_extend(tokens, cache.lengths, cache.max_length, self.vocab_size)
         logits, hidden, new_cache = self._apply(params, tokens, cache, logits_at)
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
+
+    def score_tree(self, params: dict, tokens: Array, parents: Array, cache: DecoderCache,
+                   start: int = 0) -> StepOutput:
+        """Scores the nodes ``start .. start + K - 1`` (``tokens`` [B, K]) of a
+        token tree with ``parents`` [B, N] (-1 = the root) in one call.
+
+        Node i sits at position ``lengths + depth_i`` and attends to the
+        committed cache and to its ancestors (itself included); its
+        keys/values are written to the scratch slot ``lengths + i``. Nodes
+        before ``start`` must already be in their slots (an earlier call of
+        the same tree: a drafter grows its tree one depth per call). Returns
+        logits [B, K, V] (next-token logits after each node) and the cache
+        with the nodes in scratch and its lengths unchanged; ``commit_path``
+        keeps the accepted path. See the interface module ('Token trees').
+        """
+        interface.check_tree(tokens, parents, cache.lengths, cache.max_length, self.vocab_size,
+                             start)
+        logits, hidden, new_cache = self._apply(params, tokens, cache,
+                                                tree=(parents.astype(jnp.int32), start))
+        return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
+
+    def commit_path(self, cache: DecoderCache, nodes: Array, count: Array) -> DecoderCache:
+        """Moves the keys/values of the accepted path ``nodes[b, :count[b]]``
+        (node indices, root to leaf) from their scratch slots to ``lengths ..
+        lengths + count - 1`` and sets lengths to ``lengths + count``."""
+        move = lambda buffers: tuple(  # noqa: E731
+            interface.commit_tree_path(b, cache.lengths, nodes, count) for b in buffers)
+        return cache.replace(keys=move(cache.keys), values=move(cache.values),
+                             lengths=cache.lengths + count.astype(cache.lengths.dtype))
 
 
 def _fuse_layer(layer: dict, num_kv_heads: int, head_dim: int) -> dict:
@@ -447,15 +484,30 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN,
     call that splits, transposes and fuses at once, so the peak memory is the
     old tree plus the new one, never a third copy in between.
     """
+    config, convert_entry = kernel_layout_converter(model.config, layout, fused=fused)
+    if convert_entry is None:
+        return model, params
+    return DecoderOnlyLM(config), {name: convert_entry(name, entry)
+                                   for name, entry in params.items()}
+
+
+def kernel_layout_converter(old: DecoderConfig, layout: str = OUT_IN, *,
+                            fused: bool | None = None):
+    """``(config, convert_entry)``: the config of ``with_kernel_layout`` and
+    the function that converts one top-level entry of the parameter tree,
+    ``convert_entry(name, entry) -> entry`` (``None`` when the layout is
+    already ``old``'s). For callers that convert entry by entry and drop each
+    source entry as they go (the converted-checkpoint cache writes a
+    decode-layout copy this way), so the old and new trees never both sit in
+    memory."""
     if layout not in KERNEL_LAYOUTS:
         raise ValueError(f"kernel layout {layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
     fused = layout == OUT_IN if fused is None else fused
     if fused and layout != OUT_IN:
         raise ValueError("fused projections are part of the out_in decode layout; pass "
                          "fused=False with the in_out layout.")
-    old = model.config
     if layout == old.kernel_layout and fused == old.fused_projections:
-        return model, params
+        return old, None
     config = dataclasses.replace(old, kernel_layout=layout, fused_projections=fused)
 
     def transpose_kernels(entry):
@@ -474,9 +526,11 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN,
     other = (lambda entry: entry) if layout == old.kernel_layout else (
         lambda entry: jax.tree_util.tree_map_with_path(
             lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, entry))
-    params = {name: convert_layer(entry) if name.startswith("layers_") else other(entry)
-              for name, entry in params.items()}
-    return DecoderOnlyLM(config), params
+
+    def convert_entry(name: str, entry):
+        return convert_layer(entry) if name.startswith("layers_") else other(entry)
+
+    return config, convert_entry
 
 
 def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[DecoderOnlyLM, dict]:

@@ -200,3 +200,139 @@ def causal_cache_mask(lengths_B: Array, k: int, max_length: int) -> Array:
     query_pos_BxK = lengths_B[:, None] + jnp.arange(k)[None, :]
     key_pos_S = jnp.arange(max_length)
     return key_pos_S[None, None, :] <= query_pos_BxK[:, :, None]
+
+
+# --------------------------------------------------------------------------
+# Token trees (ALGORITHMS.md §10): N nodes scored in one call.
+#
+# A tree is ``parents`` (int32 [B, N]): ``parents[b, i]`` is the index of node
+# i's parent, -1 for a child of the round's root (the last committed token);
+# nodes are in topological order (``parents[b, i] < i``). Node i has depth
+# ``d_i`` = its number of ancestors in the tree and sits at position
+# ``L + d_i`` (L = the row's committed length, ``cache.lengths``); it attends
+# to the whole committed cache and to its ancestors including itself. Its
+# keys/values go to the scratch slot ``L + i``; the cache's lengths stay L, so
+# nothing is committed until ``commit_path`` moves the accepted path's entries
+# to ``L .. L + a - 1``. The parents are data: one compiled program serves
+# every tree of N nodes.
+#
+# Worked example (L = 5): parents [-1, -1, 0, 0, 2] is
+#       root ─┬─ 0 ─┬─ 2 ── 4
+#             │     └─ 3
+#             └─ 1
+# depths [0, 0, 1, 1, 2], positions [5, 5, 6, 6, 7], scratch slots 5 .. 9;
+# node 4 sees slots 0..4 (the cache), 5 (node 0), 7 (node 2) and 9 (itself).
+# Accepting the path 0 -> 2 -> 4: ``commit_path(cache, [[0, 2, 4]], [3])``
+# copies slots 5, 7, 9 to 5, 6, 7 and sets lengths to 8. A chain is the tree
+# ``parents[i] = i - 1``; scoring it equals ``extend`` and committing all of it
+# leaves the cache ``extend`` leaves.
+
+
+class TreeLanguageModel(LanguageModel, Protocol):
+    """A model that can also score token trees (decoder-only models)."""
+
+    def score_tree(self, params: Any, tokens: Array, parents: Array, cache: Cache,
+                   start: int = 0) -> StepOutput: ...
+
+    def commit_path(self, cache: Cache, nodes: Array, count: Array) -> Cache: ...
+
+
+def supports_trees(model: Any) -> bool:
+    return callable(getattr(model, "score_tree", None)) and callable(
+        getattr(model, "commit_path", None))
+
+
+def tree_ancestors(parents_BxN: Array) -> Array:
+    """bool [B, N, N]: ``anc[b, i, j]`` = node j is on the path root -> i
+    (i itself included). Pointer jumping: N - 1 hops of every node at once."""
+    batch, n = parents_BxN.shape
+    parents_BxN = parents_BxN.astype(jnp.int32)
+
+    def body_fn(_, carry):
+        anc_BxNxN, cur_BxN = carry  # cur: the ancestor reached so far (-1 past the root)
+        cur_BxN = jnp.where(cur_BxN >= 0, jnp.take_along_axis(
+            parents_BxN, jnp.maximum(cur_BxN, 0), axis=1), -1)
+        return anc_BxNxN | jax.nn.one_hot(cur_BxN, n, dtype=jnp.bool_), cur_BxN
+
+    start = (jnp.broadcast_to(jnp.eye(n, dtype=jnp.bool_), (batch, n, n)),
+             jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n)))
+    anc_BxNxN, _ = jax.lax.fori_loop(0, max(n - 1, 0), body_fn, start)
+    return anc_BxNxN
+
+
+def tree_depths(parents_BxN: Array) -> Array:
+    """int32 [B, N]: number of ancestors of each node (0 for the root's children)."""
+    return jnp.sum(tree_ancestors(parents_BxN), axis=-1, dtype=jnp.int32) - 1
+
+
+def tree_positions_and_mask(lengths_B: Array, parents_BxN: Array, max_length: int,
+                            start: int = 0, k: int | None = None) -> tuple[Array, Array]:
+    """(positions int32 [B, K], mask bool [B, K, S]) for nodes ``start ..
+    start + K - 1`` of an N-node tree (all N by default) whose scratch slots
+    are ``L .. L + N - 1``: position ``L + d_i``; key s is visible iff ``s <
+    L`` (the committed cache) or ``s = L + j`` with j an ancestor of i or i
+    itself."""
+    n = parents_BxN.shape[1]
+    k = n - start if k is None else k
+    anc_BxNxN = tree_ancestors(parents_BxN)[:, start:start + k]  # [B, K, N]
+    depth_BxK = jnp.sum(anc_BxNxN, axis=-1, dtype=jnp.int32) - 1
+    positions_BxK = lengths_B[:, None] + depth_BxK
+    rel_S = jnp.arange(max_length)[None, :] - lengths_B[:, None]  # [B, S]
+    in_tree_BxS = (rel_S >= 0) & (rel_S < n)
+    ancestor_BxKxS = jnp.take_along_axis(
+        anc_BxNxN, jnp.broadcast_to(jnp.clip(rel_S, 0, n - 1)[:, None, :],
+                                    (anc_BxNxN.shape[0], k, max_length)), axis=2)
+    mask_BxKxS = (rel_S < 0)[:, None, :] | (in_tree_BxS[:, None, :] & ancestor_BxKxS)
+    return positions_BxK, mask_BxKxS
+
+
+def check_tree(tokens: Array, parents: Array, lengths: Array, max_length: int,
+               vocab_size: int, start: int = 0, where: str = "score_tree") -> None:
+    """Static and (when concrete) value checks for one ``score_tree`` call."""
+    if tokens.ndim != 2 or parents.ndim != 2 or parents.shape[0] != tokens.shape[0]:
+        raise ValueError(f"{where}: tokens must be int [B, K] and parents int [B, N], got "
+                         f"{tokens.shape} and {parents.shape}.")
+    n = parents.shape[1]
+    if not 0 <= start or start + tokens.shape[1] > n:
+        raise ValueError(f"{where}: feeding nodes {start} .. {start + tokens.shape[1] - 1} of "
+                         f"a tree of {n} nodes.")
+    check_extend(tokens, lengths, max_length, vocab_size, where)
+    lens = _concrete(lengths)
+    if lens is not None and (lens + n > max_length).any():
+        raise ValueError(f"{where}: a row holds {int(lens.max())} tokens; a tree of {n} nodes "
+                         f"needs {n} scratch slots after it (max_length {max_length}).")
+    par = _concrete(parents)
+    if par is not None and par.size:
+        index = np.arange(n)[None, :]
+        bad = (par < -1) | (par >= index)
+        if bad.any():
+            row, node = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{where}: node {node} of row {row} has parent {int(par[row, node])}; parents "
+                "must be -1 (the root) or an earlier node (topological order).")
+
+
+def commit_tree_path(buffer_BxSx_: Array, lengths_B: Array, nodes_BxA: Array,
+                     count_B: Array) -> Array:
+    """``buffer[b, L + j] = buffer[b, L + nodes[b, j]]`` for ``j < count[b]``
+    (L = lengths[b]): the accepted path's scratch entries moved into place.
+    Slots from ``L + count`` on are left as they are (stale)."""
+    batch, a = nodes_BxA.shape
+    j_A = jnp.arange(a)
+    keep_BxA = j_A[None, :] < count_B[:, None]
+    source_BxA = lengths_B[:, None] + jnp.where(keep_BxA, nodes_BxA, j_A[None, :])
+    width = buffer_BxSx_.shape[1]
+    rows_BxA = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, a))
+    moved = buffer_BxSx_[rows_BxA, jnp.clip(source_BxA, 0, width - 1)]
+    target_BxA = jnp.where(keep_BxA, lengths_B[:, None] + j_A[None, :], width)
+    return buffer_BxSx_.at[rows_BxA, target_BxA].set(moved, mode="drop")
+
+
+def tree_with_root(root_B: Array, tokens_BxN: Array, parents_BxN: Array) -> tuple[Array, Array]:
+    """A drafted tree (parents -1 = the root token) as the N + 1 nodes a target
+    scores: node 0 is the root token itself (parent -1), node i + 1 is drafted
+    node i. Its logits then give ``p`` at [root, node 0 .. N - 1], the order
+    of a tree proposal's ``q``."""
+    tokens = jnp.concatenate([root_B[:, None].astype(tokens_BxN.dtype), tokens_BxN], axis=1)
+    parents = jnp.concatenate([jnp.full_like(parents_BxN[:, :1], -1), parents_BxN + 1], axis=1)
+    return tokens, parents

@@ -90,3 +90,44 @@ class TableLM:
         return StepOutput(logits=interface.select_positions(logits, logits_at),
                           hidden=interface.select_positions(hidden, logits_at),
                           cache=new_cache)
+
+    def score_tree(self, params: dict, tokens: Array, parents: Array, cache: TableCache,
+                   start: int = 0) -> StepOutput:
+        """Token-tree scoring (``DecoderOnlyLM.score_tree``): node i's context is
+        the committed history then the tokens on the path root -> i; its token
+        is written to the scratch slot ``lengths + i``, lengths unchanged."""
+        interface.check_tree(tokens, parents, cache.lengths, cache.max_length, self.vocab_size,
+                             start)
+        batch, k = tokens.shape
+        n = parents.shape[1]
+        write_at_B = cache.lengths + start
+        history = interface.write_at_lengths(
+            cache.history[..., None, None], tokens[..., None, None], write_at_B)[..., 0, 0]
+        rows_B1 = jnp.arange(batch)[:, None]
+        slots_BxN = jnp.clip(cache.lengths[:, None] + jnp.arange(n)[None, :], 0,
+                             cache.max_length - 1)
+        node_tokens_BxN = history[rows_B1, slots_BxN]
+        anc_BxKxN = interface.tree_ancestors(parents.astype(jnp.int32))[:, start:start + k]
+        all_depth_BxN = interface.tree_depths(parents.astype(jnp.int32))
+        depth_BxK = all_depth_BxN[:, start:start + k]
+        index_BxK = jnp.zeros((batch, k), jnp.int32)
+        for back in range(self.order):  # back = 0 is the node's own token
+            # The ancestor at depth d_i - back (on the path), else the committed
+            # history at position L + d_i - back (token 0 before the start).
+            on_path_BxKxN = anc_BxKxN & (all_depth_BxN[:, None, :] == depth_BxK[..., None] - back)
+            from_tree_BxK = jnp.sum(jnp.where(on_path_BxKxN, node_tokens_BxN[:, None, :], 0),
+                                    axis=-1)
+            pos_BxK = cache.lengths[:, None] + depth_BxK - back
+            from_history_BxK = jnp.where(
+                pos_BxK >= 0, history[rows_B1, jnp.clip(pos_BxK, 0, cache.max_length - 1)], 0)
+            tok = jnp.where(back <= depth_BxK, from_tree_BxK, from_history_BxK)
+            index_BxK = index_BxK + tok * self.vocab_size ** back
+        logits = params["table"][index_BxK].astype(jnp.float32)
+        hidden = jax.nn.one_hot(index_BxK, self.vocab_size ** self.order)
+        return StepOutput(logits=logits, hidden=hidden, cache=cache.replace(history=history))
+
+    def commit_path(self, cache: TableCache, nodes: Array, count: Array) -> TableCache:
+        """Keeps the accepted path's tokens (``DecoderOnlyLM.commit_path``)."""
+        history = interface.commit_tree_path(cache.history, cache.lengths, nodes, count)
+        return cache.replace(history=history,
+                             lengths=cache.lengths + count.astype(cache.lengths.dtype))
