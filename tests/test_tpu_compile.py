@@ -5,6 +5,7 @@ all-reduces per layer on 4 chips, and the job writes, resumes and refuses
 mismatched settings. Skipped without libtpu (``pip install -e ".[tpu]"``)."""
 
 import json
+import os
 
 import pytest
 
@@ -18,28 +19,33 @@ except tpu_aot.TpuUnavailable as error:
     pytest.skip(f"no TPU topology can be made ({error}); install the extra: "
                 f"{tpu_aot.INSTALL_HINT}", allow_module_level=True)
 
-TINY = tpu_programs.Shapes(target="tiny-target", drafter="tiny-drafter", cache_length=64,
-                           prompt_len=8, max_new_tokens=8, gamma=3)
+TINY = tpu_programs.Shapes(target="tiny-target", drafter="tiny-drafter", cache_length=32,
+                           prompt_len=4, max_new_tokens=4, gamma=2)
+# One generate function per method family (the job's ``generate`` group adds the
+# token and block-seed verifiers, which share specdecode's loop): autoregressive
+# decoding, speculative rounds (block verification), a speculative cascade's target
+# function, CS Drafting's nested loops over Max-Gram, SpecDec++'s data-dependent draft
+# loop and the feature head's drafting on the target's hidden states.
+FAMILIES = ["generate_autoregressive", "generate_specdecode_block", "generate_cascade_token_v3",
+            "generate_csd_maxgram", "generate_specdecpp", "generate_feature"]
 
 
-def tiny_models():
-    return {"target": tpu_programs.abstract_model("tiny-target"),
-            "drafter": tpu_programs.abstract_model("tiny-drafter")}
+@pytest.fixture(scope="module")
+def family_records():
+    """Every family's record, compiled by two worker processes at once (one
+    compile uses one core; the six take ~30 CPU seconds)."""
+    return tpu_compile.compile_in_processes(FAMILIES, TINY, TOPOLOGY,
+                                            workers=min(2, os.cpu_count() or 1))
 
 
-def compile_record(name, shapes=TINY, models=None):
-    mesh = tpu_aot.make_mesh(TOPOLOGY, data=shapes.data, model=shapes.model)
-    return tpu_compile.compile_one(name, shapes, mesh, models or tiny_models(),
-                                   tpu_aot.chip_of(TOPOLOGY), {})
+def test_the_families_cover_every_method_of_the_job():
+    methods = {tpu_programs.GENERATE[name][:2] for name in FAMILIES}
+    assert methods == {(m, kind) for m, kind, _ in tpu_programs.GENERATE.values()}
 
 
-# Three families (the job's ``generate`` group compiles the others): the loop of
-# autoregressive decoding, speculative rounds with block verification, and SpecDec++'s
-# data-dependent draft loop nested in the rounds.
-@pytest.mark.parametrize("name", ["generate_autoregressive", "generate_specdecode_block",
-                                  "generate_specdecpp"])
-def test_tiny_generate_functions_compile_with_no_host_ops_in_loops(name):
-    record = compile_record(name)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tiny_generate_functions_compile_with_no_host_ops_in_loops(name, family_records):
+    record = family_records[name]
     assert record["status"] == "compiled", record.get("error")
     assert record["fits"] and record["hbm_bytes"] > 0
     assert record["hlo"]["while_loops"] >= 1
@@ -77,6 +83,7 @@ def test_job_writes_resumes_and_refuses_other_settings(tmp_path, monkeypatch):
     step = report["programs"]["target_k1"]
     assert step["status"] == "compiled" and step["memory"]["alias"] > 0  # cache donated
     assert step["floor_s"] > 0 and step["hlo"]["fusions"] > 0
+    assert step["commit"] == tpu_compile.source_commit()
     assert json.loads(out.read_text())["settings"]["topology"] == TOPOLOGY
     text = (tmp_path / "report.md").read_text()
     assert tpu_aot.ESTIMATE in text and "`target_k1`" in text
@@ -96,3 +103,18 @@ def test_unknown_names_fail_before_compiling():
     with pytest.raises(ValueError, match="generation"):
         tpu_aot.chip_of("v9:2x2")
     assert hlo_stats.summarize("")["fusions"] == 0
+
+
+def test_the_suite_keeps_jax_on_the_cpu_beside_libtpu():
+    """tests/conftest.py: libtpu installed, no TPU chips: this process's jax runs on
+    the CPU (no TPU runtime started), and topologies are still described."""
+    import glob  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        pytest.skip("a TPU VM: the suite runs on its chips")
+    if os.environ.get("JAX_PLATFORMS") != "cpu":
+        pytest.skip(f"JAX_PLATFORMS was set to {os.environ.get('JAX_PLATFORMS')!r} outside")
+    assert jax.default_backend() == "cpu"
+    assert len(tpu_aot.topology_devices(TOPOLOGY)) == 4

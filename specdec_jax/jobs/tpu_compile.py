@@ -23,6 +23,9 @@ skipped (a compile of a 1.5B generate function takes minutes on 2 cores)::
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import multiprocessing
 import os
 import pathlib
 import platform
@@ -107,6 +110,37 @@ def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip
         record.update(status="error", error=f"{type(error).__name__}: {error}"[:3000],
                       compile_s=round(time.perf_counter() - started, 1))
     return record
+
+
+@functools.lru_cache(maxsize=4)
+def _abstract_models(target: str, drafter: str) -> dict:
+    return {"target": tpu_programs.abstract_model(target),
+            "drafter": tpu_programs.abstract_model(drafter)}
+
+
+def _compile_by_name(name: str, shapes: tpu_programs.Shapes, topology: str,
+                     compiler_options: dict) -> dict:
+    """``compile_one`` from names alone (what a worker process receives)."""
+    mesh = tpu_aot.make_mesh(topology, data=shapes.data, model=shapes.model)
+    return compile_one(name, shapes, mesh, _abstract_models(shapes.target, shapes.drafter),
+                       tpu_aot.chip_of(topology), compiler_options)
+
+
+def compile_in_processes(names: Sequence[str], shapes: tpu_programs.Shapes, topology: str, *,
+                         workers: int = 2, compiler_options: dict | None = None) -> dict:
+    """Records of ``names`` (``compile_one``'s), compiled by ``workers`` fresh
+    processes at once (the TPU compiler runs a program on one core, so this
+    divides the wall time of many small compiles by the cores). ``shapes.target``
+    and ``.drafter`` are registry architectures; the workers inherit the
+    environment (``JAX_PLATFORMS``, libtpu's lock setting). Returns
+    ``{name: record}`` in the order of ``names``."""
+    tpu_aot.topology_devices(topology)  # fails here, not in a worker, without libtpu
+    options = dict(compiler_options or {})
+    context = multiprocessing.get_context("spawn")  # never fork a process that holds jax
+    with concurrent.futures.ProcessPoolExecutor(max(1, workers), mp_context=context) as pool:
+        futures = {name: pool.submit(_compile_by_name, name, shapes, topology, options)
+                   for name in names}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def source_commit() -> str | None:

@@ -1,0 +1,28 @@
+"""The suite runs jax on the CPU wherever the ``tpu`` extra (libtpu) is installed on a
+machine without TPU chips, as CI's is.
+
+There jax would otherwise try libtpu's TPU runtime in every process that touches a
+device (start-up warnings, and libtpu's machine-wide lock file). The TPU compile
+tests need no TPU runtime: ``jax.experimental.topologies`` describes a TPU
+topology and compiles for it under ``JAX_PLATFORMS=cpu`` too. Set here, before any
+test imports jax; subprocesses the tests start inherit it. A ``JAX_PLATFORMS``
+already set is kept, and so is everything on a TPU VM (chips under ``/dev``, the
+same test as ``jobs.tpu_aot``'s) or where a CUDA plugin is installed (the GPU check
+runs this suite on a GPU).
+"""
+
+import glob
+import importlib.util
+import os
+
+
+def _cpu_only_suite() -> bool:
+    if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
+        return False
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return False
+    return not any(importlib.util.find_spec(f"jax_cuda{v}_plugin") for v in (12, 13))
+
+
+if _cpu_only_suite():
+    os.environ["JAX_PLATFORMS"] = "cpu"
