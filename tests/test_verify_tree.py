@@ -197,7 +197,7 @@ def run_trees(verifier, target: str, replacement: bool = False, seed: int = 0,
                 valid=jnp.asarray(valid))
     key, sub = jax.random.split(key)
     out = jitted(verifier)(sub, tree, jnp.asarray(Q_TABLE[codes]), jnp.asarray(pi[codes]))
-    emitted = np.asarray(emitted_tokens(tree, out.node, out.next_token))
+    emitted = np.asarray(jax.jit(emitted_tokens)(tree, out.node, out.next_token))
     count = np.asarray(out.num_accepted) + 1
     seqs = np.zeros((len(count), LENGTH), np.int64)
     ctx = np.zeros(len(count), np.int64)
@@ -262,12 +262,11 @@ def test_known_wrong_variants_fail():
     law = exact_law(pi_table("specdecode"))
     first = law.reshape(V, -1).sum(-1)
     wrong_q = run_trees(RecursiveRejectionVerifier(replacement=True), "specdecode",
-                        replacement=False, seed=2, shapes=("widths-2-2",))
+                        replacement=False, seed=2)
     seqs, _ = wrong_q["widths-2-2"]
     assert chi_square_pvalue(seqs[:, :1], first) < P_WRONG
     assert chi_square_pvalue(seqs, law) < P_WRONG
-    no_update = run_trees(RRSWithoutSiblingUpdate(), "specdecode", seed=3,
-                          shapes=("widths-3-1",))
+    no_update = run_trees(RRSWithoutSiblingUpdate(), "specdecode", seed=3)
     seqs, _ = no_update["widths-3-1"]
     assert chi_square_pvalue(seqs[:, :1], first) < P_WRONG
     assert chi_square_pvalue(seqs, law) < P_WRONG
@@ -476,7 +475,7 @@ def test_traversal_equals_block_verification_on_chains():
     drafts, q, pi = random_chain(0)
     key = jax.random.PRNGKey(7)
     g = drafts.shape[1]
-    block = BlockVerifier()(key, drafts, q[:, :g], pi[:, :g], pi[:, g])
+    block = jitted(BlockVerifier())(key, drafts, q[:, :g], pi[:, :g], pi[:, g])
     tree = jitted(TraversalVerifier())(key, chain(drafts), q, pi)
     np.testing.assert_array_equal(tree.num_accepted, block.num_accepted)
     np.testing.assert_array_equal(tree.next_token, block.next_token)
@@ -486,7 +485,7 @@ def test_traversal_equals_block_verification_on_chains():
 
     count = jnp.asarray(np.random.default_rng(1).integers(0, g + 1, size=drafts.shape[0]))
     bonus = jnp.take_along_axis(pi, count[:, None, None], axis=1)[:, 0]
-    block = BlockVerifier()(key, drafts, q[:, :g], pi[:, :g], bonus, count_B=count)
+    block = jitted(BlockVerifier())(key, drafts, q[:, :g], pi[:, :g], bonus, count_B=count)
     ragged = chain(drafts).replace(valid=jnp.arange(g)[None, :] < count[:, None])
     tree = jitted(TraversalVerifier())(key, ragged, q, pi)
     np.testing.assert_array_equal(tree.num_accepted, block.num_accepted)
@@ -499,7 +498,7 @@ def test_rrs_equals_token_verification_on_chains():
     drafts, q, pi = random_chain(2)
     key = jax.random.PRNGKey(8)
     g = drafts.shape[1]
-    token = TokenVerifier()(key, drafts, q[:, :g], pi[:, :g], pi[:, g])
+    token = jitted(TokenVerifier())(key, drafts, q[:, :g], pi[:, :g], pi[:, g])
     for verifier in (RecursiveRejectionVerifier(), RecursiveRejectionVerifier(replacement=True)):
         tree = jitted(verifier)(key, chain(drafts), q, pi)
         np.testing.assert_array_equal(tree.num_accepted, token.num_accepted)
@@ -552,7 +551,8 @@ def test_greedy_matches_brute_force():
                       np.take_along_axis(best, parents + 1, axis=1),
                       rng.integers(0, v, size=(rows, n))).astype(np.int32)
     tree = Tree(parents=jnp.asarray(parents), tokens=jnp.asarray(tokens), valid=jnp.asarray(valid))
-    out = GreedyTreeVerifier()(jax.random.PRNGKey(0), tree, jnp.asarray(pi), jnp.asarray(pi))
+    out = jitted(GreedyTreeVerifier())(jax.random.PRNGKey(0), tree, jnp.asarray(pi),
+                                       jnp.asarray(pi))
     want = np.array([greedy_reference(parents[b], tokens[b], valid[b], best[b])
                      for b in range(rows)])
     np.testing.assert_array_equal(out.node, want[:, 0])
@@ -571,7 +571,7 @@ def test_sample_children_without_replacement():
     (equal to ``sibling_laws`` of the drafted tree); the third child of a law
     with two tokens is invalid; T = 0 gives the top-k in order, one-hot laws."""
     q = np.array([0.5, 0.3, 0.15, 0.05], np.float32)
-    rows = 20_000
+    rows = ROWS  # the drafting driver's shape: no new compilation
     kids = children_fn(jax.random.PRNGKey(5), jnp.broadcast_to(jnp.asarray(q), (rows, 4)), 2,
                        False)
     pairs = np.asarray(kids.tokens)
@@ -585,13 +585,13 @@ def test_sample_children_without_replacement():
     assert stats.chisquare(counts[cells], expected).pvalue > P_MIN
     tree = Tree(parents=jnp.full((rows, 2), ROOT, jnp.int32), tokens=kids.tokens,
                 valid=jnp.ones((rows, 2), bool))
-    laws = sibling_laws(tree, jnp.broadcast_to(jnp.asarray(q), (rows, 3, 4)))
+    laws = jax.jit(sibling_laws)(tree, jnp.broadcast_to(jnp.asarray(q), (rows, 3, 4)))
     np.testing.assert_allclose(kids.laws, laws, atol=1e-6)
 
     two = jnp.asarray([0.6, 0.0, 0.4, 0.0])
-    drawn = sample_children(jax.random.PRNGKey(6), two, 3, False)
+    drawn = children_fn(jax.random.PRNGKey(6), two, 3, False)
     assert list(np.asarray(drawn.valid)) == [True, True, False]
-    greedy = sample_children(jax.random.PRNGKey(6), jnp.asarray(q), 3, True)
+    greedy = children_fn(jax.random.PRNGKey(6), jnp.asarray(q), 3, True)
     assert list(np.asarray(greedy.tokens)) == [0, 1, 2]
     np.testing.assert_array_equal(greedy.laws, np.eye(4)[:3])
 
@@ -600,20 +600,25 @@ def test_tree_helpers():
     """parents [-1, 0, 0, 2, -1], tokens [5, 6, 7, 8, 9], node 4 invalid."""
     tree = Tree(parents=jnp.asarray([[-1, 0, 0, 2, -1]]), tokens=jnp.asarray([[5, 6, 7, 8, 9]]),
                 valid=jnp.asarray([[True, True, True, True, False]]))
-    anc = np.asarray(ancestor_mask(tree))[0].astype(int)
-    np.testing.assert_array_equal(anc, [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
-                                        [1, 0, 1, 1, 0], [0, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(depths(tree), [[1, 2, 2, 3, 0]])
-    node = jnp.asarray([3])
-    np.testing.assert_array_equal(path_nodes(tree, node), [[0, 2, 3, -1, -1]])
-    np.testing.assert_array_equal(path_tokens(tree, node), [[5, 7, 8, 0, 0]])
-    np.testing.assert_array_equal(emitted_tokens(tree, node, jnp.asarray([1])),
-                                  [[5, 7, 8, 1, 0, 0]])
-    np.testing.assert_array_equal(emitted_tokens(tree, jnp.asarray([ROOT]), jnp.asarray([1])),
-                                  [[1, 0, 0, 0, 0, 0]])
+
+    @jax.jit
+    def helpers(tree, node, next_token):
+        return (ancestor_mask(tree), depths(tree), path_nodes(tree, node),
+                path_tokens(tree, node), emitted_tokens(tree, node, next_token))
+
+    anc, depth, nodes, tokens, emitted = helpers(tree, jnp.asarray([3]), jnp.asarray([1]))
+    np.testing.assert_array_equal(np.asarray(anc)[0].astype(int),
+                                  [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                                   [1, 0, 1, 1, 0], [0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(depth, [[1, 2, 2, 3, 0]])
+    np.testing.assert_array_equal(nodes, [[0, 2, 3, -1, -1]])
+    np.testing.assert_array_equal(tokens, [[5, 7, 8, 0, 0]])
+    np.testing.assert_array_equal(emitted, [[5, 7, 8, 1, 0, 0]])
+    *_, emitted = helpers(tree, jnp.asarray([ROOT]), jnp.asarray([1]))
+    np.testing.assert_array_equal(emitted, [[1, 0, 0, 0, 0, 0]])
     np.testing.assert_array_equal(static_tree((2, 2)), [-1, -1, 0, 0, 1, 1])
     long_chain = chain(jnp.zeros((1, 9), jnp.int32))
-    np.testing.assert_array_equal(depths(long_chain), [np.arange(1, 10)])
+    np.testing.assert_array_equal(jax.jit(depths)(long_chain), [np.arange(1, 10)])
     with pytest.raises(ValueError, match="topological"):
         validate_tree([[-1, 2, 0]])
     with pytest.raises(ValueError, match="invalid parent"):
