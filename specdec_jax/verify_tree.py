@@ -67,6 +67,9 @@ All functions are pure and jittable; the per-node loops are fixed-trip
 that a step that changes no law skips its ``[V]`` work: at the 152k
 vocabulary, 20 nodes, on CPU, a row of traversal verification took 16 ms
 this way against 90 ms vectorised over rows).
+Under greedy decoding use ``greedy``: with one-hot laws the sampling
+verifiers only ever consider each node's first child (the others have
+probability 0 under their sequential laws).
 Exactness needs the tree's shape to be fixed before its tokens are drawn, or
 at least never to depend on a node's own token or on tokens drafted after it
 in the verifier's visiting order (docs/algorithms.md, 'Token trees').
