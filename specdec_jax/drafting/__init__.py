@@ -18,12 +18,20 @@ from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter
 from specdec_jax.drafting.spec import feature_path, make_drafter, parse_spec
+from specdec_jax.drafting.tree import (
+    DynamicTreeDrafter,
+    MaxGramTreeDrafter,
+    StaticTreeDrafter,
+    TreeProposal,
+    TreeShape,
+)
 from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
 
 __all__ = [
-    "AdaptiveDrafter", "AdaptiveFeatureDrafter", "Context", "Drafter", "FeatureDrafter",
-    "FeatureHead", "FeatureHeadConfig", "FeatureVerticalCascade", "HorizontalCascade",
-    "MaxGramDrafter", "ModelDrafter", "Proposal", "VerticalCascade", "cs_drafter",
+    "AdaptiveDrafter", "AdaptiveFeatureDrafter", "Context", "Drafter", "DynamicTreeDrafter",
+    "FeatureDrafter", "FeatureHead", "FeatureHeadConfig", "FeatureVerticalCascade",
+    "HorizontalCascade", "MaxGramDrafter", "MaxGramTreeDrafter", "ModelDrafter", "Proposal",
+    "StaticTreeDrafter", "TreeProposal", "TreeShape", "VerticalCascade", "cs_drafter",
     "drafter_gamma", "feature_path", "is_drafter", "lenient_law", "make_drafter",
     "needs_features", "parse_k_matrix", "parse_spec",
 ]

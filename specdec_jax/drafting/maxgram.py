@@ -63,9 +63,9 @@ class MaxGramState:
     prompt_lengths: Array  # int32 [B]
 
 
-def longest_match_next(text_BxT: Array, n_B: Array, bigram_V: Array,
-                       max_ngram: int) -> Array:
-    """int32 [B]: MaG's next token for the text ``text[b, :n[b]]`` (module docstring)."""
+def match_runs(text_BxT: Array, n_B: Array, max_ngram: int) -> Array:
+    """int32 [B, T]: ``run(m)`` of the module docstring for every ``m`` (0 for
+    ``m > n - 2``): how many tokens ending at ``m`` equal the text's last ones."""
     batch, width = text_BxT.shape
     rows_B11 = jnp.arange(batch)[:, None, None]
     m_T = jnp.arange(width)
@@ -76,7 +76,15 @@ def longest_match_next(text_BxT: Array, n_B: Array, bigram_V: Array,
     right = text_BxT[rows_B11[:, :, 0], jnp.clip(right_BxN, 0, width - 1)][:, None, :]
     equal_BxTxN = (left == right) & (left_TxN >= 0)[None] & (right_BxN >= 0)[:, None, :]
     run_BxT = jnp.sum(jnp.cumprod(equal_BxTxN.astype(jnp.int32), axis=-1), axis=-1)
-    run_BxT = jnp.where(m_T[None, :] <= (n_B - 2)[:, None], run_BxT, 0)
+    return jnp.where(m_T[None, :] <= (n_B - 2)[:, None], run_BxT, 0)
+
+
+def longest_match_next(text_BxT: Array, n_B: Array, bigram_V: Array,
+                       max_ngram: int) -> Array:
+    """int32 [B]: MaG's next token for the text ``text[b, :n[b]]`` (module docstring)."""
+    width = text_BxT.shape[1]
+    m_T = jnp.arange(width)
+    run_BxT = match_runs(text_BxT, n_B, max_ngram)
     best_B = jnp.max(run_BxT, axis=-1)
     last_m_B = jnp.max(jnp.where((run_BxT == best_B[:, None]) & (best_B[:, None] > 0),
                                  m_T[None, :], -1), axis=-1)

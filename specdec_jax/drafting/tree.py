@@ -1,0 +1,471 @@
+"""Token-tree drafters (ALGORITHMS.md §10): several continuations per round.
+
+A tree drafter proposes ``N`` nodes instead of a chain of ``G`` tokens::
+
+    proposal, state = drafter.propose_tree(params, state, context, with_next, key, sp, config)
+    proposal.tokens   int32 [B, N]        node tokens
+    proposal.parents  int32 [B, N]        parent node, -1 = the root (the pending token)
+    proposal.q        float32 [B, N + 1, V]  drafting law at [root, node 0 .. N - 1]
+
+Nodes are in topological order, depth by depth, and siblings are contiguous
+(``parents`` is non-decreasing), so a verifier walks children as slices.
+``q[:, 1 + i]`` is the law node i's children were drawn from, *before* the
+without-replacement renormalisation (the verifier removes earlier siblings
+itself, ALGORITHMS.md §10); a node without children (a leaf) gets its law
+only with ``with_next`` (one more drafter call: cascade targets need it for
+the bonus token), else a zero row, as a chain's ``q[:, G]``.
+
+Drawing children: at T > 0 the ``k`` children of a node are ``k`` draws
+*without replacement* from ``q`` (Gumbel-top-k: the ``k`` largest of ``log q
++ Gumbel`` in decreasing order are, in that order, sequential draws without
+replacement); at T = 0 the ``k`` largest logits. One drafter call per depth
+scores all of that depth's nodes (``score_tree`` on the drafter itself; the
+nodes wait in the cache's scratch slots, so a depth's call sees its
+ancestors). With one child per node a static tree is the chain: the same
+keys give ``ModelDrafter``'s tokens and laws.
+
+Exactness at T > 0 rests on each node's children being a prefix of its
+without-replacement draws whose *length* never depends on those children's
+own tokens (it may depend on the node, its ancestors and other branches).
+Static shapes satisfy it trivially. The dynamic tree (EAGLE-2's expansion)
+chooses *which frontier nodes get children* by their path probability, which
+is allowed, and keeps every child of an expanded node; EAGLE-2's final
+re-ranking to the best ``N`` nodes is left out, because keeping a child for
+its own probability biases its law away from ``q`` (a verifier would no
+longer be exact at T > 0). Its node budget is fixed by construction instead:
+``N = k + (depth - 1) * m * k``.
+
+Max-Gram trees are deterministic (children are a function of the context):
+``proposal.deterministic`` says so, and child j's drafting law is then the
+point mass on it (``q`` holds the one-hot of a node's first child, Max-Gram's
+own chain proposal, for target functions that read ``q``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import sampling
+from specdec_jax.drafting.base import Context, extend_from_history, start_token_and_prefill
+from specdec_jax.drafting.maxgram import MaxGramDrafter, MaxGramState, match_runs
+from specdec_jax.drafting.model import ModelDrafterState, SingleModelDrafter, has_nan
+from specdec_jax.models.interface import LanguageModel, Prompt, supports_trees
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TreeProposal:
+    """A drafted token tree (module docstring)."""
+
+    tokens: Array  # int32 [B, N]: node tokens
+    parents: Array  # int32 [B, N]: parent node index, -1 = root; topological, siblings contiguous
+    q: Array  # float32 [B, N + 1, V]: law children were drawn from at [root, node 0 .. N - 1]
+    q_stat: Array  # float32 [B, N + 1, V]: what deferral statistics read
+    calls: Array  # int32 [B, M]: forward calls per neural model
+    fed: Array  # int32 [B, M]: tokens (nodes) fed by those calls
+    single: Array  # int32 [B, M]: of those calls, the ones that fed one token
+    nan: Array  # int32 [B]: calls whose logits held NaN (must stay 0)
+    # True: children are a deterministic function of the context (Max-Gram);
+    # child j's law is then the point mass on it, whatever q says.
+    deterministic: bool = flax.struct.field(pytree_node=False, default=False)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+    """A static tree: ``parents[i]`` of every node (-1 = root), non-decreasing
+    and ``< i`` (so depth by depth, siblings contiguous).
+
+    ``TreeShape.from_widths((3, 2, 1))``: the root has 3 children, each of
+    them 2, each of those 1: 3 + 6 + 6 = 15 nodes. Any other shape (Sequoia's,
+    Medusa's sparse trees) is a parents tuple in this order.
+    """
+
+    parents: tuple[int, ...]
+
+    def __post_init__(self):
+        par = self.parents
+        if not par:
+            raise ValueError("TreeShape: a tree needs at least one node.")
+        for i, p in enumerate(par):
+            if not -1 <= p < i or (i and p < par[i - 1]):
+                raise ValueError(
+                    f"TreeShape: parents {par} must be -1 or an earlier node and non-decreasing "
+                    f"(depth by depth, siblings contiguous); node {i} has parent {p}.")
+
+    @classmethod
+    def from_widths(cls, widths) -> TreeShape:
+        widths = tuple(int(w) for w in widths)
+        if not widths or min(widths) < 1:
+            raise ValueError(f"TreeShape.from_widths: widths must be >= 1, got {widths}.")
+        parents: list[int] = []
+        level = [-1]
+        for width in widths:
+            start = len(parents)
+            parents += [p for p in level for _ in range(width)]
+            level = list(range(start, len(parents)))
+        return cls(tuple(parents))
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parents)
+
+    @functools.cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of each node, 1 for the root's children."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return tuple(out)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    @functools.cached_property
+    def levels(self) -> tuple[tuple[int, int], ...]:
+        """``(start, stop)`` node range of each depth 1 .. depth."""
+        d = np.asarray(self.depths)
+        return tuple((int(np.argmax(d == k)), int(np.argmax(d == k)) + int(np.sum(d == k)))
+                     for k in range(1, self.depth + 1))
+
+    def level_slots(self, level: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """For the nodes of depth ``level + 1``: (their parent's index within
+        the level above (the root level has one node), their rank among
+        their siblings, the most children any node of the level above has)."""
+        start, stop = self.levels[level]
+        above = 0 if level == 0 else self.levels[level - 1][0]
+        par = np.asarray(self.parents[start:stop])
+        local = np.where(par < 0, 0, par - above)
+        first = {p: start + int(np.argmax(par == p)) for p in set(par.tolist())}
+        rank = np.asarray([i - first[p] for i, p in zip(range(start, stop), par.tolist(),
+                                                         strict=True)])
+        return local, rank, int(rank.max()) + 1
+
+
+def draw_children(key: Array, probs_BxWxV: Array, logits_BxWxV: Array, k: int,
+                  temperature: Array) -> Array:
+    """int32 [B, W, k]: ``k`` distinct children of each of W nodes, in draw
+    order. T > 0: Gumbel-top-k on ``log q`` (sequential draws without
+    replacement); T = 0: the k largest logits. With ``k = 1`` and ``W = 1``
+    it is ``verify.sample_from_weights`` draw for draw (the same noise)."""
+    batch, width, vocab = probs_BxWxV.shape
+    log_q = jnp.where(probs_BxWxV > 0, jnp.log(jnp.maximum(probs_BxWxV, 1e-38)), -jnp.inf)
+    # Drawn flat, [B, W * V]: for W = 1 exactly the chain's [B, V] noise.
+    noise = jax.random.gumbel(key, (batch, width * vocab), jnp.float32).reshape(
+        batch, width, vocab)
+    scores = jnp.where(temperature > 0, log_q + noise, logits_BxWxV.astype(jnp.float32))
+    return jax.lax.top_k(scores, k)[1].astype(jnp.int32)
+
+
+def _pick(x_BxWx_: Array, index_BxM: Array) -> Array:
+    """``x[b, index[b, m]]`` along axis 1: [B, W, ...] -> [B, M, ...]."""
+    return jnp.take_along_axis(x_BxWx_, index_BxM.reshape(index_BxM.shape + (1,) * (
+        x_BxWx_.ndim - 2)), axis=1)
+
+
+def _counts(calls_B, fed_B, single_B):
+    return calls_B[:, None], fed_B[:, None], single_B[:, None]
+
+
+class _ModelTreeDrafter(SingleModelDrafter):
+    """What the model tree drafters share: prefill, the round's first call
+    (the pending token, catching up on what the cache lacks), and keeping an
+    accepted path in the drafter's cache."""
+
+    def select_params(self, named: dict):
+        return named[self.name]
+
+    def _check_model(self):
+        if not supports_trees(self.model):
+            raise ValueError(f"{type(self.model).__name__} cannot score token trees "
+                             "(score_tree / commit_path); tree drafters need a decoder-only "
+                             "model.")
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        # A round that accepted a path of a nodes lags a + 1 tokens (<= depth + 1).
+        return self.catch_up_widths or (1, self.depth + 1)
+
+    def init(self, params, prompt: Prompt, max_length: int,
+             encoder_decoder: bool) -> ModelDrafterState:
+        del encoder_decoder
+        self._check_model()
+        cache, _ = start_token_and_prefill(self.model, params, prompt, max_length)
+        return ModelDrafterState(cache=cache)
+
+    def commit_path(self, state: ModelDrafterState, nodes_BxA: Array,
+                    count_B: Array) -> ModelDrafterState:
+        """Keeps the accepted nodes' keys/values (still in the scratch slots
+        after ``propose_tree``), so the next round feeds only the new pending
+        token; without it the next round re-feeds the accepted tokens."""
+        return state.replace(cache=self.model.commit_path(state.cache, nodes_BxA, count_B))
+
+    def _root(self, params, state, context):
+        logits, hidden, cache, calls_B, fed_B, single_B = extend_from_history(
+            self.model, params, state.cache, context, None, self.widths)
+        return logits[:, :1], cache, calls_B, fed_B, single_B
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticTreeDrafter(_ModelTreeDrafter):
+    """A fixed tree shape drafted from ``model`` (module docstring): depth d's
+    nodes are drawn from the laws at depth d - 1 (keys ``split(key, depth +
+    1)[d - 1]``, as ``ModelDrafter`` draws its chain) and scored in one call."""
+
+    model: LanguageModel
+    shape: TreeShape
+    name: str = "drafter"
+    catch_up_widths: tuple[int, ...] | None = None
+
+    @property
+    def depth(self) -> int:
+        return self.shape.depth
+
+    @property
+    def num_nodes(self) -> int:
+        return self.shape.num_nodes
+
+    def propose_tree(self, params, state: ModelDrafterState, context: Context, with_next: bool,
+                     key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
+                     ) -> tuple[TreeProposal, ModelDrafterState]:
+        shape = self.shape
+        keys = jax.random.split(key, shape.depth + 1)
+        logits, cache, calls_B, fed_B, single_B = self._root(params, state, context)
+        batch = logits.shape[0]
+        nan_B = has_nan(logits)
+        dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
+        qs, q_stats = [dist.probs], [dist.stats]  # per level: [B, W, V]
+        parents_BxN = jnp.broadcast_to(jnp.asarray(shape.parents, jnp.int32),
+                                       (batch, shape.num_nodes))
+        level_tokens = []
+        for level, (start, stop) in enumerate(shape.levels):
+            local, rank, k = shape.level_slots(level)
+            children_BxWxk = draw_children(keys[level], qs[-1], logits, k, sp.temperature)
+            tokens_BxW = children_BxWxk[:, local, rank]
+            level_tokens.append(tokens_BxW)
+            width = stop - start
+            if level + 1 < shape.depth or with_next:
+                out = self.model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
+                cache, logits = out.cache, out.logits
+                dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
+                qs.append(dist.probs)
+                q_stats.append(dist.stats)
+                nan_B = nan_B + has_nan(logits)
+                calls_B, fed_B = calls_B + 1, fed_B + width
+                single_B = single_B + int(width == 1)
+            else:
+                qs.append(jnp.zeros((batch, width, qs[0].shape[-1]), jnp.float32))
+                q_stats.append(qs[-1])
+        calls, fed, single = _counts(calls_B, fed_B, single_B)
+        proposal = TreeProposal(tokens=jnp.concatenate(level_tokens, axis=1),
+                                parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
+                                q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
+                                single=single, nan=nan_B)
+        return proposal, ModelDrafterState(cache=cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTreeDrafter(_ModelTreeDrafter):
+    """EAGLE-2's dynamic tree from ``model``: the root gets ``children``
+    nodes; at each further depth the ``expand`` nodes of the depth above with
+    the highest path probability under the drafter (``prod q_stat(x)`` along
+    the path: the drafter's confidence, which at T = 0 is its unscaled
+    softmax) get ``children`` each. ``N = children + (depth - 1) * expand *
+    children`` nodes, one drafter call per depth over all that depth's nodes
+    (every node's law is reported; the last depth's only with ``with_next``).
+    No final re-ranking (module docstring: it would break exactness at T > 0).
+    """
+
+    model: LanguageModel
+    depth: int = 4
+    expand: int = 2
+    children: int = 2
+    name: str = "drafter"
+    catch_up_widths: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.depth < 1 or self.children < 1 or not 1 <= self.expand <= self.children:
+            raise ValueError(
+                f"DynamicTreeDrafter: need depth >= 1, children >= 1 and 1 <= expand <= children "
+                f"(got depth={self.depth}, expand={self.expand}, children={self.children}).")
+
+    @property
+    def level_sizes(self) -> tuple[int, ...]:
+        return (self.children,) + (self.expand * self.children,) * (self.depth - 1)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(self.level_sizes)
+
+    def propose_tree(self, params, state: ModelDrafterState, context: Context, with_next: bool,
+                     key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
+                     ) -> tuple[TreeProposal, ModelDrafterState]:
+        keys = jax.random.split(key, self.depth + 1)
+        logits, cache, calls_B, fed_B, single_B = self._root(params, state, context)
+        batch = logits.shape[0]
+        n, k = self.num_nodes, self.children
+        nan_B = has_nan(logits)
+        dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
+        qs, q_stats = [dist.probs], [dist.stats]
+        kids_BxWxk = draw_children(keys[0], dist.probs, logits, k, sp.temperature)  # W = 1
+        tokens_BxW = kids_BxWxk[:, 0]
+        value_BxW = jnp.take_along_axis(dist.stats[:, 0], tokens_BxW, axis=1)
+        parents_BxN = jnp.full((batch, n), -1, jnp.int32)  # later levels filled as drawn
+        level_tokens, start = [tokens_BxW], 0
+        for level, width in enumerate(self.level_sizes):
+            last = level + 1 == self.depth
+            if not last or with_next:
+                out = self.model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
+                cache, logits = out.cache, out.logits
+                dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
+                qs.append(dist.probs)
+                q_stats.append(dist.stats)
+                nan_B = nan_B + has_nan(logits)
+                calls_B, fed_B = calls_B + 1, fed_B + width
+                single_B = single_B + int(width == 1)
+            else:
+                qs.append(jnp.zeros((batch, width, qs[0].shape[-1]), jnp.float32))
+                q_stats.append(qs[-1])
+            if last:
+                break
+            # The `expand` most probable paths of this depth get children; sorted
+            # by node index so the next depth's parents stay non-decreasing.
+            chosen_BxM = jnp.sort(jax.lax.top_k(value_BxW, self.expand)[1], axis=1)
+            pick = functools.partial(_pick, index_BxM=chosen_BxM)
+            probs_BxMxV, stats_BxMxV = pick(dist.probs), pick(dist.stats)
+            kids_BxMxk = draw_children(keys[level + 1], probs_BxMxV, pick(logits), k,
+                                       sp.temperature)
+            child_value = _pick(value_BxW, chosen_BxM)[..., None] * jnp.take_along_axis(
+                stats_BxMxV, kids_BxMxk, axis=2)  # [B, M, k]
+            start += width
+            new_parents = jnp.repeat(start - width + chosen_BxM, k, axis=1)  # [B, M * k]
+            parents_BxN = parents_BxN.at[:, start:start + new_parents.shape[1]].set(new_parents)
+            tokens_BxW = kids_BxMxk.reshape(batch, -1)
+            value_BxW = child_value.reshape(batch, -1)
+            level_tokens.append(tokens_BxW)
+        calls, fed, single = _counts(calls_B, fed_B, single_B)
+        proposal = TreeProposal(tokens=jnp.concatenate(level_tokens, axis=1),
+                                parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
+                                q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
+                                single=single, nan=nan_B)
+        return proposal, ModelDrafterState(cache=cache)
+
+
+def ranked_candidates(text_BxT: Array, n_B: Array, bigram_V: Array, max_ngram: int,
+                      k: int) -> Array:
+    """int32 [B, k]: ``k`` distinct next tokens for ``text[b, :n[b]]``, best
+    first: the token after every earlier occurrence of the text's suffix
+    (``maxgram.match_runs``), longer matches first and, among equally long
+    ones, the most recent (so the first is Max-Gram's own proposal); then the
+    bigram table's continuation of the last token; then the smallest token ids
+    not yet taken (filler, so siblings stay distinct).
+
+    Worked example: text [5 1 2 3 9 1 2 4 1 2], bigram[2] = 7: the suffix
+    [1 2] ends at m = 2 and m = 6 (run 2; followed by 3 and 4), [2] nowhere
+    else -> candidates 4, 3, 7, 0, ...
+    """
+    batch, width = text_BxT.shape
+    run_BxT = match_runs(text_BxT, n_B, max_ngram)
+    m_T = jnp.arange(width)
+    score_BxT = jnp.where(run_BxT > 0, run_BxT * width + m_T[None, :], -1)
+    next_BxT = jnp.take_along_axis(text_BxT, jnp.clip(m_T + 1, 0, width - 1)[None, :]
+                                   .repeat(batch, 0), axis=1)
+    last_B = jnp.take_along_axis(text_BxT, jnp.maximum(n_B - 1, 0)[:, None], axis=1)[:, 0]
+    bigram_B = bigram_V[last_B].astype(jnp.int32)
+    chosen_BxK = jnp.full((batch, k), -1, jnp.int32)
+    filler_F = jnp.arange(k + 1, dtype=jnp.int32)
+    for j in range(k):
+        best_B = jnp.argmax(score_BxT, axis=1)
+        has_match_B = jnp.max(score_BxT, axis=1) >= 0
+        matched_B = jnp.take_along_axis(next_BxT, best_B[:, None], axis=1)[:, 0]
+        bigram_free_B = ~jnp.any(chosen_BxK == bigram_B[:, None], axis=1)
+        free_BxF = ~jnp.any(chosen_BxK[:, :, None] == filler_F[None, None, :], axis=1)
+        filler_B = jnp.argmax(free_BxF, axis=1).astype(jnp.int32)
+        token_B = jnp.where(has_match_B, matched_B, jnp.where(bigram_free_B, bigram_B, filler_B))
+        chosen_BxK = chosen_BxK.at[:, j].set(token_B)
+        score_BxT = jnp.where(next_BxT == token_B[:, None], -1, score_BxT)
+    return chosen_BxK
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxGramTreeDrafter:
+    """A static tree of Max-Gram proposals: each node's children are its
+    context's ``ranked_candidates`` (every n-gram match, then the bigram
+    table). With one child per node it is ``MaxGramDrafter``'s chain.
+    Deterministic: ``q`` holds one-hots (module docstring)."""
+
+    vocab_size: int
+    shape: TreeShape
+    max_ngram: int = 32
+    name: str = "mag"
+    model_names: tuple[str, ...] = ()
+
+    @property
+    def _chain(self) -> MaxGramDrafter:
+        return MaxGramDrafter(self.vocab_size, self.max_ngram, self.name)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.shape.num_nodes
+
+    def select_params(self, named: dict):
+        return named[self.name]
+
+    def init(self, params, prompt: Prompt, max_length: int,
+             encoder_decoder: bool) -> MaxGramState:
+        return self._chain.init(params, prompt, max_length, encoder_decoder)
+
+    def rewind(self, state: MaxGramState, valid_B: Array) -> MaxGramState:
+        return state
+
+    def propose_tree(self, params, state: MaxGramState, context: Context, with_next: bool,
+                     key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
+                     ) -> tuple[TreeProposal, MaxGramState]:
+        del key, sp, config  # deterministic
+        shape = self.shape
+        text_BxT, n_B = self._chain.text(state, context, shape.depth)
+        batch, width = text_BxT.shape
+        texts_BxWxT, n_BxW = text_BxT[:, None, :], n_B[:, None]  # the level above
+        one_hot = functools.partial(jax.nn.one_hot, num_classes=self.vocab_size,
+                                    dtype=jnp.float32)
+
+        def candidates(texts_BxWxT, n_BxW, k):
+            w = texts_BxWxT.shape[1]
+            return ranked_candidates(texts_BxWxT.reshape(batch * w, width), n_BxW.reshape(-1),
+                                     params, self.max_ngram, k).reshape(batch, w, k)
+
+        qs, level_tokens = [], []
+        for level in range(shape.depth):
+            local, rank, k = shape.level_slots(level)
+            cand_BxWxk = candidates(texts_BxWxT, n_BxW, k)
+            qs.append(one_hot(cand_BxWxk[..., 0]))
+            tokens_BxW = cand_BxWxk[:, local, rank]
+            level_tokens.append(tokens_BxW)
+            texts_BxWxT, n_BxW = texts_BxWxT[:, local], n_BxW[:, local]
+            rows = jnp.arange(batch)[:, None]
+            texts_BxWxT = texts_BxWxT.at[rows, jnp.arange(len(local))[None, :], n_BxW].set(
+                tokens_BxW, mode="drop")
+            n_BxW = n_BxW + 1
+        leaves = texts_BxWxT.shape[1]
+        qs.append(one_hot(candidates(texts_BxWxT, n_BxW, 1)[..., 0]) if with_next else
+                  jnp.zeros((batch, leaves, self.vocab_size), jnp.float32))
+        q = jnp.concatenate(qs, axis=1)
+        zeros = jnp.zeros((batch, 0), jnp.int32)
+        proposal = TreeProposal(
+            tokens=jnp.concatenate(level_tokens, axis=1),
+            parents=jnp.broadcast_to(jnp.asarray(shape.parents, jnp.int32),
+                                     (batch, shape.num_nodes)),
+            q=q, q_stat=q, calls=zeros, fed=zeros, single=zeros,
+            nan=jnp.zeros((batch,), jnp.int32), deterministic=True)
+        return proposal, state

@@ -1,0 +1,209 @@
+"""Tree drafters (``drafting/tree.py``; ALGORITHMS.md §10): shapes and
+topological order, children without replacement, T = 0 children = the
+drafter's top-k, every node's law = the drafter's at that node's context, a
+width-1 static tree = today's chain for the same key, EAGLE-2 expansion by
+path probability, and Max-Gram trees from every n-gram match."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.api import sampling_params
+from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
+from specdec_jax.drafting.base import Context
+from specdec_jax.drafting.tree import (
+    DynamicTreeDrafter,
+    MaxGramTreeDrafter,
+    StaticTreeDrafter,
+    TreeShape,
+    ranked_candidates,
+)
+from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
+from specdec_jax.models.toy import TableLM
+from specdec_jax.sampling import SamplingConfig
+
+V = 16
+MAX_LENGTH = 48
+PROMPTS = [[3, 1, 5, 9, 1, 5], [7, 2, 4]]
+TOY = TableLM(V, order=2)
+TOY_PARAMS = TOY.init_params(jax.random.PRNGKey(5))
+CONFIG = SamplingConfig()
+
+
+def _start(drafter, params, prompts=PROMPTS):
+    prompt = make_prompt(prompts)
+    state = drafter.init(params, prompt, MAX_LENGTH, False)
+    history = jnp.pad(prompt.tokens, ((0, 0), (0, MAX_LENGTH - prompt.tokens.shape[1])))
+    return state, Context(history=history, length=prompt.lengths)
+
+
+def _propose(drafter, params, temperature, key=0, with_next=True):
+    state, context = _start(drafter, params)
+    return _jitted(drafter, with_next)(params, state, context, jax.random.PRNGKey(key),
+                                       sampling_params(temperature=temperature))[0]
+
+
+def _jitted(drafter, with_next, num=None):
+    if num is None:
+        return jax.jit(lambda params, state, context, key, sp: drafter.propose_tree(
+            params, state, context, with_next, key, sp, CONFIG))
+    return jax.jit(lambda params, state, context, key, sp: drafter.propose(
+        params, state, context, num, with_next, key, sp, CONFIG))
+
+
+def _path_tokens(proposal, b, i):
+    par, tok = np.asarray(proposal.parents[b]), np.asarray(proposal.tokens[b])
+    path = []
+    while i >= 0:
+        path.append(int(tok[i]))
+        i = int(par[i])
+    return path[::-1]
+
+
+def _check_tree(proposal, n):
+    batch = len(PROMPTS)
+    assert proposal.tokens.shape == proposal.parents.shape == (batch, n)
+    assert proposal.q.shape == (batch, n + 1, V)
+    par = np.asarray(proposal.parents)
+    assert (par < np.arange(n)).all() and (par >= -1).all()  # topological
+    assert (np.diff(par, axis=1) >= 0).all()  # depth by depth, siblings contiguous
+    tok = np.asarray(proposal.tokens)
+    for b in range(batch):
+        for p in set(par[b].tolist()):
+            kids = tok[b][par[b] == p]
+            assert len(set(kids.tolist())) == len(kids), f"duplicate siblings in row {b}"
+
+
+def test_tree_shape_from_widths():
+    shape = TreeShape.from_widths((3, 2, 1))
+    assert shape.num_nodes == 3 + 6 + 6 and shape.depth == 3
+    assert shape.parents[:5] == (-1, -1, -1, 0, 0) and shape.parents[-1] == 8
+    assert shape.levels == ((0, 3), (3, 9), (9, 15))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        TreeShape((-1, 0, -1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_tree_laws_are_the_drafters_at_every_node(temperature):
+    """Shapes, order, distinct siblings, and q[1 + i] = the drafter's law at
+    node i's context (each depth scored by one score_tree call)."""
+    shape = TreeShape.from_widths((3, 2, 1, 1))
+    drafter = StaticTreeDrafter(TOY, shape, name="toy")
+    for key in range(3):
+        proposal = _propose(drafter, TOY_PARAMS, temperature, key)
+        _check_tree(proposal, shape.num_nodes)
+        assert proposal.calls.tolist() == [[1 + shape.depth]] * 2
+        for b, prompt in enumerate(PROMPTS):
+            for i in range(-1, shape.num_nodes):
+                context = tuple(prompt) + tuple(_path_tokens(proposal, b, i) if i >= 0 else [])
+                law = TOY.next_probs(TOY_PARAMS, context)
+                if temperature == 0:
+                    law = np.eye(V)[np.argmax(law)]
+                np.testing.assert_allclose(np.asarray(proposal.q[b, i + 1]), law, atol=1e-5)
+                kids = np.asarray(proposal.tokens[b])[np.asarray(proposal.parents[b]) == i]
+                assert (law[kids] > 0).all() or temperature == 0
+                if temperature == 0:  # children = the drafter's top-k, best first
+                    full = TOY.next_probs(TOY_PARAMS, context)
+                    np.testing.assert_array_equal(kids, np.argsort(-full)[:len(kids)])
+
+
+def test_children_are_drawn_without_replacement():
+    """Gumbel-top-k: the root's first child ~ q, the second ~ q without the
+    first (renormalised); checked by frequencies over many keys."""
+    shape = TreeShape.from_widths((2,))
+    drafter = StaticTreeDrafter(TOY, shape, name="toy")
+    state, context = _start(drafter, TOY_PARAMS, [[3, 1]])
+    run = jax.jit(jax.vmap(lambda key: drafter.propose_tree(
+        TOY_PARAMS, state, context, False, key, sampling_params(temperature=1.0),
+        CONFIG)[0].tokens[0]))
+    draws = np.asarray(run(jax.random.split(jax.random.PRNGKey(0), 20_000)))
+    q = TOY.next_probs(TOY_PARAMS, (3, 1))
+    assert (draws[:, 0] != draws[:, 1]).all()
+    first = np.bincount(draws[:, 0], minlength=V) / len(draws)
+    second = np.bincount(draws[:, 1], minlength=V) / len(draws)
+    want_second = sum(q[a] * np.where(np.arange(V) == a, 0, q) / (1 - q[a]) for a in range(V))
+    np.testing.assert_allclose(first, q, atol=0.012)
+    np.testing.assert_allclose(second, want_second, atol=0.012)
+
+
+def _small_decoder():
+    cfg = DecoderConfig(vocab_size=V, hidden_size=16, intermediate_size=16, num_layers=1,
+                        num_heads=2, num_kv_heads=1)
+    model = DecoderOnlyLM(cfg)
+    return model, model.init_params(jax.random.PRNGKey(2))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("which", ["toy", "decoder"])
+def test_a_width_one_static_tree_is_the_chain(which, temperature):
+    model, params = (TOY, TOY_PARAMS) if which == "toy" else _small_decoder()
+    chain = ModelDrafter(model, name="d", catch_up_widths=(1,))
+    tree = StaticTreeDrafter(model, TreeShape.from_widths((1,) * 4), name="d",
+                             catch_up_widths=(1,))
+    state, context = _start(chain, params)
+    sp = sampling_params(temperature=temperature)
+    for key in range(3):
+        k = jax.random.PRNGKey(key)
+        want = _jitted(chain, True, 4)(params, state, context, k, sp)[0]
+        got = _jitted(tree, True)(params, state, context, k, sp)[0]
+        np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+        np.testing.assert_array_equal(np.asarray(got.parents), [[-1, 0, 1, 2]] * 2)
+        np.testing.assert_allclose(np.asarray(got.q), np.asarray(want.q), atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(got.calls), np.asarray(want.calls))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_dynamic_tree_expands_the_most_probable_paths(temperature):
+    drafter = DynamicTreeDrafter(TOY, depth=3, expand=2, children=3, name="toy")
+    n = 3 + 2 * 6
+    assert drafter.num_nodes == n
+    proposal = _propose(drafter, TOY_PARAMS, temperature, key=4)
+    _check_tree(proposal, n)
+    par, tok = np.asarray(proposal.parents), np.asarray(proposal.tokens)
+    for b, prompt in enumerate(PROMPTS):
+        value = {-1: 1.0}
+        for i in range(n):
+            context = tuple(prompt) + tuple(_path_tokens(proposal, b, par[b, i]) if par[b, i] >= 0
+                                            else [])
+            full = TOY.next_probs(TOY_PARAMS, context)  # q_stat: the unscaled softmax at T = 0
+            value[i] = value[par[b, i]] * full[tok[b, i]]
+            law = np.eye(V)[np.argmax(full)] if temperature == 0 else full
+            np.testing.assert_allclose(np.asarray(proposal.q[b, par[b, i] + 1]), law, atol=1e-5)
+        for start, stop in ((0, 3), (3, 9)):  # each depth: its 2 most probable nodes expand
+            expanded = sorted(set(par[b, stop:stop + 6].tolist()))
+            best = sorted(start + np.argsort([-value[i] for i in range(start, stop)],
+                                             kind="stable")[:2])
+            assert expanded == [int(i) for i in best]
+
+
+def test_ranked_candidates_take_every_match():
+    text = jnp.asarray([[5, 1, 2, 3, 9, 1, 2, 4, 1, 2, 0, 0]], jnp.int32)
+    bigram = jnp.full((V,), 7, jnp.int32)
+    got = ranked_candidates(text, jnp.asarray([10]), bigram, 32, 5)
+    assert got.tolist() == [[4, 3, 7, 0, 1]]
+
+
+def test_max_gram_trees():
+    bigram = jax.random.randint(jax.random.PRNGKey(14), (V,), 0, V)
+    prompts = [[5, 1, 2, 3, 9, 1, 2, 4, 1, 2], [7, 2, 4]]
+    chain = MaxGramDrafter(V)
+    state, context = _start(chain, bigram, prompts)
+    sp = sampling_params()
+    want = chain.propose(bigram, state, context, 3, True, jax.random.PRNGKey(0), sp, CONFIG)[0]
+    one = MaxGramTreeDrafter(V, TreeShape.from_widths((1, 1, 1)))
+    got = one.propose_tree(bigram, state, context, True, jax.random.PRNGKey(0), sp, CONFIG)[0]
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    np.testing.assert_array_equal(np.asarray(got.q), np.asarray(want.q))
+    assert got.deterministic
+    wide = MaxGramTreeDrafter(V, TreeShape.from_widths((3, 2)))
+    got = wide.propose_tree(bigram, state, context, False, jax.random.PRNGKey(0), sp, CONFIG)[0]
+    tok = np.asarray(got.tokens)
+    assert tok[0, :3].tolist()[:2] == [4, 3]  # both matches of [1 2], most recent first
+    assert tok[0, 3] == 1  # after ... 1 2 | 4: [1 2 4] occurred before, followed by 1
+    assert int(got.q[0, 0].argmax()) == 4 and float(got.q[0, -1].sum()) == 0
+    par = np.asarray(got.parents)
+    for b in range(2):
+        for p in set(par[b].tolist()):
+            kids = tok[b][par[b] == p]
+            assert len(set(kids.tolist())) == len(kids)
