@@ -59,7 +59,7 @@ setup(
     description=__doc__,
     license="Apache-2.0",
     packages=find_packages(include=["specdec_jax", "specdec_jax.*"]),
-    package_data={"specdec_jax.data": ["tables/*.npz"]},
+    package_data={"specdec_jax.data": ["tables/*.npz"], "specdec_jax.native": ["*.cc"]},
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={"dev": DEV + EVAL + TRAIN, "eval": EVAL, "train": TRAIN, "seqio": SEQIO,

@@ -54,6 +54,7 @@ from specdec_jax.models.layers import (
     masked_softmax_attention,
     matmul_out_in,
     rotary_embedding,
+    stored_scale,
 )
 
 Array = jax.Array
@@ -150,8 +151,9 @@ class FusedLinear(nn.Module):
         init = nn.initializers.lecun_normal(in_axis=-1, out_axis=out_axes)
         kernel = self.param("kernel", init, (*self.out_shape, fan_in), self.param_dtype)
         rows = int(np.prod(self.out_shape))
-        y = matmul_out_in(x.astype(self.dtype), kernel.reshape(rows, fan_in).astype(self.dtype),
-                          self.precision)
+        scale = stored_scale(self)
+        y = matmul_out_in(x.astype(self.dtype), kernel.reshape(rows, fan_in), self.precision,
+                          scale_N=None if scale is None else scale.reshape(rows))
         y = y.reshape(x.shape[:-1] + self.out_shape)  # [..., N] -> [..., *out_shape]
         if self.use_bias:
             bias = self.param("bias", nn.initializers.zeros, self.out_shape, self.param_dtype)
@@ -272,13 +274,12 @@ class _DecoderNet(nn.Module):
             logits = jnp.full(scores.shape[:-1] + (cfg.vocab_size,), -jnp.inf,
                               jnp.float32).at[..., ids_N].set(scores)
         elif cfg.tie_embeddings:
-            logits = jnp.matmul(h32, embedder.embedding.astype(jnp.float32).T,
-                                precision=cfg.compute_precision)
+            logits = matmul_out_in(h32, embedder.embedding, cfg.compute_precision)
         elif cfg.kernel_layout == OUT_IN:  # [V, D], like the tied embedding
             kernel = self.param("logits_dense_kernel",
                                 nn.initializers.lecun_normal(in_axis=-1, out_axis=-2),
                                 (cfg.vocab_size, cfg.hidden_size), jnp.dtype(cfg.param_dtype))
-            logits = matmul_out_in(h32, kernel.astype(jnp.float32), cfg.compute_precision)
+            logits = matmul_out_in(h32, kernel, cfg.compute_precision)
         else:
             kernel = self.param("logits_dense_kernel", nn.initializers.lecun_normal(),
                                 (cfg.hidden_size, cfg.vocab_size), jnp.dtype(cfg.param_dtype))

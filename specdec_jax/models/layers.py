@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.native import matmul as native_matmul
+
 Array = jax.Array
 
 
@@ -81,12 +83,25 @@ KERNEL_LAYOUTS = (IN_OUT, OUT_IN)
 # The parameters' entry of a decoder's restricted output head
 # (``decoder.with_head_vocab``): rows copied from the head, a decoding-time view.
 HEAD_VOCAB = "head_vocab"
+# Beside an int8 ``kernel``: its per-output-row float32 scale (``models.weight_storage``).
+KERNEL_SCALE = "kernel_scale"
 
 
-def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None) -> Array:
+def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None, *,
+                  scale_N: Array | None = None) -> Array:
     """``x[..., K] @ w[N, K]^T``: a product with a kernel stored ``[out, in]``,
-    reducing along the kernel's contiguous minor dimension."""
-    return jnp.einsum("...k,nk->...n", x, w_NxK, precision=precision)
+    reducing along the kernel's contiguous minor dimension. ``w`` may be stored
+    narrower than ``x`` (bfloat16; int8 with a per-row ``scale_N``): see
+    ``native.matmul``, which runs the few-row products of decoding on CPU."""
+    return native_matmul.matmul_out_in(x, w_NxK, precision, scale_N=scale_N)
+
+
+def stored_scale(module: nn.Module) -> Array | None:
+    """The per-output-row ``kernel_scale`` of a kernel stored as int8
+    (``models.weight_storage``), or ``None`` for a float kernel."""
+    if module.has_variable("params", KERNEL_SCALE):
+        return module.get_variable("params", KERNEL_SCALE)
+    return None
 
 
 def is_kernel(path) -> bool:
@@ -113,7 +128,8 @@ class Linear(nn.Module):
         if self.kernel_layout == OUT_IN:
             init = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2)
             kernel = self.param("kernel", init, (self.features, fan_in), self.param_dtype)
-            y = matmul_out_in(x.astype(self.dtype), kernel.astype(self.dtype), self.precision)
+            y = matmul_out_in(x.astype(self.dtype), kernel, self.precision,
+                              scale_N=stored_scale(self))
         else:
             kernel = self.param("kernel", nn.initializers.lecun_normal(),
                                 (fan_in, self.features), self.param_dtype)

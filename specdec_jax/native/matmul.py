@@ -1,0 +1,126 @@
+"""``x[..., K] @ w[N, K]^T`` for few rows, through the CPU kernel when loaded.
+
+A decode step multiplies M = batch rows by every weight matrix, a scoring call
+M = batch x (G + 1). Both are bound by reading ``w`` once; XLA's CPU dot runs
+them as general products and a scoring call of 6 rows costs 2-3x a step. The
+kernel (``small_m_matmul.cc``) uses every weight it loads for all M rows and
+widens bfloat16 or int8 weights (``scale[N]`` per output row) to float32 in
+registers, so narrow storage reads fewer bytes without changing ``x`` or the
+float32 accumulation.
+
+The kernel serves one CPU device. Everything else keeps XLA's dot: another
+platform (``lax.platform_dependent`` lowers only the branch of the platform
+compiled for, so TPU and GPU programs never see the custom call), more than
+``MAX_ROWS`` rows (a prefill is compute-bound, where XLA's blocked product is
+the right tool), several devices (no partitioning rule for the call), and
+float32 weights at one row, where XLA's matrix-vector product already reads at
+the memory's speed. Gradients go through XLA's formulation (``custom_jvp``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+# The handlers' names in the compiled library, by weight dtype.
+SYMBOLS = {np.dtype(np.float32): "SmallMMatmulF32",
+           np.dtype(jnp.bfloat16): "SmallMMatmulBF16",
+           np.dtype(np.int8): "SmallMMatmulI8"}
+TARGET_PREFIX = "specdec_jax_"
+# The products the kernel takes: rows of x (batch x positions). A scoring
+# call at batch 1 has G + 1 <= 17 rows; larger products are prefills.
+MAX_ROWS = 32
+
+
+@dataclasses.dataclass
+class _State:
+    registered: bool = False
+    enabled: bool = True
+
+
+_STATE = _State()
+
+
+def mark_registered() -> None:
+    """Called once the library's handlers are registered with ``jax.ffi``
+    (``runtime.cpu_kernels``); products traced from now on may use them."""
+    _STATE.registered = True
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turns the kernel off (or back on) for products traced from now on."""
+    _STATE.enabled = bool(enabled)
+
+
+def active() -> bool:
+    """Whether products traced now may take the kernel."""
+    return _STATE.registered and _STATE.enabled
+
+
+def _uses_kernel(rows: int, x: Array, w: Array) -> bool:
+    if not active() or x.dtype != jnp.float32 or w.ndim != 2:
+        return False
+    if np.dtype(w.dtype) not in SYMBOLS or not 1 <= rows <= MAX_ROWS:
+        return False
+    if w.dtype == jnp.float32 and rows == 1:
+        return False
+    return jax.device_count() == 1
+
+
+def dequantized(w: Array, scale: Array | None, dtype) -> Array:
+    """The float weights a stored kernel stands for: ``w * scale[:, None]``."""
+    w = w.astype(dtype)
+    return w if scale is None else w * scale.astype(dtype)[:, None]
+
+
+def _xla_product(x2: Array, w: Array, scale: Array | None, precision) -> Array:
+    y = jnp.einsum("mk,nk->mn", x2, w.astype(x2.dtype), precision=precision)
+    return y if scale is None else y * scale.astype(y.dtype)
+
+
+def _kernel_product(x2: Array, w: Array, scale: Array | None) -> Array:
+    out = jax.ShapeDtypeStruct((x2.shape[0], w.shape[0]), jnp.float32)
+    call = jax.ffi.ffi_call(TARGET_PREFIX + SYMBOLS[np.dtype(w.dtype)], out,
+                            vmap_method="sequential")
+    if w.dtype == jnp.int8:
+        return call(x2, w, jnp.ones((w.shape[0],), jnp.float32) if scale is None
+                    else scale.astype(jnp.float32))
+    y = call(x2, w)
+    return y if scale is None else y * scale.astype(jnp.float32)
+
+
+def _dispatch(x2: Array, w: Array, scale: Array | None, precision) -> Array:
+    @jax.custom_jvp
+    def product(x2, w, scale):
+        return jax.lax.platform_dependent(
+            x2, w, scale, cpu=_kernel_product,
+            default=lambda x2, w, scale: _xla_product(x2, w, scale, precision))
+
+    @product.defjvp
+    def _(primals, tangents):  # the same product in XLA's formulation
+        return jax.jvp(lambda *a: _xla_product(*a, precision), primals, tangents)
+
+    return product(x2, w, scale)
+
+
+def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None, *,
+                  scale_N: Array | None = None) -> Array:
+    """``x[..., K] @ (w[N, K] * scale[N, None])^T`` in ``x``'s dtype.
+
+    ``w`` may be stored narrower than ``x`` (bfloat16, or int8 with
+    ``scale_N``): the product is that of the dequantised weights, computed
+    with float32 accumulation by the kernel or by XLA after widening ``w``.
+    """
+    rows = math.prod(x.shape[:-1])
+    if _uses_kernel(rows, x, w_NxK):
+        x2 = x.reshape(rows, x.shape[-1])
+        y = _dispatch(x2, w_NxK, scale_N, precision)
+        return y.reshape(x.shape[:-1] + (w_NxK.shape[0],))
+    y = jnp.einsum("...k,nk->...n", x, w_NxK.astype(x.dtype), precision=precision)
+    return y if scale_N is None else y * scale_N.astype(y.dtype)

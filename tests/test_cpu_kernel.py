@@ -1,0 +1,135 @@
+"""The CPU kernel for few-row products (native/small_m_matmul.cc via jax.ffi)
+against XLA's dot, and weight-only storage (models.weight_storage)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.models import decoder, weight_storage
+from specdec_jax.native import matmul as native_matmul
+from specdec_jax.runtime import cpu_kernels
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    was_enabled = native_matmul._STATE.enabled
+    if not cpu_kernels.enable():
+        pytest.skip("the CPU kernel could not be built here (no C++ compiler?)")
+    yield
+    native_matmul.set_enabled(was_enabled)
+
+
+def _xla(x, w, scale=None):
+    y = np.asarray(x, np.float64) @ np.asarray(w.astype(jnp.float32), np.float64).T
+    return y if scale is None else y * np.asarray(scale)[None, :]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 8), (2, 37, 13), (6, 1000, 37), (7, 16, 5),
+                                      (9, 130, 66), (17, 48, 4)])
+def test_kernel_matches_the_product(kernel, dtype, rows, k, n):
+    rng = np.random.default_rng(rows * 1000 + k + n)
+    x = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
+    if dtype == "int8":
+        w = jnp.asarray(rng.integers(-127, 128, (n, k)), jnp.int8)
+        scale = jnp.asarray(rng.random(n) + 0.1, jnp.float32)
+    else:
+        w, scale = jnp.asarray(rng.standard_normal((n, k)), jnp.float32).astype(dtype), None
+    fn = jax.jit(lambda x, w, s: native_matmul.matmul_out_in(x, w, scale_N=s))
+    text = fn.lower(x, w, scale).as_text()
+    assert ("SmallMMatmul" in text) == (rows > 1 or dtype != "float32")
+    np.testing.assert_allclose(fn(x, w, scale), _xla(x, w, scale), rtol=2e-5,
+                               atol=2e-5 * np.sqrt(k) * (127 if dtype == "int8" else 1))
+
+
+def test_batched_shapes_gradients_and_vmap(kernel):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 3, 40)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
+    y = native_matmul.matmul_out_in(x, w)
+    np.testing.assert_allclose(y, np.einsum("bkd,nd->bkn", x, w), rtol=1e-5, atol=1e-4)
+
+    def loss(x, w):
+        return jnp.sum(jnp.sin(native_matmul.matmul_out_in(x, w)))
+
+    native_matmul.set_enabled(False)
+    want = jax.grad(loss, argnums=(0, 1))(x, w)
+    native_matmul.set_enabled(True)
+    got = jax.grad(loss, argnums=(0, 1))(x, w)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    mapped = jax.vmap(lambda x: native_matmul.matmul_out_in(x, w))(x)
+    np.testing.assert_allclose(mapped, y, rtol=1e-5, atol=1e-5)
+
+
+def _tiny(tie):
+    cfg = decoder.DecoderConfig(vocab_size=64, hidden_size=48, intermediate_size=80,
+                                num_layers=2, num_heads=4, num_kv_heads=2, qkv_bias=True,
+                                tie_embeddings=tie)
+    model = decoder.DecoderOnlyLM(cfg)
+    return decoder.with_kernel_layout(model, model.init_params(jax.random.PRNGKey(0)))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("weight_format", weight_storage.WEIGHT_FORMATS)
+def test_decoder_logits_with_kernel_equal_xla(kernel, tie, weight_format):
+    model, params = _tiny(tie)
+    stored = weight_storage.store_weights(params, weight_format)
+    cache = model.init_cache(2, 16)
+    tokens = jnp.arange(12).reshape(2, 6) + 1
+
+    def logits(p, use_kernel):
+        native_matmul.set_enabled(use_kernel)
+        return np.asarray(jax.jit(lambda p: model.extend(p, tokens, cache).logits)(p))
+
+    with_kernel, with_xla = logits(stored, True), logits(stored, False)
+    np.testing.assert_allclose(with_kernel, with_xla, rtol=1e-5, atol=1e-5)
+    full = logits(params, False)
+    native_matmul.set_enabled(True)
+    gap = np.abs(with_kernel - full).max()
+    if weight_format == "f32":
+        assert gap < 1e-5
+    else:  # rounding the weights moves the logits a little, never a lot
+        assert 1e-6 < gap < 0.5
+
+
+def test_store_weights_formats_and_bytes():
+    model, params = _tiny(tie=True)
+    full = weight_storage.stored_bytes(params)
+    bf16 = weight_storage.store_weights(params, "bf16")
+    int8 = weight_storage.store_weights(params, "int8")
+    assert weight_storage.stored_bytes(bf16) < 0.55 * full
+    assert weight_storage.stored_bytes(int8) < weight_storage.stored_bytes(bf16)
+    layer = int8["layers_0"]["attention"]["qkv"]
+    assert layer["kernel"].dtype == jnp.int8
+    assert layer["kernel_scale"].shape == layer["kernel"].shape[:-1]
+    assert int8["embedder"]["embedding"].dtype == jnp.bfloat16
+    assert int8["layers_0"]["pre_attention_norm"]["scale"].dtype == jnp.float32
+    with pytest.raises(ValueError, match="out_in"):
+        weight_storage.store_weights(params, "int8", kernel_layout="in_out")
+    with pytest.raises(ValueError, match="choose one of"):
+        weight_storage.store_weights(params, "fp8")
+
+
+def test_quantize_rows_round_trip():
+    rng = np.random.default_rng(1)
+    w = jnp.asarray(rng.standard_normal((5, 3, 33)), jnp.float32).at[1, 2].set(0.0)
+    q, scale = weight_storage.quantize_rows(w)
+    assert q.dtype == jnp.int8 and scale.shape == (5, 3)
+    back = np.asarray(q, np.float32) * np.asarray(scale)[..., None]
+    assert np.all(np.abs(back - np.asarray(w)) <= np.asarray(scale)[..., None] / 2 + 1e-7)
+    assert np.all(back[1, 2] == 0) and np.max(np.abs(q)) == 127
+
+
+def test_unbuildable_kernel_falls_back_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "/bin/false")
+    monkeypatch.setattr(cpu_kernels, "_LOADED", {})
+    registered = native_matmul._STATE.registered
+    monkeypatch.setattr(native_matmul._STATE, "registered", False)
+    with pytest.warns(RuntimeWarning, match="CPU kernel is unavailable"):
+        assert not cpu_kernels.enable(build_dir=tmp_path)
+    assert not native_matmul.active()
+    x, w = jnp.ones((3, 8)), jnp.ones((4, 8))
+    assert "SmallMMatmul" not in jax.jit(native_matmul.matmul_out_in).lower(x, w).as_text()
+    native_matmul._STATE.registered = registered
