@@ -456,8 +456,9 @@ def test_exact_laws_by_enumeration(target):
 # Chains: traversal = block verification, RRS = token verification
 # ---------------------------------------------------------------------------
 
-def random_chain(seed: int, rows: int = 4000, g: int = 4, v: int = 5):
-    """Drafts from q, laws q and pi (a cascade mixture of p and q) per position."""
+def random_chain(seed: int, rows: int = 3 * ROWS, g: int = N, v: int = V):
+    """Drafts from q, laws q and pi (a cascade mixture of p and q) per position.
+    (The Monte Carlo tests' shapes, so the tree verifiers are compiled once.)"""
     rng = np.random.default_rng(seed)
     q = rng.dirichlet(np.full(v, 0.7), size=(rows, g + 1)).astype(np.float32)
     p = rng.dirichlet(np.full(v, 0.7), size=(rows, g + 1)).astype(np.float32)
@@ -626,3 +627,47 @@ def test_tree_helpers():
     assert get_tree_verifier("traversal") == TraversalVerifier()
     with pytest.raises(ValueError, match="unknown tree verifier"):
         get_tree_verifier("beam")
+
+
+def test_sparse_laws_stay_in_support():
+    """Top-k-like laws (zeros in q and pi, supports that barely overlap) and
+    children beyond q's support marked invalid: every sampling verifier keeps
+    only drafts pi allows, emits a token pi allows at the accepted context, and
+    never produces NaN. (The Monte Carlo tests' shapes: no new compilation.)"""
+    rng = np.random.default_rng(9)
+    rows, parents = 3 * ROWS, SHAPES["widths-3-1"]
+
+    def sparse(size):
+        probs = rng.dirichlet(np.full(V, 0.5), size=size)
+        probs[rng.random(probs.shape) < 0.5] = 0.0
+        probs[np.arange(size), rng.integers(0, V, size)] += 0.1
+        return (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
+
+    q = sparse(rows * (N + 1)).reshape(rows, N + 1, V)
+    pi = sparse(rows * (N + 1)).reshape(rows, N + 1, V)
+    tokens = np.zeros((rows, N), np.int64)
+    valid = np.zeros((rows, N), bool)
+    for node in range(ROOT, N):
+        kids = np.nonzero(parents == node)[0]
+        if len(kids):  # Gumbel-top-k without replacement, as sample_children
+            q_RxV = q[:, node + 1]
+            scores = np.where(q_RxV > 0, np.log(np.maximum(q_RxV, 1e-38)), -np.inf)
+            scores = scores + rng.gumbel(size=scores.shape)
+            drawn = np.argsort(-scores, axis=1)[:, :len(kids)]
+            parent_ok = valid[:, node] if node >= 0 else np.ones(rows, bool)
+            tokens[:, kids] = drawn
+            valid[:, kids] = (np.take_along_axis(q_RxV, drawn, 1) > 0) & parent_ok[:, None]
+    validate_tree(np.broadcast_to(parents, (rows, N)), valid)
+    tree = Tree(parents=jnp.broadcast_to(jnp.asarray(parents), (rows, N)),
+                tokens=jnp.asarray(tokens, jnp.int32), valid=jnp.asarray(valid))
+    # Does pi at each node's parent context allow the node's token?
+    allowed_RxN = pi[np.arange(rows)[:, None], parents[None, :] + 1, tokens] > 0
+    assert np.mean(valid) < 0.95 and np.mean(~allowed_RxN & valid) > 0.1
+    for name, (verifier, _) in VERIFIERS.items():
+        out = jitted(verifier)(jax.random.PRNGKey(11), tree, jnp.asarray(q), jnp.asarray(pi))
+        node, nxt = np.asarray(out.node), np.asarray(out.next_token)
+        on_path_RxN = np.asarray(jax.jit(ancestor_mask)(tree))[np.arange(rows),
+                                                                 np.maximum(node, 0)]
+        on_path_RxN &= (node >= 0)[:, None]
+        assert not np.any(on_path_RxN & ~(valid & allowed_RxN)), name
+        assert np.all(pi[np.arange(rows), node + 1, nxt] > 0), name
