@@ -14,6 +14,10 @@ Requirements on the layout (``validate_tree`` checks them on the host):
 of a valid node is valid, and the children of a node appear in the order
 they were drafted (the first drawn has the lowest index; they need not be
 contiguous). A level-by-level (breadth-first) numbering meets all three.
+Invalid nodes under a node must be its *last* children (with their
+subtrees): a node's law removes the tokens of its valid earlier siblings
+only (``sibling_laws``), which is what ``sample_children`` gives when its
+children past the support of ``q`` are marked invalid.
 
 Laws are given per *context*, index 0 = the root, index ``i + 1`` = node
 ``i``: ``q_BxN1xV[:, i + 1]`` is the drafter's law at node ``i``'s context,
