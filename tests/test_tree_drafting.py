@@ -4,6 +4,8 @@ drafter's top-k, every node's law = the drafter's at that node's context, a
 width-1 static tree = today's chain for the same key, EAGLE-2 expansion by
 path probability, and Max-Gram trees from every n-gram match."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,14 @@ MAX_LENGTH = 48
 PROMPTS = [[3, 1, 5, 9, 1, 5], [7, 2, 4]]
 TOY = TableLM(V, order=2)
 TOY_PARAMS = TOY.init_params(jax.random.PRNGKey(5))
+TOY_TABLE = np.asarray(TOY_PARAMS["table"], np.float64)
+
+
+def _toy_law(context):
+    """The toy drafter's next-token law on the host (``TableLM.next_probs``)."""
+    row = TOY_TABLE[TOY.context_index(context)]
+    e = np.exp(row - row.max())
+    return e / e.sum()
 CONFIG = SamplingConfig()
 
 
@@ -44,6 +54,7 @@ def _propose(drafter, params, temperature, key=0, with_next=True):
                                        sampling_params(temperature=temperature))[0]
 
 
+@functools.lru_cache(maxsize=None)  # one compilation per drafter: sp is traced
 def _jitted(drafter, with_next, num=None):
     if num is None:
         return jax.jit(lambda params, state, context, key, sp: drafter.propose_tree(
@@ -90,21 +101,21 @@ def test_static_tree_laws_are_the_drafters_at_every_node(temperature):
     node i's context (each depth scored by one score_tree call)."""
     shape = TreeShape.from_widths((3, 2, 1, 1))
     drafter = StaticTreeDrafter(TOY, shape, name="toy")
-    for key in range(3):
+    for key in range(2):
         proposal = _propose(drafter, TOY_PARAMS, temperature, key)
         _check_tree(proposal, shape.num_nodes)
         assert proposal.calls.tolist() == [[1 + shape.depth]] * 2
         for b, prompt in enumerate(PROMPTS):
             for i in range(-1, shape.num_nodes):
                 context = tuple(prompt) + tuple(_path_tokens(proposal, b, i) if i >= 0 else [])
-                law = TOY.next_probs(TOY_PARAMS, context)
+                law = _toy_law(context)
                 if temperature == 0:
                     law = np.eye(V)[np.argmax(law)]
                 np.testing.assert_allclose(np.asarray(proposal.q[b, i + 1]), law, atol=1e-5)
                 kids = np.asarray(proposal.tokens[b])[np.asarray(proposal.parents[b]) == i]
                 assert (law[kids] > 0).all() or temperature == 0
                 if temperature == 0:  # children = the drafter's top-k, best first
-                    full = TOY.next_probs(TOY_PARAMS, context)
+                    full = _toy_law(context)
                     np.testing.assert_array_equal(kids, np.argsort(-full)[:len(kids)])
 
 
@@ -118,7 +129,7 @@ def test_children_are_drawn_without_replacement():
         TOY_PARAMS, state, context, False, key, sampling_params(temperature=1.0),
         CONFIG)[0].tokens[0]))
     draws = np.asarray(run(jax.random.split(jax.random.PRNGKey(0), 20_000)))
-    q = TOY.next_probs(TOY_PARAMS, (3, 1))
+    q = _toy_law((3, 1))
     assert (draws[:, 0] != draws[:, 1]).all()
     first = np.bincount(draws[:, 0], minlength=V) / len(draws)
     second = np.bincount(draws[:, 1], minlength=V) / len(draws)
@@ -127,6 +138,7 @@ def test_children_are_drawn_without_replacement():
     np.testing.assert_allclose(second, want_second, atol=0.012)
 
 
+@functools.lru_cache(maxsize=None)
 def _small_decoder():
     cfg = DecoderConfig(vocab_size=V, hidden_size=16, intermediate_size=16, num_layers=1,
                         num_heads=2, num_kv_heads=1)
@@ -143,7 +155,7 @@ def test_a_width_one_static_tree_is_the_chain(which, temperature):
                              catch_up_widths=(1,))
     state, context = _start(chain, params)
     sp = sampling_params(temperature=temperature)
-    for key in range(3):
+    for key in range(2):
         k = jax.random.PRNGKey(key)
         want = _jitted(chain, True, 4)(params, state, context, k, sp)[0]
         got = _jitted(tree, True)(params, state, context, k, sp)[0]
@@ -166,7 +178,7 @@ def test_dynamic_tree_expands_the_most_probable_paths(temperature):
         for i in range(n):
             context = tuple(prompt) + tuple(_path_tokens(proposal, b, par[b, i]) if par[b, i] >= 0
                                             else [])
-            full = TOY.next_probs(TOY_PARAMS, context)  # q_stat: the unscaled softmax at T = 0
+            full = _toy_law(context)  # q_stat: the unscaled softmax at T = 0
             value[i] = value[par[b, i]] * full[tok[b, i]]
             law = np.eye(V)[np.argmax(full)] if temperature == 0 else full
             np.testing.assert_allclose(np.asarray(proposal.q[b, par[b, i] + 1]), law, atol=1e-5)
@@ -190,14 +202,15 @@ def test_max_gram_trees():
     chain = MaxGramDrafter(V)
     state, context = _start(chain, bigram, prompts)
     sp = sampling_params()
-    want = chain.propose(bigram, state, context, 3, True, jax.random.PRNGKey(0), sp, CONFIG)[0]
+    key = jax.random.PRNGKey(0)
+    want = _jitted(chain, True, 3)(bigram, state, context, key, sp)[0]
     one = MaxGramTreeDrafter(V, TreeShape.from_widths((1, 1, 1)))
-    got = one.propose_tree(bigram, state, context, True, jax.random.PRNGKey(0), sp, CONFIG)[0]
+    got = _jitted(one, True)(bigram, state, context, key, sp)[0]
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     np.testing.assert_array_equal(np.asarray(got.q), np.asarray(want.q))
     assert got.deterministic
     wide = MaxGramTreeDrafter(V, TreeShape.from_widths((3, 2)))
-    got = wide.propose_tree(bigram, state, context, False, jax.random.PRNGKey(0), sp, CONFIG)[0]
+    got = _jitted(wide, False)(bigram, state, context, key, sp)[0]
     tok = np.asarray(got.tokens)
     assert tok[0, :3].tolist()[:2] == [4, 3]  # both matches of [1 2], most recent first
     assert tok[0, 3] == 1  # after ... 1 2 | 4: [1 2 4] occurred before, followed by 1

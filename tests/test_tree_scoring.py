@@ -53,6 +53,26 @@ def model_params(request):
     return MODELS[request.param]
 
 
+class _Jitted:
+    """A model's methods, jitted once per model (eager Flax runs op by op)."""
+
+    def __init__(self, model):
+        self.extend = jax.jit(model.extend)
+        self.score_tree = jax.jit(model.score_tree, static_argnames="start")
+        self.commit_path = jax.jit(model.commit_path)
+        self.prefill = jax.jit(model.prefill)
+        self.init_cache = model.init_cache
+
+
+JITTED = {}
+
+
+def _jit(model):
+    if model not in JITTED:
+        JITTED[model] = _Jitted(model)
+    return JITTED[model]
+
+
 def _prefilled(model, params, prompts=PROMPTS):
     return model.prefill(params, make_prompt(prompts), model.init_cache(len(prompts),
                                                                         MAX_LENGTH)).cache
@@ -92,6 +112,7 @@ def test_the_models_score_trees():
 
 def test_a_chain_equals_extend(model_params):
     model, params = model_params
+    model = _jit(model)
     cache = _prefilled(model, params)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, V, size=(3, 6)), jnp.int32)
     chain = jnp.broadcast_to(jnp.arange(-1, 5, dtype=jnp.int32), (3, 6))
@@ -109,12 +130,13 @@ def test_a_chain_equals_extend(model_params):
 
 def test_every_node_equals_its_path_fed_as_a_chain(model_params):
     model, params = model_params
+    model = _jit(model)
     cache = _prefilled(model, params)
     n = 9
     tokens, parents, valid = _random_trees(np.random.default_rng(1), 3, n)
     out = model.score_tree(params, tokens, parents, cache)
     assert out.logits.shape == (3, n, V)
-    extend = jax.jit(model.extend)
+    extend = model.extend
     par, toks = np.asarray(parents), np.asarray(tokens)
     for b in range(3):
         for i in range(n):
@@ -130,6 +152,7 @@ def test_a_tree_scored_one_depth_per_call_equals_one_call(model_params):
     """What a tree drafter does: nodes ``start ..`` fed later, the earlier
     ones already in their scratch slots."""
     model, params = model_params
+    model = _jit(model)
     cache = _prefilled(model, params)
     parents = jnp.asarray([[-1, -1, 0, 0, 1, 2, 3, 3]] * 3, jnp.int32)  # depths 0 0 1 1 1 2 2 2
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, V, size=(3, 8)), jnp.int32)
@@ -147,6 +170,7 @@ def test_committing_a_path_leaves_the_cache_feeding_it_would(model_params):
     """Ragged acceptance: each row keeps a different path (and row 2 none);
     the next extend's logits equal those after feeding the path as a chain."""
     model, params = model_params
+    model = _jit(model)
     cache = _prefilled(model, params)
     n = 8
     tokens, parents, _ = _random_trees(np.random.default_rng(3), 3, n)
@@ -172,6 +196,7 @@ def test_a_target_scores_the_root_with_the_tree():
     """``tree_with_root``: node 0 = the pending token, so the logits give p at
     [root, node 0 .. N - 1]; the root's equal extend's on the pending token."""
     model, params = MODELS["table"]
+    model = _jit(model)
     cache = _prefilled(model, params)
     tokens, parents, _ = _random_trees(np.random.default_rng(4), 3, 5)
     pending = jnp.asarray([1, 2, 3], jnp.int32)
