@@ -220,3 +220,37 @@ def test_max_gram_trees():
         for p in set(par[b].tolist()):
             kids = tok[b][par[b] == p]
             assert len(set(kids.tolist())) == len(kids)
+
+
+@pytest.mark.parametrize("commit, with_next", [(True, True), (True, False), (False, True)])
+def test_the_next_round_after_an_accepted_path(commit, with_next):
+    """Either the accepted path is committed in the drafter's cache (the next
+    round feeds only the new pending token, plus the last depth's node when
+    it was never scored: no ``with_next``) or it is re-fed from the history;
+    every way gives the law at the new context."""
+    shape = TreeShape.from_widths((2, 2))
+    drafter = StaticTreeDrafter(TOY, shape, name="toy")
+    state, context = _start(drafter, TOY_PARAMS)
+    sp = sampling_params(temperature=1.0)
+    proposal, state = _jitted(drafter, with_next)(TOY_PARAMS, state, context,
+                                                  jax.random.PRNGKey(0), sp)
+    # Row 0 accepts node 1 then its first child (node 4); row 1 accepts nothing.
+    path = [[1, 4], [0, 0]]
+    count = jnp.asarray([2, 0], jnp.int32)
+    accepted = [[int(proposal.tokens[0, 1]), int(proposal.tokens[0, 4])], []]
+    bonus = [11, 13]
+    if commit:
+        state = drafter.commit_path(state, jnp.asarray(path, jnp.int32), count)
+    state = drafter.rewind(state, context.length + count)
+    rows = [p + a + [y] for p, a, y in zip(PROMPTS, accepted, bonus, strict=True)]
+    new = make_prompt(rows, pad_to=MAX_LENGTH)
+    proposal, _ = _jitted(drafter, False)(TOY_PARAMS, state, Context(history=new.tokens,
+                                                                     length=new.lengths),
+                                          jax.random.PRNGKey(1), sp)
+    for b, row in enumerate(rows):
+        np.testing.assert_allclose(np.asarray(proposal.q[b, 0]), _toy_law(tuple(row)),
+                                   atol=1e-5)
+    # The round's first call: one window for the batch, 1 wide when no row lags
+    # more than the pending token, else depth + 1 = 3 (widths (1, depth + 1)).
+    root_fed = np.asarray(proposal.fed)[:, 0] - 2  # minus depth 1's two nodes
+    assert root_fed.tolist() == ([1, 1] if commit and with_next else [3, 3])

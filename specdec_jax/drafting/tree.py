@@ -54,7 +54,7 @@ import numpy as np
 from specdec_jax import sampling
 from specdec_jax.drafting.base import Context, extend_from_history, start_token_and_prefill
 from specdec_jax.drafting.maxgram import MaxGramDrafter, MaxGramState, match_runs
-from specdec_jax.drafting.model import ModelDrafterState, SingleModelDrafter, has_nan
+from specdec_jax.drafting.model import SingleModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt, supports_trees
 
 Array = jax.Array
@@ -168,6 +168,14 @@ def draw_children(key: Array, probs_BxWxV: Array, logits_BxWxV: Array, k: int,
     return jax.lax.top_k(scores, k)[1].astype(jnp.int32)
 
 
+@flax.struct.dataclass
+class TreeDrafterState:
+    cache: object  # the model's cache; cache.lengths = history tokens it holds
+    # int32 [B]: depths of the last tree whose nodes sit in the cache's scratch
+    # slots (the last depth is fed only with ``with_next``).
+    scored_depth: Array
+
+
 def _pick(x_BxWx_: Array, index_BxM: Array) -> Array:
     """``x[b, index[b, m]]`` along axis 1: [B, W, ...] -> [B, M, ...]."""
     return jnp.take_along_axis(x_BxWx_, index_BxM.reshape(index_BxM.shape + (1,) * (
@@ -198,18 +206,24 @@ class _ModelTreeDrafter(SingleModelDrafter):
         return self.catch_up_widths or (1, self.depth + 1)
 
     def init(self, params, prompt: Prompt, max_length: int,
-             encoder_decoder: bool) -> ModelDrafterState:
+             encoder_decoder: bool) -> TreeDrafterState:
+        """Prefills the model; its cache needs ``max_length`` >= the longest
+        history + ``num_nodes`` (the tree's scratch slots)."""
         del encoder_decoder
         self._check_model()
         cache, _ = start_token_and_prefill(self.model, params, prompt, max_length)
-        return ModelDrafterState(cache=cache)
+        return TreeDrafterState(cache=cache, scored_depth=jnp.zeros_like(cache.lengths))
 
-    def commit_path(self, state: ModelDrafterState, nodes_BxA: Array,
-                    count_B: Array) -> ModelDrafterState:
-        """Keeps the accepted nodes' keys/values (still in the scratch slots
-        after ``propose_tree``), so the next round feeds only the new pending
-        token; without it the next round re-feeds the accepted tokens."""
-        return state.replace(cache=self.model.commit_path(state.cache, nodes_BxA, count_B))
+    def commit_path(self, state: TreeDrafterState, nodes_BxA: Array,
+                    count_B: Array) -> TreeDrafterState:
+        """Keeps the accepted nodes' keys/values (in the scratch slots after
+        ``propose_tree``) for the nodes the drafter scored, so the next round
+        feeds only what is left (the new pending token, and the last depth's
+        node when it was drafted without ``with_next``); without it the next
+        round re-feeds every accepted token from the history."""
+        kept_B = jnp.minimum(count_B, state.scored_depth)
+        return state.replace(cache=self.model.commit_path(state.cache, nodes_BxA, kept_B),
+                             scored_depth=jnp.zeros_like(state.scored_depth))
 
     def _root(self, params, state, context):
         logits, hidden, cache, calls_B, fed_B, single_B = extend_from_history(
@@ -236,9 +250,9 @@ class StaticTreeDrafter(_ModelTreeDrafter):
     def num_nodes(self) -> int:
         return self.shape.num_nodes
 
-    def propose_tree(self, params, state: ModelDrafterState, context: Context, with_next: bool,
+    def propose_tree(self, params, state: TreeDrafterState, context: Context, with_next: bool,
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
-                     ) -> tuple[TreeProposal, ModelDrafterState]:
+                     ) -> tuple[TreeProposal, TreeDrafterState]:
         shape = self.shape
         keys = jax.random.split(key, shape.depth + 1)
         logits, cache, calls_B, fed_B, single_B = self._root(params, state, context)
@@ -272,7 +286,9 @@ class StaticTreeDrafter(_ModelTreeDrafter):
                                 parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
                                 q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
                                 single=single, nan=nan_B)
-        return proposal, ModelDrafterState(cache=cache)
+        scored = shape.depth if with_next else shape.depth - 1
+        return proposal, TreeDrafterState(cache=cache,
+                                          scored_depth=jnp.full_like(cache.lengths, scored))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,9 +324,9 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
     def num_nodes(self) -> int:
         return sum(self.level_sizes)
 
-    def propose_tree(self, params, state: ModelDrafterState, context: Context, with_next: bool,
+    def propose_tree(self, params, state: TreeDrafterState, context: Context, with_next: bool,
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
-                     ) -> tuple[TreeProposal, ModelDrafterState]:
+                     ) -> tuple[TreeProposal, TreeDrafterState]:
         keys = jax.random.split(key, self.depth + 1)
         logits, cache, calls_B, fed_B, single_B = self._root(params, state, context)
         batch = logits.shape[0]
@@ -359,7 +375,9 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
                                 parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
                                 q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
                                 single=single, nan=nan_B)
-        return proposal, ModelDrafterState(cache=cache)
+        scored = self.depth if with_next else self.depth - 1
+        return proposal, TreeDrafterState(cache=cache,
+                                          scored_depth=jnp.full_like(cache.lengths, scored))
 
 
 def ranked_candidates(text_BxT: Array, n_B: Array, bigram_V: Array, max_ngram: int,

@@ -332,7 +332,9 @@ def tree_with_root(root_B: Array, tokens_BxN: Array, parents_BxN: Array) -> tupl
     """A drafted tree (parents -1 = the root token) as the N + 1 nodes a target
     scores: node 0 is the root token itself (parent -1), node i + 1 is drafted
     node i. Its logits then give ``p`` at [root, node 0 .. N - 1], the order
-    of a tree proposal's ``q``."""
+    of a tree proposal's ``q``. After accepting drafted nodes ``n_1 .. n_a``
+    the target keeps ``commit_path(cache, [0, 1 + n_1, .., 1 + n_a], 1 + a)``
+    (the root token and the path), as a chain keeps ``1 + j`` entries."""
     tokens = jnp.concatenate([root_B[:, None].astype(tokens_BxN.dtype), tokens_BxN], axis=1)
     parents = jnp.concatenate([jnp.full_like(parents_BxN[:, :1], -1), parents_BxN + 1], axis=1)
     return tokens, parents
