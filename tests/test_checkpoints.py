@@ -451,3 +451,67 @@ def test_a_converted_copy_is_used_in_place_on_cpu(tmp_path, monkeypatch):
         assert start <= leaf.unsafe_buffer_pointer() < end, \
             "a parameter was copied instead of used in the mapped file"
     jax.tree_util.tree_map(np.testing.assert_array_equal, again, expected)
+
+
+def test_a_decode_layout_copy_is_written_once_and_used_in_place(tmp_path, monkeypatch, capsys):
+    """A GGUF file loaded in the out_in layout keeps a converted copy in the
+    fused decode layout: the first load writes it from the in_out copy when
+    one is there (no dequantising), else from the GGUF file, and states its
+    size; the next load maps it and converts nothing (on CPU every buffer
+    lies in the mapping). The params are bit-identical to
+    ``with_kernel_layout`` of the in_out tree, which stays as it was."""
+    import gc
+
+    from specdec_jax.checkpoints import converted, load
+    from specdec_jax.models.decoder import with_kernel_layout
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
+    hf_model, config = small_hf_decoder("qwen2")
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2")
+    overrides = dict(dtype="float32", param_dtype="float32")
+
+    def load_params(layout):  # load_model's steps (the toy GGUF carries no tokenizer)
+        cfg, params, _ = load._load_gguf(path, str(path), "float32", overrides, None, layout)
+        return cfg, jax.tree_util.tree_map(lambda x: load._on_device(x, "float32"), params)
+
+    sha = fetch.sha256_file(path)
+    cfg_in, params_in = load_params("in_out")  # writes the in_out copy
+    want_model, want = with_kernel_layout(DecoderOnlyLM(cfg_in), params_in, "out_in")
+    want = jax.tree_util.tree_map(np.array, want)
+    capsys.readouterr()
+    monkeypatch.setattr(gguf, "dequantize", lambda tensor: pytest.fail("dequantised again"))
+    cfg, params = load_params("out_in")  # from the in_out copy
+    assert "on disk" in capsys.readouterr().err
+    assert cfg == want_model.config
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, want)
+    assert converted.converted_dir(sha, "float32", "out_in_fused").is_dir()
+
+    spans = []
+    real_mapped = converted._mapped_tensors
+
+    def spy(file):
+        views = real_mapped(file)
+        base = next(iter(views.values()))
+        while isinstance(getattr(base, "base", None), np.ndarray):
+            base = base.base
+        spans.append((base.ctypes.data, base.ctypes.data + base.nbytes))
+        return views
+
+    monkeypatch.setattr(converted, "_mapped_tensors", spy)
+    monkeypatch.setattr(converted, "_write", lambda *a: pytest.fail("written again"))
+    cfg, again = load_params("out_in")
+    gc.collect()
+    (start, end), = spans
+    assert cfg == want_model.config
+    for leaf in jax.tree_util.tree_leaves(again):
+        assert start <= leaf.unsafe_buffer_pointer() < end, "a parameter was copied"
+    jax.tree_util.tree_map(np.testing.assert_array_equal, again, want)
+    monkeypatch.undo()
+
+    # From the GGUF file when no in_out copy is there: the same copy, and
+    # the in_out tree is loaded as before.
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "fresh"))
+    _, fresh = load_params("out_in")
+    jax.tree_util.tree_map(np.testing.assert_array_equal, fresh, want)
+    assert not converted.converted_dir(sha, "float32").exists()
+    _, in_out = load_params("in_out")
+    jax.tree_util.tree_map(np.testing.assert_array_equal, in_out, params_in)

@@ -14,12 +14,12 @@ from specdec_jax import precision, sharding
 from specdec_jax.checkpoints import converted, fetch, gguf, registry, tokenizer
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.checkpoints.safetensors_io import load_hf_decoder
-from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
-from specdec_jax.models.layers import OUT_IN
+from specdec_jax.models.decoder import DecoderOnlyLM, kernel_layout_converter, with_kernel_layout
+from specdec_jax.models.layers import IN_OUT, OUT_IN
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None
-               ) -> tuple[DecoderOnlyLM, Any, Any]:
+def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None,
+               kernel_layout: str = IN_OUT) -> tuple[DecoderOnlyLM, Any, Any]:
     """Loads a registry model (fetched on first use), a ``.gguf`` file, or a
     Hugging Face safetensors directory.
 
@@ -51,7 +51,8 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
         cfg = type(cfg)(**{**cfg.__dict__, **overrides})
         tok = tokenizer.tokenizer_from_hf_dir(path)
     else:
-        cfg, params, meta = _load_gguf(path, source, dtype, overrides, mesh)
+        cfg, params, meta = _load_gguf(path, source, dtype, overrides, mesh,
+                                       kernel_layout if mesh is None else IN_OUT)
         tok = tokenizer.tokenizer_from_gguf_metadata(meta)
         if mesh is not None:
             return DecoderOnlyLM(cfg), params, tok  # placed, already in dtype
@@ -69,8 +70,8 @@ def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, m
     (``"out_in"``: ``api.decode_layout``); ``"in_out"`` keeps the loaded tree
     (the switch that measures the difference). What the jobs, the CLI and the
     benchmarks decode with."""
-    model, params, tok = load_model(name_or_path, dtype, mesh=mesh)
-    model, params = with_kernel_layout(model, params, kernel_layout)
+    model, params, tok = load_model(name_or_path, dtype, mesh=mesh, kernel_layout=kernel_layout)
+    model, params = with_kernel_layout(model, params, kernel_layout)  # when not loaded in it
     if mesh is not None:  # the fused projections have rules of their own
         params = sharding.reshard_params(params, mesh, sharding.rules_for(model))
     return model, params, tok
@@ -105,14 +106,32 @@ def _on_device(array, dtype: str):
     return jnp.asarray(array, dtype)
 
 
-def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mesh=None):
+def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mesh=None,
+               kernel_layout: str = IN_OUT):
     """A GGUF file through the converted-weights cache (``converted.py``):
     dequantised once per file and dtype, keyed by the file's sha256 (the
-    registry's pinned hash for named models, computed for other files)."""
+    registry's pinned hash for named models, computed for other files).
+    ``kernel_layout`` other than ``"in_out"``: the copy is kept in that layout
+    (``with_kernel_layout``'s, converted entry by entry as it is written),
+    made from the ``"in_out"`` copy when one is already there (no
+    dequantising), else from the GGUF file."""
     sha256 = (registry.get_spec(source).sha256 if source in registry.MODELS
               else fetch.sha256_file(path))
+    layout = None
+    if kernel_layout != IN_OUT:
+        probe = gguf.config_from_metadata  # the config is known only with the metadata
+
+        def converter(meta, has_output):
+            base = probe(meta, has_output, **overrides)
+            return kernel_layout_converter(base, kernel_layout)[1] or (lambda _, entry: entry)
+
+        layout = converted.Layout(f"{kernel_layout}_fused", converter)
 
     def convert():
+        if layout is not None:
+            in_out = converted.read_copy(sha256, dtype)
+            if in_out is not None:
+                return in_out
         cfg, params, meta = gguf.load_gguf(path, **overrides)
         # astype(copy=False): no second copy of a tree already in ``dtype`` (6 GB for the 1.5B)
         params = jax.tree_util.tree_map(
@@ -120,5 +139,8 @@ def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mes
         return params, meta, not cfg.tie_embeddings
 
     params, meta, has_output = converted.load_or_convert(path, sha256, dtype, convert,
-                                                         mesh=mesh)
-    return gguf.config_from_metadata(meta, has_output, **overrides), params, meta
+                                                         mesh=mesh, layout=layout)
+    cfg = gguf.config_from_metadata(meta, has_output, **overrides)
+    if layout is not None:
+        cfg = kernel_layout_converter(cfg, kernel_layout)[0]
+    return cfg, params, meta
