@@ -1,12 +1,13 @@
-"""``specdec-jax``: command-line entry point (``fetch``, ``generate``, ``eval``, ``train``)."""
+"""``specdec-jax``: command-line entry point (``fetch``, ``cache``, ``generate``, ``eval``,
+``train``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from specdec_jax.checkpoints import converted, registry
 from specdec_jax.checkpoints import fetch as fetch_lib
-from specdec_jax.checkpoints import registry
 from specdec_jax.data import prefetch
 from specdec_jax.jobs import generate as cli_generate
 from specdec_jax.jobs import launch
@@ -32,6 +33,14 @@ def _fetch(args) -> int:
     return 0
 
 
+def _cache(args) -> int:
+    """Lists what the cache holds on disk (downloads, corpora, converted copies)."""
+    del args
+    names = {registry.get_spec(name).sha256: name for name in registry.MODELS}
+    print(converted.listing(names))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec-jax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -40,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", help="a registry model, 'models' (every model), 'data' (every "
                                     "corpus the tasks read) or 'all' (both)")
     fetch.set_defaults(func=_fetch)
+    cache = sub.add_parser("cache", help="list what the cache holds on disk, with sizes "
+                                         "(delete a folder to free it: it is rebuilt on use)")
+    cache.set_defaults(func=_cache)
     cli_generate.add_parser(sub)
     evaluate = sub.add_parser(
         "eval", help="a gin-configured evaluation job (the same as python -m eval.main)",
