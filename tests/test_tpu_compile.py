@@ -83,7 +83,7 @@ def test_job_writes_resumes_and_refuses_other_settings(tmp_path, monkeypatch):
     step = report["programs"]["target_k1"]
     assert step["status"] == "compiled" and step["memory"]["alias"] > 0  # cache donated
     assert step["floor_s"] > 0 and step["hlo"]["fusions"] > 0
-    assert step["commit"] == tpu_compile.source_commit()
+    assert step["commit"] == report["environment"]["commit"]  # this checkout's
     assert json.loads(out.read_text())["settings"]["topology"] == TOPOLOGY
     text = (tmp_path / "report.md").read_text()
     assert tpu_aot.ESTIMATE in text and "`target_k1`" in text
