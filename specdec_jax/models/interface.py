@@ -8,6 +8,9 @@ nothing is stored, so the decoding loops can trace any model the same way:
     out = model.extend(params, tokens_BxK, out.cache)  # feed K more tokens per row
     out = model.extend(params, tokens_BxK, cache, logits_at=at_BxN)  # outputs at N of them
 
+Decoder-only models also score token trees in one call (``score_tree``,
+``commit_path``; 'Token trees' below, ALGORITHMS.md §10).
+
 ``logits_at`` (int32 [B, N], offsets into the K fed tokens) returns logits and
 hidden states only at those positions. The output head is the largest matmul
 of a small model's step (a 151,936-row tied embedding in Qwen2.5); a caller
