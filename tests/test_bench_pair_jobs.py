@@ -132,19 +132,40 @@ def test_drafting_prices_counted_calls_with_the_cost_model():
 
 @pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
 def test_bench_drafter_variants_end_to_end(tmp_path, byte_table):
-    report = run_job("drafter_variants", tmp_path, "HEAD_VOCAB = 64",
+    variants = ("[{'name': 'full head', 'gamma': 2, 'head_vocab': 0, 'catch_up_widths': [1, 2], "
+                "'draft_weights': 'f32', 'kernel': False}, "
+                "{'name': 'cut, bf16, kernel', 'gamma': 3, 'head_vocab': 64, "
+                "'catch_up_widths': [1], 'draft_weights': 'bf16', 'kernel': True}]")
+    report = run_job("drafter_variants", tmp_path, f"bench_drafter_variants.variants = {variants}",
+                     "bench_drafter_variants.task = None",
                      f"bench_drafter_variants.bigram_table = '{byte_table}'",
-                     "bench_drafter_variants.gamma = 2",
                      "bench_drafter_variants.max_new_tokens = 6",
                      "bench_drafter_variants.repeats = 1")
-    names = ["autoregressive target", "full head, 2-token catch-up",
-             "head cut to 64, 2-token catch-up", "head cut to 64, 1-token catch-ups"]
+    names = ["autoregressive target", "full head", "cut, bf16, kernel"]
     assert list(report["seconds"]) == names
     assert report["same_tokens_as_target"] == dict.fromkeys(names, True)
-    assert report["settings"]["head_vocab"] == 64 and report["settings"]["repeats"] == 1
+    assert report["settings"]["variants"][1]["draft_weights"] == "bf16"
     # Three prompts, six new tokens each (bytes have no EOS).
     assert all(tokens == 18 for tokens in report["tokens"].values())
-    assert "| head cut to 64, 1-token catch-ups |" in (tmp_path / "drafter_variants.md").read_text()
+    assert all(len(seconds) == 3 for seconds in report["seconds_per_prompt"].values())
+    ratio, low, high = report["speedup_ci95"]["full head"]
+    assert low <= ratio <= high
+    assert "| cut, bf16, kernel |" in (tmp_path / "drafter_variants.md").read_text()
+
+
+def test_drafter_variants_refuse_incomplete_or_clashing_variants():
+    from specdec_jax.jobs.bench.drafter_variants import check_variants
+    good = {"name": "a", "gamma": 5, "head_vocab": 0, "catch_up_widths": [1],
+            "draft_weights": "int8", "kernel": True}
+    assert check_variants([good])[0]["catch_up_widths"] == (1,)
+    with pytest.raises(ValueError, match="exactly the fields"):
+        check_variants([{k: v for k, v in good.items() if k != "kernel"}])
+    with pytest.raises(ValueError, match="unique"):
+        check_variants([good, good])
+    with pytest.raises(ValueError, match="choose one of"):
+        check_variants([{**good, "draft_weights": "int4"}])
+    with pytest.raises(ValueError, match="empty"):
+        check_variants([])
 
 
 # --- bench_verifiers -------------------------------------------------------------------------
@@ -232,7 +253,9 @@ def test_bench_batch_end_to_end(tmp_path):
     ("drafting", ["bench_drafting.phases = ['greedy']"], "holds no costs"),
     ("drafting", ["bench_drafting.cost_widths = [2, 4]"], "must include 1"),
     ("drafting", ["bench_drafting.num_prompts = 0"], "num_prompts must be"),
-    ("drafter_variants", ["HEAD_VOCAB = 0"], "head_vocab must be"),
+    ("drafter_variants", ["bench_drafter_variants.variants = [{'name': 'a', 'gamma': 0, "
+                          "'head_vocab': 0, 'catch_up_widths': [1], 'draft_weights': 'f32', "
+                          "'kernel': False}]"], "gamma must be"),
     ("drafter_variants", ["bench_drafter_variants.repeats = 0"], "repeats must be"),
     ("verifiers", ["bench_verifiers.phases = ['wallclock']"], "efficiency' phase first"),
     ("verifiers", ["bench_verifiers.phases = ['timing']"], "phases has"),

@@ -17,8 +17,13 @@ def test_bench_scoring_times_both_kernel_layouts_in_one_process():
     """bench_scoring measures each K in each kernel layout on the same random
     weights, against the limits measured in the same process."""
     report = scoring.measure(model="random:tiny-drafter", ks=[1, 3], flags="",
-                             kernel_layouts=["in_out", "out_in"])
-    assert list(report["steps"]) == ["in_out K=1", "in_out K=3", "out_in K=1", "out_in K=3"]
+                             kernel_layouts=["in_out", "out_in"], products=["xla", "kernel"],
+                             weight_formats=["f32", "int8"])
+    # The kernel and int8 weights exist only in the out_in layout.
+    assert list(report["steps"]) == [
+        "in_out K=1", "in_out K=3", "out_in K=1", "out_in K=3", "out_in+int8 K=1",
+        "out_in+int8 K=3", "out_in+kernel K=1", "out_in+kernel K=3", "out_in+kernel+int8 K=1",
+        "out_in+kernel+int8 K=3"]
     for row in report["steps"].values():
         assert row["step_s"] > 0 and row["over_limit"] > 0
     assert report["steps"]["out_in K=1"]["over_k1"] == 1.0 and report["random_weights"]

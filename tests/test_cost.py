@@ -164,3 +164,25 @@ def test_round_overhead_is_measured_from_a_timed_generation():
         target=model, target_params=params, drafter=model, drafter_params=params, context=8,
         widths=(1, 2), repeats=1, overhead_gamma=None)
     assert uncalibrated.round_overhead_s == 0.0 and "round_overhead" not in measured
+
+
+def test_best_gamma_follows_the_costs_and_the_acceptance():
+    # A scoring call about as cheap as a step and a cheap drafter: long drafts pay
+    # when drafts are usually accepted, short ones when they are not.
+    flat = {1: 0.200, 9: 0.240}
+    gamma, table = cost.best_gamma(target_steps=flat, drafter_step_s=0.030, alpha=0.9)
+    assert gamma >= 5 and table[gamma]["predicted_speedup"] == max(
+        row["predicted_speedup"] for row in table.values())
+    low, _ = cost.best_gamma(target_steps=flat, drafter_step_s=0.030, alpha=0.4)
+    assert low < gamma
+    # Widths between measured ones lie on the line through them: G = 3 scores 4.
+    row = table[3]
+    expected_round = 0.200 + 3 / 8 * 0.040 + (3 + 0.9 ** 3) * 0.030
+    np.testing.assert_allclose(row["round_s"], expected_round)
+    np.testing.assert_allclose(row["predicted_speedup"],
+                               cost.tokens_per_round(0.9, 3) * 0.200 / expected_round)
+    # A scoring call that costs 2.6 steps (XLA's dot on CPU) makes it not pay at all.
+    _, costly = cost.best_gamma(target_steps={1: 0.2, 9: 0.6}, drafter_step_s=0.07, alpha=0.88)
+    assert max(r["predicted_speedup"] for r in costly.values()) < 1.2
+    with pytest.raises(ValueError, match="1-token step"):
+        cost.best_gamma(target_steps={2: 0.1, 9: 0.2}, drafter_step_s=0.01, alpha=0.5)

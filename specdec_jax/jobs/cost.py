@@ -80,6 +80,41 @@ def acceptance_for_tokens_per_round(tokens: float, gamma: int) -> float:
     return (low + high) / 2
 
 
+def best_gamma(*, target_steps: dict, drafter_step_s: float, alpha: float,
+               gammas=range(1, 9)) -> tuple[int, dict]:
+    """The draft length ``G`` with the highest predicted speedup at batch 1, and
+    the prediction for every candidate.
+
+    ``target_steps``: measured target calls by width, at least ``{1: t_1,
+    K: t_K}``; widths between are a straight line through the nearest measured
+    ones (a few-row call is bound by the weight read plus a per-row share).
+    ``alpha``: the per-draft acceptance expected of the pair. A round is one
+    scoring call of ``G + 1`` tokens and ``G + alpha^G`` drafter steps (the
+    draft steps, and a catch-up step after a round that kept all ``G``).
+    """
+    widths = sorted(int(k) for k in target_steps)
+    if widths[0] != 1 or len(widths) < 2:
+        raise ValueError(f"best_gamma needs the target's 1-token step and one wider call; "
+                         f"got widths {widths}.")
+
+    def call_s(width: int) -> float:
+        high = next((w for w in widths if w >= width), widths[-1])
+        low = max(w for w in widths if w <= min(width, high))
+        if high == low:
+            return float(target_steps[low])
+        share = (width - low) / (high - low)
+        return float(target_steps[low] + share * (target_steps[high] - target_steps[low]))
+
+    table = {}
+    for gamma in gammas:
+        round_s = call_s(gamma + 1) + (gamma + alpha ** gamma) * drafter_step_s
+        tokens = tokens_per_round(alpha, gamma)
+        table[gamma] = {"tokens_per_round": tokens, "round_s": round_s,
+                        "predicted_speedup": tokens * call_s(1) / round_s}
+    best = max(table, key=lambda g: table[g]["predicted_speedup"])
+    return best, table
+
+
 def agreement_stats(predicted, measured) -> dict:
     """How well modelled figures match measured ones, pair by pair (same units):
     ``n``, ``pearson`` (None under 3 pairs or when either side is constant),

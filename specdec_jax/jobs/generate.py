@@ -22,13 +22,14 @@ import jax
 import numpy as np
 
 from specdec_jax import api, batching, cascade_baselines, drafting, precision, target_functions
-from specdec_jax.checkpoints import feature_heads
+from specdec_jax.checkpoints import feature_heads, fetch
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
 from specdec_jax.drafting import model as drafter_model
 from specdec_jax.jobs import cost, resolver
+from specdec_jax.models import weight_storage
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
-from specdec_jax.runtime import timing
+from specdec_jax.runtime import cpu_kernels, timing
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
@@ -74,7 +75,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=0.0)
     p.add_argument("--beta", type=float, default=1.0, help="Lossy's beta")
     p.add_argument("--gamma", type=int, default=None,
-                   help="draft block length G (default 5; a K-matrix fixes its own)")
+                   help="draft block length G (default: for one drafter model, the G the "
+                        "cost model predicts fastest from steps timed here, else 5 (also "
+                        "with --no-cost-model); a K-matrix fixes its own)")
     p.add_argument("--verifier", default="token", choices=api.VERIFIERS)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -94,6 +97,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("--kernel-layout", default=OUT_IN, choices=KERNEL_LAYOUTS,
                    help="how dense kernels are stored while decoding: out_in (default, "
                         "faster) or in_out (the checkpoint tree; to measure the difference)")
+    p.add_argument("--draft-weights", default="auto",
+                   choices=("auto", *weight_storage.WEIGHT_FORMATS),
+                   help="how drafter models store their weights: f32, bf16, or int8 with a "
+                        "scale per output row (the output stays exact: the verifier is given "
+                        "the rounded drafter's own law). auto: int8 where the CPU kernel runs, "
+                        "else as loaded")
+    p.add_argument("--cpu-kernel", default="auto", choices=("auto", "off"),
+                   help="few-row products on CPU through the project's kernel (built on first "
+                        "use with the C++ compiler, a few seconds; XLA's dot where it cannot "
+                        "be built); off: XLA's dot everywhere")
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip timing the model steps that explain the speedup (saves "
                         "three compilations)")
@@ -148,10 +161,58 @@ def _summary(outputs, seconds: float, gamma: int, method: str,
 # step's cost barely moves with the fill at these lengths), the median of a
 # few repeats (one sample on a shared machine can be off by 50%).
 COST_MODEL_STEPS, COST_MODEL_REPEATS, COST_MODEL_FILL = 4, 3, 64
+# Tokens per target call measured for a pair at a draft length (greedy, the
+# default prompts; eval/reports/first_command_cpu.txt): the acceptance the
+# draft-length choice expects of it. Other pairs expect DEFAULT_ALPHA per draft.
+EXPECTED_TOKENS_PER_CALL = {("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"): (4.70, 5)}
+DEFAULT_ALPHA = 0.7
+GAMMA_CANDIDATES = tuple(range(1, 9))
+
+
+def measure_step(measured: dict, role: str, model, params, k: int, batch_size: int,
+                 head_rows: int | None = None) -> float:
+    """In-loop seconds of one call of ``k`` tokens, measured once per run
+    (``measured`` memoises by role, width and head rows)."""
+    key = (role, k, head_rows)
+    if key not in measured:
+        measured[key] = timing.in_loop_step(
+            model, params, k, batch=batch_size, fill=COST_MODEL_FILL, steps=COST_MODEL_STEPS,
+            repeats=COST_MODEL_REPEATS, head_rows=head_rows).median_s
+    return measured[key]
+
+
+def choose_gamma(*, target_name: str, drafter_name: str, target, target_params, drafter,
+                 drafter_params, batch_size: int, measured: dict) -> dict:
+    """The draft length the cost model predicts fastest here: this machine's
+    target step, its widest scoring call and the drafter's step (timed in
+    jitted loops), with the acceptance expected of the pair."""
+    widest = max(GAMMA_CANDIDATES) + 1
+    steps = {k: measure_step(measured, "target", target, target_params, k, batch_size)
+             for k in (1, widest)}
+    drafter_s = measure_step(measured, "drafter", drafter, drafter_params, 1, batch_size)
+    known = EXPECTED_TOKENS_PER_CALL.get((target_name, drafter_name))
+    alpha = (cost.acceptance_for_tokens_per_round(*known) if known else DEFAULT_ALPHA)
+    gamma, table = cost.best_gamma(target_steps=steps, drafter_step_s=drafter_s, alpha=alpha,
+                                   gammas=GAMMA_CANDIDATES)
+    return {"gamma": gamma, "alpha": alpha, "alpha_source": "measured for this pair"
+            if known else f"a default for pairs not measured ({DEFAULT_ALPHA})",
+            "target_steps_s": steps, "drafter_step_s": drafter_s, "candidates": table}
+
+
+def explain_gamma(choice: dict) -> str:
+    steps, widest = choice["target_steps_s"], max(choice["target_steps_s"])
+    by_gamma = ", ".join(f"G={g}: {row['predicted_speedup']:.2f}x"
+                         for g, row in choice["candidates"].items())
+    return (f"draft length G = {choice['gamma']}, chosen by the cost model (--gamma "
+            f"overrides): target step {1e3 * steps[1]:.0f} ms, {widest}-token call "
+            f"{1e3 * steps[widest]:.0f} ms, drafter step {1e3 * choice['drafter_step_s']:.0f} "
+            f"ms, acceptance {choice['alpha']:.2f} per draft ({choice['alpha_source']}); "
+            f"predicted {by_gamma}")
 
 
 def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
-               speculative: dict, batch_size: int) -> dict | None:
+               speculative: dict, batch_size: int, measured: dict | None = None
+               ) -> dict | None:
     """Why the speedup is what it is: the target's step (K = 1) and scoring
     call (K = G + 1), the drafter's step and its 2-token catch-up call, each
     timed inside a jitted loop (``timing.in_loop_step``), combined with the
@@ -172,10 +233,11 @@ def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
         return None
     two_token_catch_up = max(drafter_model.default_catch_up_widths()) >= 2
 
+    measured = {} if measured is None else measured
+
     def step(model, params, k, head_rows=None):
-        return timing.in_loop_step(model, params, k, batch=batch_size, fill=COST_MODEL_FILL,
-                                   steps=COST_MODEL_STEPS, repeats=COST_MODEL_REPEATS,
-                                   head_rows=head_rows).median_s
+        role = "target" if model is target else "drafter"
+        return measure_step(measured, role, model, params, k, batch_size, head_rows)
 
     rounds = max(speculative["target_calls"], 1)
     full_accepts = (speculative["accepted_histogram"][gamma]
@@ -311,6 +373,8 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer):
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
+        params = weight_storage.store_weights(params, args.draft_weights,
+                                              kernel_layout=model.config.kernel_layout)
         try:
             model, params = bigram.restrict_head(model, params, args.drafter_head_vocab,
                                                  eos_ids=tokenizer.eos_token_ids,
@@ -325,6 +389,15 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer):
     if isinstance(drafter, drafting.ModelDrafter):
         return drafter.model, named[drafter.name]  # the classic path, same as before
     return drafter, drafter.select_params(named)
+
+
+def resolve_draft_weights(choice: str, kernel: bool) -> str:
+    """``--draft-weights auto``: int8 where the CPU kernel reads it (a drafting
+    step reads a quarter of the bytes), else the weights as loaded (elsewhere
+    XLA would widen them to float32 before every product)."""
+    if choice != "auto":
+        return weight_storage.check_format(choice)
+    return "int8" if kernel else "f32"
 
 
 def check_args(args) -> None:
@@ -379,12 +452,25 @@ def run(args) -> int:
                              beta=args.beta, lenience=args.lenience)
     spec = args.draft or args.drafter
     names = drafting.parse_spec(spec)
+    kernel = cpu_kernels.enable(args.cpu_kernel != "off",
+                                build_dir=fetch.cache_dir() / "kernels")
+    args.draft_weights = resolve_draft_weights(args.draft_weights, kernel)
     target, target_params, tokenizer = resolver.resolve(args.target, dtype=args.dtype,
                                                          kernel_layout=args.kernel_layout)
     drafter = drafter_params = None
     if args.method != "autoregressive":
         drafter, drafter_params = _load_drafter(args, spec, names, target, target_params,
                                                 tokenizer)
+    measured, gamma_choice = {}, None
+    if (args.gamma is None and args.k_matrix is None and hasattr(drafter, "extend")
+            and args.method not in cascade_baselines.MODES and not args.no_cost_model):
+        gamma_choice = choose_gamma(
+            target_name=args.target, drafter_name=names[0], target=target,
+            target_params=target_params, drafter=drafter, drafter_params=drafter_params,
+            batch_size=args.batch_size, measured=measured)
+        args.gamma = gamma_choice["gamma"]
+        if not args.json:
+            print(explain_gamma(gamma_choice), flush=True)
     gamma = api.resolve_gamma(drafter, args.gamma) if drafter is not None else 0
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
              else p for p in prompts]
@@ -428,6 +514,7 @@ def run(args) -> int:
               "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier,
               "temperature": args.temperature, "kernel_layout": args.kernel_layout,
               "drafter_head_vocab": args.drafter_head_vocab,
+              "draft_weights": args.draft_weights, "cpu_kernel": kernel,
               "results": results,
               "environment": timing.environment(),
               "precision": str(getattr(getattr(target, "config", None), "dtype", "float32"))}
@@ -438,7 +525,9 @@ def run(args) -> int:
         report["cost_model"] = cost_model(
             target=target, target_params=target_params, drafter=drafter,
             drafter_params=drafter_params, gamma=gamma, speculative=results[args.method],
-            batch_size=args.batch_size)
+            batch_size=args.batch_size, measured=measured)
+    if gamma_choice is not None:
+        report["gamma_choice"] = gamma_choice
     if args.json:
         report["completions"] = texts_out
         json.dump(report, sys.stdout, indent=2)
@@ -455,6 +544,8 @@ def run(args) -> int:
               f"{report['speedup_vs_autoregressive']}x (same run, timed prompt by prompt in "
               f"turn; {machine}, "
               f"{report['precision']}, compile time excluded)")
+        print(f"  drafter weights {args.draft_weights}; CPU kernel "
+              f"{'on' if kernel else 'off'} (--draft-weights, --cpu-kernel)")
     if report.get("cost_model"):
         print(explain(report["cost_model"], report.get("speedup_vs_autoregressive"), gamma))
     return 0

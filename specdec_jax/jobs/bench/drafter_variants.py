@@ -1,19 +1,24 @@
-"""What each drafter saving buys on the README's first command, timed interleaved.
+"""What each drafter setting buys on the README's first command, timed interleaved.
 
-The first command (``specdec-jax generate``: Qwen2.5-Coder 0.5B drafting for
-1.5B, G = 5, greedy, three code prompts, 64 new tokens) under drafter
-variants, each compiled once, then every prompt timed under every variant in
-turn (``repeats`` passes), so the ratios come from one run on one machine
-state:
+The first command's pair (``specdec-jax generate``: Qwen2.5-Coder 0.5B drafting
+for 1.5B, greedy) under drafter variants, each compiled once, then every prompt
+timed under every variant in turn (``repeats`` passes), so the ratios come
+from one run on one machine state. A variant (a dict in ``variants``) sets:
 
-* the full output head (the catch-up call's head at one row, ``logits_at``);
-* the head cut to ``head_vocab`` tokens (``drafting.head_vocab``);
-* the cut head with the lagging draft fed by 1-token calls
-  (``ModelDrafter(catch_up_widths=(1,))``, the CPU default) instead of one
-  2-token call (``(1, 2)``, the accelerator default).
+* ``gamma``: the draft length;
+* ``head_vocab``: the drafter's output head cut to that many tokens
+  (``drafting.head_vocab``; 0 keeps the full head);
+* ``catch_up_widths``: ``[1]`` feeds a lagging draft by 1-token calls (the CPU
+  default), ``[1, 2]`` by one 2-token call;
+* ``draft_weights``: ``f32``, ``bf16`` or ``int8`` (``models.weight_storage``);
+* ``kernel``: few-row products through the CPU kernel (``native.matmul``) or
+  XLA's dot, fixed when the variant is compiled (the target too).
 
-The outputs must be equal token for token (checked: every variant is exact;
-the job fails after writing its report if one is not).
+Prompts: the first command's three, or the first ``num_prompts`` of a task
+(``task = 'humaneval'``); the speedup of each variant over the target is the
+ratio of total seconds with a bootstrap 95% interval over prompts. The
+outputs must equal the target's token for token (checked: every variant is
+exact; the job fails after writing its report if one is not).
 
     python -m eval.main --gin_file=configs/bench/drafter_variants.gin \\
         --gin_bindings="bench_drafter_variants.out = 'results/variants.json'"
@@ -23,83 +28,127 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from specdec_jax import api, batching, precision
-from specdec_jax.data import bigram
+from specdec_jax.data import bigram, metrics, tasks
 from specdec_jax.drafting import ModelDrafter
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
 from specdec_jax.jobs.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
 from specdec_jax.jobs.resolver import load_pair
-from specdec_jax.runtime import timing
+from specdec_jax.models import weight_storage
+from specdec_jax.native import matmul as native_matmul
+from specdec_jax.runtime import cpu_kernels, timing
+
+TARGET_VARIANT = "autoregressive target"
+VARIANT_FIELDS = {"name": str, "gamma": int, "head_vocab": int, "catch_up_widths": list,
+                  "draft_weights": str, "kernel": bool}
+
+
+def check_variants(variants: Sequence[dict]) -> list[dict]:
+    """Every variant has exactly the fields of ``VARIANT_FIELDS``, unique names."""
+    if not variants:
+        raise ValueError("variants is empty; give at least one drafter variant.")
+    checked = []
+    for variant in variants:
+        variant = dict(variant)
+        if sorted(variant) != sorted(VARIANT_FIELDS):
+            raise ValueError(f"variant {variant!r}: give exactly the fields "
+                             f"{sorted(VARIANT_FIELDS)}.")
+        weight_storage.check_format(variant["draft_weights"])
+        shared.check_at_least(1, gamma=variant["gamma"])
+        variant["catch_up_widths"] = tuple(variant["catch_up_widths"])
+        checked.append(variant)
+    names = [v["name"] for v in checked]
+    if len(set(names)) != len(names) or TARGET_VARIANT in names:
+        raise ValueError(f"variant names must be unique and not {TARGET_VARIANT!r}: {names}.")
+    return checked
 
 
 def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = DEFAULT_DRAFTER,
-                               gamma: int = 5, head_vocab: int = 32768,
-                               max_new_tokens: int = 64, repeats: int = 2,
+                               variants: Sequence[dict] = (), max_new_tokens: int = 64,
+                               repeats: int = 2, task: str | None = None, num_prompts: int = 3,
                                out: str | None = None, markdown_path: str | None = None,
                                bigram_table: str = "qwen2.5-coder") -> dict:
-    """Seconds, speedup over the target and tokens per target call of each
-    drafter variant (module docstring); JSON at ``out`` if given, the Markdown
-    printed (and written to ``markdown_path`` if given). ``bigram_table``
-    ranks the tokens the cut head keeps (``bigram.restrict_head``). Raises
-    after writing the report if a variant's tokens differ from the target's."""
-    settings = {"target": target, "drafter": drafter, "gamma": gamma, "head_vocab": head_vocab,
+    """Seconds, speedup over the target (95% CI over prompts) and tokens per
+    target call of each drafter variant (module docstring); JSON at ``out`` if
+    given, the Markdown printed (and written to ``markdown_path`` if given).
+    ``bigram_table`` ranks the tokens a cut head keeps (``bigram.restrict_head``).
+    Raises after writing the report if a variant's tokens differ from the
+    target's."""
+    variants = check_variants(variants)
+    shared.check_at_least(1, max_new_tokens=max_new_tokens, repeats=repeats,
+                          num_prompts=num_prompts)
+    settings = {"target": target, "drafter": drafter, "variants": variants, "task": task,
                 "max_new_tokens": max_new_tokens, "repeats": repeats, "out": out}
-    shared.check_at_least(1, gamma=gamma, head_vocab=head_vocab, max_new_tokens=max_new_tokens,
-                          repeats=repeats)
     if bigram_table != "qwen2.5-coder":
         settings["bigram_table"] = bigram_table
+    texts = (list(DEFAULT_PROMPTS) if task is None
+             else [ex.prompt for ex in tasks.get_task(task).load("test", num_prompts)])
     pair = load_pair(target=target, drafter=drafter)
-    cut, cut_params = bigram.restrict_head(pair.drafter, pair.drafter_params, head_vocab,
-                                           eos_ids=pair.eos_ids, table=bigram_table)
     common = dict(target=pair.target, max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids)
-
-    def speculative(model, widths):
-        return api.make_generate_fn(drafter=ModelDrafter(model, catch_up_widths=widths),
-                                    method="specdecode", gamma=gamma, **common)
-
-    variants = {
-        "autoregressive target": (api.make_generate_fn(method="autoregressive", **common),
-                                  pair.drafter_params),
-        "full head, 2-token catch-up": (speculative(pair.drafter, (1, 2)), pair.drafter_params),
-        f"head cut to {head_vocab}, 2-token catch-up": (speculative(cut, (1, 2)), cut_params),
-        f"head cut to {head_vocab}, 1-token catch-ups": (speculative(cut, (1,)), cut_params),
-    }
     sp = api.sampling_params(temperature=0.0)
     prompts = [p for _, p, _ in batching.fixed_shape_batches(
-        [pair.encode(text) for text in DEFAULT_PROMPTS], 1)]
+        [pair.encode(text) for text in texts], 1)]
     key = jax.random.PRNGKey(0)
     target_params = pair.target_params
-    compiled = {name: timing.Compiled(fn, target_params, params, prompts[0], key, sp)
-                for name, (fn, params) in variants.items()}
-    seconds = {name: 0.0 for name in variants}
-    tokens = {name: 0 for name in variants}
-    calls = {name: 0 for name in variants}
-    outputs: dict[str, list] = {name: [] for name in variants}
+    kernel_built = any(v["kernel"] for v in variants) and cpu_kernels.enable()
+    programs = {TARGET_VARIANT: (api.make_generate_fn(method="autoregressive", **common),
+                                 pair.drafter_params, False)}
+    for v in variants:
+        model = pair.drafter
+        params = weight_storage.store_weights(pair.drafter_params, v["draft_weights"],
+                                              kernel_layout=model.config.kernel_layout)
+        if v["head_vocab"]:
+            model, params = bigram.restrict_head(model, params, v["head_vocab"],
+                                                 eos_ids=pair.eos_ids, table=bigram_table)
+        if v["kernel"] and not kernel_built:
+            raise RuntimeError(f"variant {v['name']!r} asks for the CPU kernel, which could not "
+                               "be built here (see the warning above).")
+        fn = api.make_generate_fn(
+            drafter=ModelDrafter(model, catch_up_widths=v["catch_up_widths"]),
+            method="specdecode", gamma=v["gamma"], **common)
+        programs[v["name"]] = (fn, params, v["kernel"])
+    compiled = {}
+    for name, (fn, params, kernel) in programs.items():
+        native_matmul.set_enabled(kernel)  # fixed in the program when it is traced
+        compiled[name] = timing.Compiled(fn, target_params, params, prompts[0], key, sp)
+    native_matmul.set_enabled(True)
+    seconds = {name: [0.0] * len(prompts) for name in programs}
+    tokens = dict.fromkeys(programs, 0)
+    calls = dict.fromkeys(programs, 0)
+    outputs: dict[str, list] = {name: [] for name in programs}
     for _ in range(repeats):
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
             for name, executable in compiled.items():
-                run = executable.time(target_params, variants[name][1], prompt, key, sp)
-                seconds[name] += run.median_s
+                run = executable.time(target_params, programs[name][1], prompt, key, sp)
+                seconds[name][index] += run.median_s
                 tokens[name] += int(np.asarray(run.output.lengths).sum())
                 calls[name] += int(np.asarray(run.output.stats.target_calls).sum())
                 outputs[name].append(np.asarray(run.output.tokens).tolist())
-    reference = outputs["autoregressive target"]
+    reference = outputs[TARGET_VARIANT]
     same = {name: out == reference for name, out in outputs.items()}
-    base = seconds["autoregressive target"]
+    base = seconds[TARGET_VARIANT]
+    speedup = {name: metrics.bootstrap_ci(list(zip(base, per_prompt)), _ratio_of_totals)
+               for name, per_prompt in seconds.items()}
     env = timing.environment()
-    lines = [f"{target} / {drafter}, G = {gamma}, greedy, {len(prompts)} prompts x {repeats}, "
+    source = f"{len(prompts)} {task} prompts" if task else f"{len(prompts)} prompts"
+    lines = [f"{target} / {drafter}, greedy, {source} x {repeats}, {max_new_tokens} new tokens, "
              f"{env['machine']}, {precision.resolve_dtype('auto')}, jax {env['jax']}"]
     lines += tables.markdown_table(
-        ("variant", "seconds", "speedup vs target", "tokens per target call", "same tokens"),
-        [(name, f"{seconds[name]:.1f}", f"{base / seconds[name]:.2f}x",
-          f"{tokens[name] / max(calls[name], 1):.2f}", same[name]) for name in variants])
+        ("variant", "seconds", "speedup vs target (95% CI)", "tokens per target call",
+         "same tokens"),
+        [(name, f"{sum(seconds[name]):.1f}",
+          tables.format_ci(speedup[name][0], speedup[name][1:], digits=2, unit="x"),
+          f"{tokens[name] / max(calls[name], 1):.2f}", same[name]) for name in programs])
     timing.print_markdown("\n".join(lines), markdown_path)
-    report = {"settings": settings, "environment": env, "seconds": seconds, "tokens": tokens,
+    report = {"settings": settings, "environment": env,
+              "seconds": {name: sum(v) for name, v in seconds.items()},
+              "seconds_per_prompt": seconds, "speedup_ci95": speedup, "tokens": tokens,
               "target_calls": calls, "same_tokens_as_target": same}
     if out:
         pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -109,3 +158,8 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
                            "other tokens than the autoregressive target (every variant must be "
                            f"exact){'; report in ' + out if out else ''}.")
     return report
+
+
+def _ratio_of_totals(pairs) -> float:
+    """Target seconds over variant seconds, summed over the resampled prompts."""
+    return sum(t for t, _ in pairs) / sum(v for _, v in pairs)

@@ -31,10 +31,13 @@ import numpy as np
 
 from specdec_jax.jobs import resolver, tables
 from specdec_jax.jobs.bench import child, shared
+from specdec_jax.models import weight_storage
 from specdec_jax.models.decoder import with_kernel_layout
-from specdec_jax.models.layers import IN_OUT, KERNEL_LAYOUTS
-from specdec_jax.runtime import timing
+from specdec_jax.models.layers import IN_OUT, KERNEL_LAYOUTS, OUT_IN
+from specdec_jax.native import matmul as native_matmul
+from specdec_jax.runtime import cpu_kernels, timing
 
+PRODUCTS = ("xla", "kernel")  # XLA's dot; the CPU kernel (native.matmul)
 FILL = 128  # tokens already in the cache when the K tokens are fed
 REPEATS = 10
 
@@ -42,6 +45,8 @@ REPEATS = 10
 def run_bench_scoring(*, model: str = "qwen2.5-coder-1.5b", ks: Sequence[int] = (1, 2, 4, 6, 8),
                       variants: Sequence[str] = (),
                       kernel_layouts: Sequence[str] = KERNEL_LAYOUTS,
+                      products: Sequence[str] = PRODUCTS,
+                      weight_formats: Sequence[str] = ("f32",),
                       out: str = "results/bench_scoring.json",
                       markdown_path: str | None = None) -> dict:
     """Times ``extend`` of each K in each kernel layout (``out_in`` is the one the
@@ -49,15 +54,21 @@ def run_bench_scoring(*, model: str = "qwen2.5-coder-1.5b", ks: Sequence[int] = 
     then under each of ``variants`` (``XLA_FLAGS`` additions, e.g.
     ``'--xla_cpu_use_xnnpack=true'``), each in a process of its own. Writes the
     JSON report to ``out`` after every variant and prints the Markdown summary
-    (also to ``markdown_path`` if given)."""
+    (also to ``markdown_path`` if given). ``products``: ``xla`` (XLA's dot)
+    and/or ``kernel`` (the CPU kernel, ``native.matmul``; ``out_in`` only);
+    ``weight_formats``: how the weights are stored (``models.weight_storage``)."""
     ks, variants, kernel_layouts = list(ks), list(variants), list(kernel_layouts)
+    products, weight_formats = list(products), list(weight_formats)
     _check_arguments(model=model, ks=ks, variants=variants, kernel_layouts=kernel_layouts)
+    shared.check_choices("products", products, PRODUCTS)
+    shared.check_choices("weight_formats", weight_formats, weight_storage.WEIGHT_FORMATS)
     report = {"model": model, "ks": ks, "variants": []}
     for flags in ["", *variants]:  # the defaults come first, always
         env = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()}
         report["variants"].append(child.run_in_child(
             "specdec_jax.jobs.bench.scoring:measure",
-            {"model": model, "ks": ks, "flags": flags, "kernel_layouts": kernel_layouts},
+            {"model": model, "ks": ks, "flags": flags, "kernel_layouts": kernel_layouts,
+             "products": products, "weight_formats": weight_formats},
             env=env))
         shared.write_report(report, out)
     text = markdown(json.loads(json.dumps(report)))  # keys as the JSON has them
@@ -78,8 +89,25 @@ def _check_arguments(*, model: str, ks: list[int], variants: list[str],
         resolver.parse_random(model)
 
 
+def settings(kernel_layouts, products, weight_formats) -> list[tuple[str, str, str, str]]:
+    """``(label, layout, product, weight format)`` of every combination that
+    exists: the kernel reads only the ``out_in`` layout, and int8 weights need
+    it too. Labels: ``out_in``, ``out_in+kernel``, ``out_in+kernel+bf16``..."""
+    rows = []
+    for layout in kernel_layouts:
+        for product in products:
+            for fmt in weight_formats:
+                if layout != OUT_IN and (product == "kernel" or fmt == "int8"):
+                    continue
+                label = layout + ("+kernel" if product == "kernel" else "") + (
+                    "" if fmt == "f32" else f"+{fmt}")
+                rows.append((label, layout, product, fmt))
+    return rows
+
+
 def measure(*, model: str, ks: Sequence[int], flags: str,
-            kernel_layouts: Sequence[str]) -> dict:
+            kernel_layouts: Sequence[str], products: Sequence[str] = ("xla",),
+            weight_formats: Sequence[str] = ("f32",)) -> dict:
     """One process's figures under ``flags`` (which must already be in its
     ``XLA_FLAGS``: ``run_bench_scoring`` starts the process with them); each
     kernel layout's steps are timed one after another on the same weights."""
@@ -99,22 +127,30 @@ def measure(*, model: str, ks: Sequence[int], flags: str,
         matmul_params += embed
     read_s = weight_bytes / (limits["read_gb_s"] * 1e9)
     rows = {}
-    for layout in kernel_layouts:
+    kernel = "kernel" in products and cpu_kernels.enable()
+    for label, layout, product, fmt in settings(kernel_layouts, products, weight_formats):
+        if product == "kernel" and not kernel:
+            raise RuntimeError("products lists 'kernel' but the CPU kernel could not be built "
+                               "here (see the warning above); drop it from products.")
         lm, params = with_kernel_layout(lm, params, layout)
+        stored = weight_storage.store_weights(params, fmt, kernel_layout=layout)
+        native_matmul.set_enabled(product == "kernel")
         fn = jax.jit(lambda p, t, c, lm=lm: lm.extend(p, t, c).logits)
         steps = {}
         for k in ks:
             cache = lm.init_cache(1, FILL + max(ks)).replace(
                 lengths=jnp.array([FILL], jnp.int32))
             tokens = jnp.ones((1, k), jnp.int32)
-            compiled = timing.Compiled(fn, params, tokens, cache)
-            steps[k] = compiled.time(params, tokens, cache, repeats=REPEATS).median_s
+            compiled = timing.Compiled(fn, stored, tokens, cache)
+            steps[k] = compiled.time(stored, tokens, cache, repeats=REPEATS).median_s
+        del stored
         for k, seconds in steps.items():
             flop_s = 2 * matmul_params * k / (limits["matmul_gflop_s"] * 1e9)
-            rows[f"{layout} K={k}"] = {
-                "layout": layout, "k": k, "step_s": seconds, "weight_read_s": read_s,
+            rows[f"{label} K={k}"] = {
+                "layout": label, "k": k, "step_s": seconds, "weight_read_s": read_s,
                 "flop_s": flop_s, "over_limit": seconds / max(read_s, flop_s),
                 "over_k1": seconds / steps[ks[0]]}
+    native_matmul.set_enabled(True)
     return {"flags": flags, "limits": limits, "weight_bytes": weight_bytes,
             "matmul_params": matmul_params, "steps": rows,
             "random_weights": model.startswith(resolver.RANDOM_PREFIX),
@@ -135,7 +171,7 @@ def markdown(report: dict) -> str:
                   f"{lim['matmul_gflop_s']:.0f} GFLOP/s; weights "
                   f"{variant['weight_bytes'] / 1e9:.2f} GB", ""]
         lines += tables.markdown_table(
-            ("kernel layout", "K", "step ms", "weight-read limit ms", "FLOP limit ms",
+            ("layout / product", "K", "step ms", "weight-read limit ms", "FLOP limit ms",
              "step / max(limits)", "step / step(K=1)"),
             [(row["layout"], row["k"], f"{1e3 * row['step_s']:.0f}",
               f"{1e3 * row['weight_read_s']:.0f}", f"{1e3 * row['flop_s']:.0f}",
