@@ -39,9 +39,14 @@ from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
 from specdec_jax.models.layers import OUT_IN
 from specdec_jax.sampling import SamplingParams
+from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, make_tree_drafter, tree_verifier
 from specdec_jax.verify import TokenVerifier
+from specdec_jax.verify_tree import TREE_VERIFIERS
 
 VERIFIERS = ("token", "block", "block-seed")
+# With a token tree (tree=...): the tree verifiers; 'token' and 'block' name
+# their tree forms (recursive rejection sampling, traversal verification).
+ALL_VERIFIERS = VERIFIERS + tuple(v for v in TREE_VERIFIERS if v not in VERIFIERS)
 DEFAULT_GAMMA = 5
 
 
@@ -96,8 +101,9 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
                  method: str = "specdecode", gamma: int | None = None, verifier: str = "token",
                  max_new_tokens: int = 64, top_k: int = 0, eos_ids: tuple[int, ...] = (),
                  pad_id: int = 0, fallback_alpha: float = 0.5,
-                 stop_rule: EndOfBlockStop | None = None, rounds_per_sync: int = 1
-                 ) -> SpeculativeDecoder | AutoregressiveDecoder | DraftUntilDecoder:
+                 stop_rule: EndOfBlockStop | None = None, rounds_per_sync: int = 1,
+                 tree: Any = None
+                 ) -> SpeculativeDecoder | AutoregressiveDecoder | DraftUntilDecoder | TreeDecoder:
     """The validated static decoder behind ``make_generate_fn`` (same arguments).
 
     Use it directly to prefill once and decode many configurations, e.g. a
@@ -127,6 +133,14 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     condition (``decoding.loop_until_done``); on a GPU, where each read is a
     host round trip, a few (4-8) save that wait per round. Outputs are
     identical for every value.
+
+    ``tree`` drafts a token tree per round instead of a chain
+    (``tree_decoding``): widths per depth (``(3, 2, 1, 1)`` or ``"3,2,1,1"``,
+    a static tree) or ``"dynamic:DEPTH,EXPAND,CHILDREN"`` (EAGLE-2's dynamic
+    tree), from a decoder-only drafter model or Max-Gram; or pass a tree
+    drafter (``drafting.tree``) as ``drafter`` with ``tree=None``. The
+    verifier is then a tree verifier (``verify_tree.TREE_VERIFIERS``;
+    ``token`` = ``rrs``, ``block`` = ``traversal``); ``gamma`` does not apply.
     """
     if method not in target_functions.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
@@ -141,6 +155,14 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
                                      rounds_per_sync=rounds_per_sync)
     if drafter is None:
         raise ValueError(f"method {method!r} needs a drafter model.")
+    if tree is not None or hasattr(drafter, "propose_tree"):
+        return _tree_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
+                             verifier=verifier, max_new_tokens=max_new_tokens, config=config,
+                             eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
+                             rounds_per_sync=rounds_per_sync, tree=tree)
+    if verifier not in VERIFIERS:
+        raise ValueError(f"verifier {verifier!r} verifies token trees; pass tree=... (e.g. "
+                         f"(3, 2, 1, 1)) or a chain verifier: {', '.join(VERIFIERS)}.")
     if method in MODES:
         if is_drafter(drafter):
             raise ValueError(f"method {method!r} runs a drafter model token by token; pass a "
@@ -166,6 +188,22 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
         max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
         sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
         rounds_per_sync=rounds_per_sync)
+
+
+def _tree_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, config, eos_ids,
+                  pad_id, stop_rule, rounds_per_sync, tree) -> TreeDecoder:
+    if method in MODES or method == "oracle":
+        raise ValueError(f"method {method!r} verifies no drafted block; it takes no tree.")
+    if gamma is not None:
+        raise ValueError("gamma is a chain's draft length; a tree's size is its shape "
+                         "(tree=...). Drop gamma.")
+    _check_pair(target, drafter)
+    drafter = make_tree_drafter(drafter, tree)
+    return TreeDecoder(target=target, drafter=drafter,
+                       target_fn=target_functions.get_target(method),
+                       max_new_tokens=max_new_tokens, verifier=tree_verifier(verifier),
+                       sampling_config=config, eos_ids=eos_ids, pad_id=pad_id,
+                       stop_rule=stop_rule, rounds_per_sync=rounds_per_sync)
 
 
 def effective_gamma(method: str, drafter, gamma: int | None) -> int:
@@ -200,19 +238,19 @@ def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
                      max_new_tokens: int = 64, top_k: int = 0,
                      eos_ids: tuple[int, ...] = (), pad_id: int = 0,
                      fallback_alpha: float = 0.5, stop_rule: EndOfBlockStop | None = None,
-                     rounds_per_sync: int = 1) -> Callable:
+                     rounds_per_sync: int = 1, tree: Any = None) -> Callable:
     """Returns ``fn(target_params, drafter_params, prompt, key, sampling_params)``, jitted.
 
     Everything here is static (a new value compiles a new program); the
     ``SamplingParams`` (temperature, top_p, alpha, beta) are traced, so a sweep
     over them reuses one compilation. ``method="autoregressive"`` ignores the
-    drafter.
+    drafter. ``tree`` drafts token trees (see ``make_decoder``).
     """
     decoder = make_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
                            verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
                            eos_ids=tuple(eos_ids), pad_id=pad_id,
                            fallback_alpha=fallback_alpha, stop_rule=stop_rule,
-                           rounds_per_sync=rounds_per_sync)
+                           rounds_per_sync=rounds_per_sync, tree=tree)
     return jax.jit(decoder.generate)
 
 
@@ -250,7 +288,8 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
              lenience: float = 1.0, stop_threshold: float = 0.7,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
              eos_ids: Sequence[int] = (), seed: int = 0, max_cache_length: int | None = None,
-             pad_id: int = 0, rounds_per_sync: int = 1) -> GenerationOutput:
+             pad_id: int = 0, rounds_per_sync: int = 1, tree: Any = None
+             ) -> GenerationOutput:
     """Generates continuations of a batch of prompts with any method.
 
     Args:
@@ -261,7 +300,10 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
       method: one of ``target_functions.METHODS``.
       alpha, beta: lenience of the method (see ``target_functions.py`` for each range).
       gamma: draft block length G (default 5; a K-matrix drafter fixes its own).
-      verifier: ``token`` | ``block`` | ``block-seed``.
+      verifier: ``token`` | ``block`` | ``block-seed``; with ``tree``, a tree
+        verifier (``greedy`` | ``rrs`` | ``rrs-replacement`` | ``traversal``).
+      tree: a token tree per round instead of a chain: widths per depth, e.g.
+        ``(3, 2, 1, 1)``, or ``"dynamic:DEPTH,EXPAND,CHILDREN"`` (see ``make_decoder``).
       lenience: CS Drafting lenience between drafters (>= 1; never the target).
       stop_threshold: SpecDec++'s ``h`` for an ``AdaptiveDrafter``: a row stops
         drafting once the predicted chance that a draft is rejected exceeds it.
@@ -282,8 +324,9 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     target_functions.validate_alpha(method, alpha, beta)
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
-    needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens,
-                                   effective_gamma(method, drafter, gamma))
+    room = TreeSpec.parse(tree).num_nodes if tree is not None else \
+        effective_gamma(method, drafter, gamma)
+    needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens, room)
     if max_cache_length is not None and needed > max_cache_length:
         raise ValueError(
             f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "
@@ -294,7 +337,8 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     fn = make_generate_fn(target=target, drafter=drafter, method=method, gamma=gamma,
                           verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
                           eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
-                          rounds_per_sync=rounds_per_sync)
+                          rounds_per_sync=rounds_per_sync,
+                          tree=tuple(tree) if isinstance(tree, list) else tree)
     out = fn(target_params, drafter_params, prompt, jax.random.PRNGKey(seed), sp)
     nan_calls = int(np.asarray(out.stats.nan_logits).sum())
     if nan_calls:

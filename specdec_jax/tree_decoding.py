@@ -1,0 +1,397 @@
+"""Tree decoding: speculative rounds that draft a token tree instead of a chain
+(docs/algorithms.md, 'Token trees'; ALGORITHMS.md §10), as a pure function
+over a ``lax.while_loop``.
+
+One round:
+
+    pending token t (last emitted, not yet fed to the target)
+    drafter: a tree of N nodes (tokens, parents, the law q at the root and at
+             every node: ``drafting.tree``'s static, dynamic or Max-Gram trees)
+    target:  one ``score_tree`` call over [t, node 0 .. node N - 1]
+             -> p at the root and at every node
+    pi = T(q, p) at every context (cascades stay exact in pi);
+    tree verifier (``verify_tree``) -> the accepted node (depth a) and a new token y
+    emit the path's a tokens, then y; both caches keep the path
+    (``commit_path``); pending = y
+
+Worked example (widths (2, 1): nodes 0, 1 at depth 1, node 2 under 0, node 3
+under 1; a row whose target cache holds 10 tokens): the target scores 5
+nodes (t at position 10, nodes 0 and 1 at 11, nodes 2 and 3 at 12, all in
+scratch slots 10 .. 14); the verifier accepts node 2 (path 0 -> 2, a = 2):
+the round emits [x_0, x_2, y], the target keeps slots 10, 11, 12 <- t, x_0,
+x_2 (lengths 13), the drafter keeps x_0 (and x_2 if it scored it) and the
+history grows by 3 with y pending.
+
+Everything else is the chain decoder's (``decoding``): the history and output
+buffers, EOS / stop rule / ``max_new_tokens`` handling for ragged batches
+(``emit_round``), the statistics (``GenerationStats``; the accepted histogram
+is over the path depth 0 .. depth), the loop (``run_rounds``).
+
+At temperature 0 every tree verifier's output is the target's argmax path (the
+laws are one-hot), but the sampling verifiers see only each node's first child
+(``verify_tree``); the round then runs the greedy tree verifier, so every
+branch counts. Under a deterministic drafter (Max-Gram trees) at T > 0 the
+later siblings have no mass under the reported sibling laws: they are never
+accepted (exact, but only the first child of each node can pay off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling, verify_tree
+from specdec_jax.decoding import (
+    EndOfBlockStop,
+    GenerationOutput,
+    Prefilled,
+    _LoopState,
+    check_rounds_per_sync,
+    emit_round,
+    initial_history,
+    required_cache_length,
+    run_rounds,
+    zero_stats,
+)
+from specdec_jax.drafting.base import (
+    Context,
+    is_drafter,
+    needs_features,
+    start_token_and_prefill,
+    write_rows,
+)
+from specdec_jax.drafting.maxgram import MaxGramDrafter
+from specdec_jax.drafting.model import ModelDrafter, has_nan
+from specdec_jax.drafting.tree import (
+    DynamicTreeDrafter,
+    MaxGramTreeDrafter,
+    StaticTreeDrafter,
+    TreeShape,
+)
+from specdec_jax.models.interface import (
+    LanguageModel,
+    Prompt,
+    is_encoder_decoder,
+    supports_trees,
+    tree_with_root,
+)
+from specdec_jax.sampling import SamplingParams
+from specdec_jax.target_functions import TargetFunction
+
+Array = jax.Array
+
+# Chain verifier names accepted for trees: token-level verification of a tree
+# is recursive rejection sampling, block verification's tree form is traversal.
+CHAIN_NAMES = {"token": "rrs", "block": "traversal"}
+DEFAULT_TREE_VERIFIER = "traversal"
+
+
+def tree_verifier(name: str):
+    """The tree verifier for ``name``: one of ``verify_tree.TREE_VERIFIERS``, or
+    ``token`` (-> ``rrs``) / ``block`` (-> ``traversal``)."""
+    if name == "block-seed":
+        raise ValueError("the 'block-seed' verifier carries state between chain rounds and has "
+                         "no tree form; use 'traversal' (the tree form of 'block') or 'rrs'.")
+    return verify_tree.get_tree_verifier(CHAIN_NAMES.get(name, name))
+
+
+def is_tree_drafter(obj: Any) -> bool:
+    return callable(getattr(obj, "propose_tree", None))
+
+
+def tree_depth(drafter) -> int:
+    """The deepest path a tree drafter can propose (a static bound)."""
+    depth = getattr(drafter, "depth", None)
+    if depth is None:
+        depth = getattr(getattr(drafter, "shape", None), "depth", None)
+    return int(depth) if depth is not None else int(drafter.num_nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSpec:
+    """A tree request: static ``widths`` per depth, or a dynamic (EAGLE-2) tree
+    of ``depth`` levels expanding the ``expand`` most probable nodes of each
+    level into ``children`` each (``N = children + (depth - 1) expand children``).
+
+    ``TreeSpec.parse("3,2,1,1")``: static, 3 + 6 + 6 + 6 = 21 nodes;
+    ``TreeSpec.parse("dynamic:5,2,2")``: dynamic, 2 + 4 * 4 = 18 nodes.
+    """
+
+    widths: tuple[int, ...] = ()
+    dynamic: tuple[int, int, int] | None = None  # (depth, expand, children)
+
+    @classmethod
+    def parse(cls, spec) -> TreeSpec:
+        if isinstance(spec, TreeSpec):
+            return spec
+        if isinstance(spec, (tuple, list)):
+            return cls(widths=_positive(spec, spec))
+        text = str(spec).strip().replace(" ", "")
+        if text.startswith("dynamic:"):
+            numbers = _positive(re.split(",", text[len("dynamic:"):]), spec)
+            if len(numbers) != 3:
+                raise ValueError(f"tree {spec!r}: a dynamic tree is 'dynamic:DEPTH,EXPAND,"
+                                 "CHILDREN', e.g. 'dynamic:5,2,2'.")
+            depth, expand, children = numbers
+            if expand > children:
+                raise ValueError(f"tree {spec!r}: EXPAND ({expand}) may not exceed CHILDREN "
+                                 f"({children}).")
+            return cls(dynamic=(depth, expand, children))
+        return cls(widths=_positive(text.split(","), spec))
+
+    @property
+    def num_nodes(self) -> int:
+        if self.dynamic is not None:
+            depth, expand, children = self.dynamic
+            return children + (depth - 1) * expand * children
+        return TreeShape.from_widths(self.widths).num_nodes
+
+    @property
+    def depth(self) -> int:
+        return self.dynamic[0] if self.dynamic is not None else len(self.widths)
+
+
+def _positive(items, spec) -> tuple[int, ...]:
+    try:
+        numbers = tuple(int(x) for x in items)
+    except (TypeError, ValueError):
+        numbers = ()
+    if not numbers or min(numbers) < 1:
+        raise ValueError(f"tree {spec!r}: give widths per depth as positive integers, e.g. "
+                         "'3,2,1,1', or 'dynamic:DEPTH,EXPAND,CHILDREN'.")
+    return numbers
+
+
+def make_tree_drafter(drafter, tree) -> Any:
+    """A tree drafter from a chain drafter and a tree request (``TreeSpec.parse``):
+    a ``LanguageModel`` or ``ModelDrafter`` -> ``StaticTreeDrafter`` /
+    ``DynamicTreeDrafter``; a ``MaxGramDrafter`` -> ``MaxGramTreeDrafter``
+    (static shapes only). A tree drafter given as is (``tree`` None) is kept."""
+    if tree is None:
+        if is_tree_drafter(drafter):
+            return drafter
+        raise ValueError("tree decoding needs a tree shape (tree=...) or a tree drafter.")
+    if is_tree_drafter(drafter):
+        raise ValueError(f"{type(drafter).__name__} already drafts trees; drop tree=.")
+    spec = TreeSpec.parse(tree)
+    if isinstance(drafter, MaxGramDrafter):
+        if spec.dynamic is not None:
+            raise ValueError("Max-Gram trees are static (its children carry no probability to "
+                             "rank); give widths, e.g. '3,2,1,1'.")
+        return MaxGramTreeDrafter(drafter.vocab_size, TreeShape.from_widths(spec.widths),
+                                  max_ngram=drafter.max_ngram, name=drafter.name)
+    name = "drafter"
+    if isinstance(drafter, ModelDrafter):
+        drafter, name = drafter.model, drafter.name
+    if is_drafter(drafter) or not supports_trees(drafter):
+        raise ValueError(
+            f"{type(drafter).__name__} cannot draft trees: tree decoding takes a decoder-only "
+            "drafter model (score_tree / commit_path) or Max-Gram; cascades and feature heads "
+            "draft chains only for now.")
+    if spec.dynamic is not None:
+        depth, expand, children = spec.dynamic
+        return DynamicTreeDrafter(drafter, depth=depth, expand=expand, children=children,
+                                  name=name)
+    return StaticTreeDrafter(drafter, TreeShape.from_widths(spec.widths), name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeDecoder:
+    """Static configuration of a tree generation (hashable: closes over jit).
+
+    ``drafter`` drafts trees (``propose_tree``: ``drafting.tree``);
+    ``target`` must score them (``score_tree`` / ``commit_path``: the
+    decoder-only models); ``verifier`` is a tree verifier
+    (``verify_tree.get_tree_verifier``). The drafter reports its law at the
+    leaves only when the target function needs it (cascades draw the bonus
+    token from ``pi``); ``specdecode`` and ``lossy`` draw it from ``p``.
+    """
+
+    target: LanguageModel
+    drafter: Any
+    target_fn: TargetFunction
+    max_new_tokens: int
+    verifier: Any = verify_tree.TraversalVerifier()
+    sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+    stop_rule: EndOfBlockStop | None = None
+    rounds_per_sync: int = 1
+
+    def __post_init__(self):
+        check_rounds_per_sync(self.rounds_per_sync)
+        if not is_tree_drafter(self.drafter):
+            raise ValueError(f"{type(self.drafter).__name__} does not draft trees "
+                             "(make_tree_drafter builds one).")
+        if needs_features(self.drafter):
+            raise ValueError("tree decoding keeps no target features; feature drafters draft "
+                             "chains only for now.")
+        if not supports_trees(self.target):
+            raise ValueError(f"{type(self.target).__name__} cannot score token trees "
+                             "(score_tree / commit_path); tree decoding needs a decoder-only "
+                             "target.")
+        if getattr(self.verifier, "needs_normalised_law", False) and \
+                not self.target_fn.normalised:
+            raise ValueError(
+                f"the {self.verifier.name!r} tree verifier needs a normalised pi, and "
+                f"{self.target_fn.name!r} weighs tokens with an unnormalised pi by design; "
+                "use the 'greedy' tree verifier (T = 0) or a chain.")
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.drafter.num_nodes)
+
+    @property
+    def depth(self) -> int:
+        return tree_depth(self.drafter)
+
+    @property
+    def gamma(self) -> int:
+        """The cache room a round needs beyond the emitted tokens (the tree's
+        scratch slots): what ``required_cache_length`` takes as ``gamma``."""
+        return self.num_nodes
+
+    @property
+    def needs_next_q(self) -> bool:
+        return not self.target_fn.bonus_from_target
+
+    def prefill(self, target_params, drafter_params, prompt: Prompt,
+                max_length: int | None = None) -> Prefilled:
+        """Feeds the prompt to the target and the drafter (deterministic)."""
+        width = prompt.tokens.shape[1]
+        needed = required_cache_length(width, self.max_new_tokens, self.gamma)
+        max_length = needed if max_length is None else max_length
+        if max_length < needed:
+            raise ValueError(f"max_length {max_length} is below the {needed} positions this "
+                             f"tree decoder needs (prompt width {width} + max_new_tokens "
+                             f"{self.max_new_tokens} + {self.num_nodes} tree nodes + 1).")
+        target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
+                                                  max_length)
+        encoder_decoder = is_encoder_decoder(self.target)
+        drafter_state = self.drafter.init(drafter_params, prompt, max_length, encoder_decoder)
+        history, length = initial_history(prompt, max_length, encoder_decoder, None)
+        return Prefilled(target_cache=target_cache, drafter_state=drafter_state,
+                         history=history, length=length, prompt_width=width)
+
+    def init_state(self, prefilled: Prefilled, key) -> _LoopState:
+        batch = prefilled.length.shape[0]
+        return _LoopState(
+            tokens=jnp.full((batch, self.max_new_tokens + self.depth + 1), self.pad_id,
+                            jnp.int32),
+            num_generated=jnp.zeros((batch,), jnp.int32), history=prefilled.history,
+            length=prefilled.length, done=jnp.zeros((batch,), bool),
+            target_cache=prefilled.target_cache, drafter_state=prefilled.drafter_state,
+            verifier_state=None, key=key,
+            stats=zero_stats(batch, self.depth, len(self.drafter.model_names)))
+
+    def verify(self, key, tree: verify_tree.Tree, q_BxN1xV, pi_BxN1xV, sp: SamplingParams):
+        """The configured verifier, or greedy at temperature 0 (module docstring)."""
+        greedy = verify_tree.GreedyTreeVerifier()
+        if isinstance(self.verifier, verify_tree.GreedyTreeVerifier):
+            return self.verifier(key, tree, q_BxN1xV, pi_BxN1xV)
+        return jax.lax.cond(sp.temperature <= 0, lambda: greedy(key, tree, q_BxN1xV, pi_BxN1xV),
+                            lambda: self.verifier(key, tree, q_BxN1xV, pi_BxN1xV))
+
+    def round(self, target_params, drafter_params, state: _LoopState,
+              sp: SamplingParams) -> _LoopState:
+        """One draft-tree / score / verify / commit round for every row not yet done."""
+        key, draft_key, verify_key = jax.random.split(state.key, 3)
+        depth = self.depth
+        context = Context(history=state.history, length=state.length)
+        pending_B = jnp.take_along_axis(state.history, (state.length - 1)[:, None], 1)[:, 0]
+        proposal, drafter_state = self.drafter.propose_tree(
+            drafter_params, state.drafter_state, context, self.needs_next_q, draft_key, sp,
+            self.sampling_config)
+        n = proposal.num_nodes
+        batch = pending_B.shape[0]
+        tree = verify_tree.Tree(parents=proposal.parents.astype(jnp.int32),
+                                tokens=proposal.tokens.astype(jnp.int32),
+                                valid=jnp.ones((batch, n), bool))
+
+        # One target call: the pending token (node 0) and the N drafted nodes.
+        fed_tokens, fed_parents = tree_with_root(pending_B, tree.tokens, tree.parents)
+        out = self.target.score_tree(target_params, fed_tokens, fed_parents, state.target_cache)
+        dist = sampling.distributions(out.logits, sp.temperature, sp.top_p,
+                                      self.sampling_config)
+        pi_BxN1xV, defer_BxN1 = self.target_fn(proposal.q, dist.probs, proposal.q_stat,
+                                               dist.stats, sp.alpha, sp.beta)
+        if self.target_fn.bonus_from_target:
+            # At a leaf only the bonus token is drawn: from p (as a chain's p_{G+1}).
+            has_child_BxN1 = jnp.zeros((batch, n + 1), bool).at[
+                jnp.arange(batch)[:, None], tree.parents + 1].set(True)
+            pi_BxN1xV = jnp.where(has_child_BxN1[..., None], pi_BxN1xV, dist.probs)
+        verdict = self.verify(verify_key, tree, proposal.q, pi_BxN1xV, sp)
+        accepted_B = verdict.num_accepted
+
+        path_BxD = verify_tree.path_nodes(tree, verdict.node)[:, :depth]  # -1 past the path
+        drafts_BxD = verify_tree.path_tokens(tree, verdict.node, self.pad_id)[:, :depth]
+        active_B = ~state.done
+        candidates, tokens, num_generated, done, keep_B = emit_round(
+            self, state, drafts_BxD, accepted_B, verdict.next_token, pending_B)
+
+        # Both caches keep the path: the target [t, path], the drafter the path
+        # nodes it scored (the last depth is scored only with the leaves' laws).
+        target_nodes = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32),
+                                        jnp.maximum(path_BxD, 0) + 1], axis=1)
+        target_cache = self.target.commit_path(out.cache, target_nodes, keep_B)
+        kept_B = jnp.where(active_B, accepted_B, 0)
+        if callable(getattr(self.drafter, "commit_path", None)):
+            scored = depth if self.needs_next_q else depth - 1
+            drafter_state = self.drafter.commit_path(drafter_state, jnp.maximum(path_BxD, 0),
+                                                     jnp.minimum(kept_B, scored))
+        else:
+            drafter_state = self.drafter.rewind(drafter_state, state.length)
+
+        emitted_B = num_generated - state.num_generated
+        # Token j of the round is drawn at the context root -> path[j - 1].
+        context_BxD1 = jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32), path_BxD], 1)
+        defer_BxD1 = jnp.take_along_axis(defer_BxN1, jnp.maximum(context_BxD1, -1) + 1, axis=1)
+        emitted_pos_BxD1 = jnp.arange(depth + 1)[None, :] < emitted_B[:, None]
+        stats = state.stats
+        active = active_B.astype(jnp.int32)
+        stats = stats.replace(
+            target_calls=stats.target_calls + active,
+            target_fed=stats.target_fed + active * (n + 1),
+            drafter_calls=stats.drafter_calls + active * jnp.sum(proposal.calls, axis=-1),
+            drafter_calls_by_model=stats.drafter_calls_by_model + active[:, None] *
+            proposal.calls,
+            drafter_tokens_by_model=stats.drafter_tokens_by_model + active[:, None] *
+            proposal.fed,
+            drafter_single_calls_by_model=stats.drafter_single_calls_by_model +
+            active[:, None] * proposal.single,
+            accepted_histogram=stats.accepted_histogram + active[:, None] * jax.nn.one_hot(
+                accepted_B, depth + 1, dtype=jnp.int32),
+            rejections=stats.rejections + active * (accepted_B < depth),
+            drafted=stats.drafted + active * n,
+            deferred_mass=stats.deferred_mass + jnp.sum(
+                jnp.where(emitted_pos_BxD1, defer_BxD1, 0.0), axis=-1),
+            emitted=num_generated,
+            nan_logits=stats.nan_logits + active * (proposal.nan + has_nan(out.logits)))
+        return state.replace(
+            tokens=tokens, num_generated=num_generated,
+            history=write_rows(state.history, candidates, state.length),
+            length=state.length + keep_B, done=done, target_cache=target_cache,
+            drafter_state=drafter_state, key=key, stats=stats)
+
+    def generate(self, target_params, drafter_params, prompt: Prompt, key,
+                 sp: SamplingParams) -> GenerationOutput:
+        """Prefills, then runs rounds until every row is done. Pure; jit it (see ``api``)."""
+        return self.decode(target_params, drafter_params,
+                           self.prefill(target_params, drafter_params, prompt), key, sp)
+
+    def decode(self, target_params, drafter_params, prefilled: Prefilled, key,
+               sp: SamplingParams) -> GenerationOutput:
+        """Runs rounds from a ``prefill`` until every row is done. Pure; jit it."""
+        needed = required_cache_length(prefilled.prompt_width, self.max_new_tokens, self.gamma)
+        capacity = min(prefilled.target_cache.max_length, prefilled.history.shape[1])
+        if capacity < needed:
+            raise ValueError(f"the prefilled caches hold {capacity} positions but this tree "
+                             f"decoder needs {needed}; prefill with max_length={needed} or "
+                             "more.")
+        state = self.init_state(prefilled, key)
+        return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
+                          self.max_new_tokens, self.rounds_per_sync)

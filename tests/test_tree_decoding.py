@@ -1,0 +1,180 @@
+"""The tree decoding loop (``tree_decoding.py``): greedy output = the
+autoregressive target's (toy and random decoder models, static and dynamic
+trees, a ragged batch with an EOS), a width-1 tree = today's chain decoder,
+and (``-m long``) the emitted tokens follow pi at T = 1 for RRS and traversal
+verification under speculative decoding and a cascade (chi-square)."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax import api, target_functions, verify_tree
+from specdec_jax.api import sampling_params
+from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from specdec_jax.drafting import ModelDrafter
+from specdec_jax.drafting.tree import DynamicTreeDrafter, StaticTreeDrafter, TreeShape
+from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
+from specdec_jax.models.toy import TableLM
+from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, make_tree_drafter
+from tests import exactness
+
+V = 16
+TOY = TableLM(V, order=2)
+TOY_PARAMS = TOY.init_params(jax.random.PRNGKey(1))
+# The drafter: the target's table, perturbed (accepts often, not always).
+TOY_DRAFT_PARAMS = {"table": TOY_PARAMS["table"] + 0.8 * jax.random.normal(
+    jax.random.PRNGKey(2), TOY_PARAMS["table"].shape)}
+PROMPTS = [[3, 1, 5, 9, 1, 5], [7, 2, 4]]  # ragged
+MAX_NEW = 24
+GREEDY = sampling_params(temperature=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _autoregressive(target, eos_ids=()):
+    return jax.jit(AutoregressiveDecoder(target, max_new_tokens=MAX_NEW,
+                                         eos_ids=eos_ids).generate)
+
+
+def _check_same_as_autoregressive(out, want):
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(want.lengths))
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(want.tokens))
+    stats = out.stats
+    np.testing.assert_array_equal(np.asarray(stats.emitted), np.asarray(out.lengths))
+    # Every round emits its accepted path and one token (the last may be cut).
+    rounds = np.asarray(stats.target_calls)
+    assert (np.asarray(stats.accepted() + rounds) >= np.asarray(out.lengths)).all()
+    assert int(np.asarray(stats.nan_logits).sum()) == 0
+
+
+def test_greedy_tree_output_is_the_targets_in_a_ragged_batch_with_eos():
+    """A static tree (3, 2, 1) on the toy pair: each row of a ragged batch
+    gets exactly the autoregressive target's tokens, stopping at the EOS
+    where the target does; rows accept different path depths per round."""
+    prompt = make_prompt(PROMPTS)
+    free = _autoregressive(TOY)(TOY_PARAMS, None, prompt, jax.random.PRNGKey(0), GREEDY)
+    eos = int(np.asarray(free.tokens)[0, 9])  # row 0 stops at its 10th token (or before)
+    want = _autoregressive(TOY, (eos,))(TOY_PARAMS, None, prompt, jax.random.PRNGKey(0), GREEDY)
+    assert int(np.asarray(want.lengths)[0]) < MAX_NEW
+    decoder = TreeDecoder(TOY, StaticTreeDrafter(TOY, TreeShape.from_widths((3, 2, 1))),
+                          target_functions.SpecDecode(), MAX_NEW,
+                          verifier=verify_tree.GreedyTreeVerifier(), eos_ids=(eos,))
+    out = jax.jit(decoder.generate)(TOY_PARAMS, TOY_DRAFT_PARAMS, prompt,
+                                    jax.random.PRNGKey(0), GREEDY)
+    _check_same_as_autoregressive(out, want)
+    hist = np.asarray(out.stats.accepted_histogram)
+    assert hist.shape == (2, 4)
+    assert (hist[:, :-1] > 0).any() and (hist[:, 1:] > 0).any()  # short and long paths
+    assert not np.array_equal(hist[0], hist[1])  # ragged acceptance
+    # The tree pays: fewer target calls than tokens.
+    assert (np.asarray(out.stats.target_calls) < np.asarray(out.lengths)).all()
+    assert np.asarray(out.stats.target_fed).tolist() == [
+        int(c) * (1 + decoder.num_nodes) for c in np.asarray(out.stats.target_calls)]
+
+
+def test_greedy_dynamic_tree_on_a_random_decoder_is_the_targets():
+    """A small random ``DecoderOnlyLM`` pair (real attention, KV caches moved by
+    commit_path) with an EAGLE-2 dynamic tree through the public API:
+    greedy output identical to the autoregressive target's."""
+    cfg = DecoderConfig(vocab_size=V, hidden_size=24, intermediate_size=20, num_layers=1,
+                        num_heads=2, num_kv_heads=1)
+    model = DecoderOnlyLM(cfg)
+    params = model.init_params(jax.random.PRNGKey(0))
+    draft_params = jax.tree_util.tree_map(
+        lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(3), x.shape, x.dtype), params)
+    prompt = make_prompt(PROMPTS)
+    want = _autoregressive(model)(params, None, prompt, jax.random.PRNGKey(0), GREEDY)
+    fn = api.make_generate_fn(target=model, drafter=model, tree="dynamic:3,2,2",
+                              verifier="greedy", max_new_tokens=MAX_NEW)
+    out = fn(params, draft_params, prompt, jax.random.PRNGKey(0), GREEDY)
+    _check_same_as_autoregressive(out, want)
+    assert np.asarray(out.stats.accepted_histogram)[:, 1:].sum() > 0
+
+
+def test_a_width_one_tree_is_the_chain():
+    """Widths (1, 1, 1, 1) = a chain of 4: the same tokens as the chain decoder
+    with G = 4, greedy and at T = 1 with the same key (traversal verification
+    on a chain is the block verifier, and the drafter draws the same tokens)."""
+    prompt = make_prompt(PROMPTS)
+    chain = SpeculativeDecoder(TOY, ModelDrafter(TOY, catch_up_widths=(1, 5)),
+                               target_functions.SpecDecode(), gamma=4, max_new_tokens=MAX_NEW,
+                               verifier=api.get_verifier("block"))
+    tree = TreeDecoder(TOY, StaticTreeDrafter(TOY, TreeShape.from_widths((1,) * 4),
+                                              catch_up_widths=(1, 5)),
+                       target_functions.SpecDecode(), MAX_NEW,
+                       verifier=verify_tree.TraversalVerifier())
+    chain_fn, tree_fn = jax.jit(chain.generate), jax.jit(tree.generate)
+    for temperature, seed in ((0.0, 0), (1.0, 0), (1.0, 1)):
+        sp = sampling_params(temperature=temperature)
+        key = jax.random.PRNGKey(seed)
+        want = chain_fn(TOY_PARAMS, TOY_DRAFT_PARAMS, prompt, key, sp)
+        got = tree_fn(TOY_PARAMS, TOY_DRAFT_PARAMS, prompt, key, sp)
+        np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+        np.testing.assert_array_equal(np.asarray(got.stats.accepted_histogram),
+                                      np.asarray(want.stats.accepted_histogram))
+        np.testing.assert_array_equal(np.asarray(got.stats.target_calls),
+                                      np.asarray(want.stats.target_calls))
+
+
+def test_tree_specs_and_drafters():
+    assert TreeSpec.parse("3,2,1,1").num_nodes == 21
+    assert TreeSpec.parse((2, 2)).depth == 2
+    assert TreeSpec.parse("dynamic:5,2,2").num_nodes == 18
+    for bad in ("", "3,0", "dynamic:3,3,2", "dynamic:3,2", "x"):
+        with pytest.raises(ValueError):
+            TreeSpec.parse(bad)
+    assert isinstance(make_tree_drafter(TOY, "2,1"), StaticTreeDrafter)
+    assert isinstance(make_tree_drafter(ModelDrafter(TOY, name="small"), "dynamic:2,1,2"),
+                      DynamicTreeDrafter)
+    with pytest.raises(ValueError, match="block-seed"):
+        api.make_decoder(target=TOY, drafter=TOY, tree=(2, 1), verifier="block-seed")
+    with pytest.raises(ValueError, match="normalised"):
+        api.make_decoder(target=TOY, drafter=TOY, tree=(2, 1), method="lossy",
+                         verifier="traversal")
+    decoder = api.make_decoder(target=TOY, drafter=TOY, tree=(2, 1), verifier="block")
+    assert decoder.verifier.name == "traversal" and decoder.num_nodes == 4
+
+
+# ---------------------------------------------------------------------------
+# Exactness at T = 1 (chi-square over the 64 sequences of the enumerable toy)
+# ---------------------------------------------------------------------------
+
+ROWS = 20_000
+
+
+def _pi_dist(target_fn, alpha):
+    def next_dist(context):
+        q = exactness.DRAFTER.next_probs(exactness.DRAFTER_PARAMS, context)
+        p = exactness.TARGET.next_probs(exactness.TARGET_PARAMS, context)
+        pi, _ = target_fn(np.float32(q), np.float32(p), np.float32(q), np.float32(p),
+                          np.float32(alpha), np.float32(1.0))
+        return np.asarray(pi, np.float64)
+    return next_dist
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("verifier, method, alpha, tree", [
+    ("rrs", "specdecode", 0.0, "2,2"),
+    ("traversal", "specdecode", 0.0, "2,2"),
+    ("rrs", "token-v3", 0.5, "2,2"),
+    ("traversal", "opt", 0.5, "2,2"),
+    ("traversal", "token-v3", 0.5, "dynamic:2,1,2"),
+])
+def test_tree_decoding_follows_pi(verifier, method, alpha, tree):
+    """Sequences of 3 tokens from 20 000 rows follow the autoregressive product
+    of pi = T(q, p) (p for specdecode), with rejections, corrections and full
+    paths all exercised."""
+    target_fn = target_functions.get_target(method)
+    decoder = api.make_decoder(target=exactness.TARGET, drafter=exactness.DRAFTER,
+                               method=method, tree=tree, verifier=verifier,
+                               max_new_tokens=exactness.LENGTH)
+    prompt = make_prompt([list(exactness.PROMPT)] * ROWS)
+    out = jax.jit(decoder.generate)(exactness.TARGET_PARAMS, exactness.DRAFTER_PARAMS, prompt,
+                                    jax.random.PRNGKey(7),
+                                    sampling_params(temperature=1.0, alpha=alpha))
+    assert np.all(np.asarray(out.lengths) == exactness.LENGTH)
+    expected = exactness.exact_sequence_probs(_pi_dist(target_fn, alpha))
+    assert exactness.chi_square_pvalue(np.asarray(out.tokens), expected) > exactness.P_MIN
+    hist = np.asarray(out.stats.accepted_histogram).sum(0)
+    assert hist[0] > 0 and hist[-1] > 0
