@@ -133,3 +133,16 @@ def test_unbuildable_kernel_falls_back_with_a_warning(tmp_path, monkeypatch):
     x, w = jnp.ones((3, 8)), jnp.ones((4, 8))
     assert "SmallMMatmul" not in jax.jit(native_matmul.matmul_out_in).lower(x, w).as_text()
     native_matmul._STATE.registered = registered
+
+
+def test_load_pair_stores_the_drafter_as_asked():
+    from specdec_jax.jobs import resolver
+    pair = dict(target="toy-bytes-large", drafter="toy-bytes-small")
+    loaded = resolver.load_pair(**pair, draft_weights="bf16")
+    embedding = loaded.drafter_params["embedder"]["embedding"]
+    assert embedding.dtype == jnp.bfloat16
+    assert loaded.target_params["embedder"]["embedding"].dtype == jnp.float32  # untouched
+    with pytest.raises(ValueError, match="out_in"):  # the toys keep the checkpoint layout
+        resolver.load_pair(**pair, draft_weights="int8")
+    with pytest.raises(ValueError, match="choose one of"):
+        resolver.load_pair(**pair, draft_weights="fp4")

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 
 import gin
 
-from specdec_jax.runtime import distributed
+from specdec_jax.checkpoints import fetch
+from specdec_jax.runtime import cpu_kernels, distributed
 
 # job name -> "module:function" (imported when the launcher starts).
 JOBS = {
@@ -77,6 +78,15 @@ def _register_jobs() -> None:
 @gin.configurable("run")
 def run(job=None):  # noqa: ARG001 (exists so that ``run.job = @...`` parses)
     """The configurable that holds the job a config selected."""
+
+
+@gin.configurable("runtime")
+def configure_runtime(cpu_kernel: bool = True) -> bool:
+    """Process-wide settings every job shares. ``cpu_kernel``: few-row products
+    on CPU through the project's kernel (``runtime.cpu_kernels``; built on
+    first use, XLA's dot where it cannot be); ``runtime.cpu_kernel = False``
+    keeps XLA's dot. Returns whether the kernel is on."""
+    return cpu_kernels.enable(cpu_kernel, build_dir=fetch.cache_dir() / "kernels")
 
 
 GIN_FLAG_PREFIX = "--gin."
@@ -187,6 +197,7 @@ def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
     job = selected_job(default_job)
     check_required(args.gin_file, job)
     check_process_count(job)
+    configure_runtime()
     configured = gin.get_configurable(job)
     try:
         result = configured()

@@ -39,6 +39,7 @@ from specdec_jax.data import bigram
 from specdec_jax.data.humaneval import end_of_block_stop
 from specdec_jax.drafting import head_vocab
 from specdec_jax.jobs import sweep
+from specdec_jax.models import weight_storage
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import is_encoder_decoder
 from specdec_jax.models.layers import OUT_IN
@@ -184,14 +185,17 @@ for _family in (
 
 def load_pair(*, target: str, drafter: str, dtype: str = "auto",
               stop_at_block_end: bool = False, mesh=None,
-              drafter_head_vocab: int = 0) -> sweep.ModelPair:
+              drafter_head_vocab: int = 0, draft_weights: str = "f32") -> sweep.ModelPair:
     """The two models of a study (names this module resolves) with their
     text interface; with a ``mesh`` (``job_mesh``), both models' params placed
     on it by the sharding rules. ``drafter_head_vocab`` > 0 cuts a decoder-only
     drafter's output head to that many of the most frequent tokens
     (``drafting.head_vocab``: exact, cheaper drafting steps; 0, the default,
-    keeps the papers' full drafter)."""
+    keeps the papers' full drafter). ``draft_weights``: how a decoder-only
+    drafter stores its weights (``models.weight_storage``: f32, bf16, int8;
+    exact whatever the format)."""
     head_vocab.check_size(drafter_head_vocab, f"drafter_head_vocab={drafter_head_vocab}")
+    weight_storage.check_format(draft_weights)
     if drafter_head_vocab and mesh is not None:
         raise ValueError("drafter_head_vocab with a mesh: the restricted head has no sharding "
                          "rule yet; pass drafter_head_vocab=0 for sharded jobs.")
@@ -209,6 +213,11 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
         raise ValueError(f"{drafter} ({d.vocab_size} tokens) and {target} ({t.vocab_size}) "
                          "do not share a vocabulary (tokenizer); pick a drafter of the "
                          "target's family.")
+    if draft_weights != "f32":
+        if not isinstance(d, DecoderOnlyLM):
+            raise ValueError(f"draft_weights={draft_weights!r} applies to decoder-only drafters; "
+                             f"{drafter} is not one: pass draft_weights='f32'.")
+        dp = weight_storage.store_weights(dp, draft_weights, kernel_layout=d.config.kernel_layout)
     if drafter_head_vocab:
         d, dp = bigram.restrict_head(d, dp, drafter_head_vocab, eos_ids=tok.eos_token_ids,
                                      table=bigram.table_for(bigram.AUTO, tok, d.vocab_size))

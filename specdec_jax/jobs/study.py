@@ -45,7 +45,8 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
               dtype: str = "auto", wallclock_examples: int = 3, wallclock_trials: int = 1,
               calibration_context: int = 256,
               calibration_widths: Sequence[int] = cost_lib.CALIBRATION_WIDTHS,
-              progress: bool = True, drafter_head_vocab: int = 0) -> dict:
+              progress: bool = True, drafter_head_vocab: int = 0,
+              draft_weights: str = "f32") -> dict:
     """Runs the sweep and writes ``<out_dir>/<stem>.json``, ``.md`` and two PNGs.
 
     ``methods`` maps each method to its alpha grid (see ``sweep.plan_points``).
@@ -59,13 +60,16 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
     examples = the_task.load(split, num_examples)
     pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
-                     drafter_head_vocab=drafter_head_vocab)
+                     drafter_head_vocab=drafter_head_vocab,
+                     draft_weights=draft_weights)
     settings = {"task": task, "split": split, "num_examples": num_examples,
                 "target": target, "drafter": drafter, "max_new_tokens": max_new_tokens,
                 "seed": seed, "dtype": dtype, "batch_size": batch_size,
                 "example_ids": [ex.id for ex in examples]}
     if drafter_head_vocab:  # absent when 0: sweeps stored before the option still resume
         settings["drafter_head_vocab"] = drafter_head_vocab
+    if draft_weights != "f32":  # likewise absent at the default
+        settings["draft_weights"] = draft_weights
     if resolver.family_of(target).name == "t5-pair":
         # Trained members change when retrained: a stored sweep of other weights
         # must not be resumed (registry checkpoints are pinned by sha256).
@@ -99,7 +103,8 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
                  temperature: float = 0.0, split: str = "test", num_examples: int = 3,
                  max_new_tokens: int = 160, batch_size: int = 3, seed: int = 0,
                  dtype: str = "auto", model_parallel: int | None = None,
-                 progress: bool = True, drafter_head_vocab: int = 0) -> dict:
+                 progress: bool = True, drafter_head_vocab: int = 0,
+                 draft_weights: str = "f32") -> dict:
     """One method on a task's first examples: outputs, scores and counters as
     one sweep record (JSON at ``out_path``), the outputs printed.
 
@@ -118,7 +123,8 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
     examples = the_task.load(split, num_examples)
     pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
-                     mesh=job_mesh(model_parallel), drafter_head_vocab=drafter_head_vocab)
+                     mesh=job_mesh(model_parallel), drafter_head_vocab=drafter_head_vocab,
+                     draft_weights=draft_weights)
     rows = sweep.generate_point(pair, points[0], examples, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, width=sweep.prompt_width(pair, examples),
                                 seed=seed, progress=progress)
@@ -139,7 +145,8 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
                   gammas: Sequence[int] = (3, 5, 7), temperatures: Sequence[float] = (0.0,),
                   split: str = "test", num_examples: int = 5, max_new_tokens: int = 160,
                   trials: int = 1, seed: int = 0, dtype: str = "auto",
-                  progress: bool = True, drafter_head_vocab: int = 0) -> dict:
+                  progress: bool = True, drafter_head_vocab: int = 0,
+                  draft_weights: str = "f32") -> dict:
     """Wall-clock speed at batch 1: every method against autoregressive target
     decoding on a task's first examples, timed interleaved (example by example,
     all methods in turn; compilation and one warm-up call excluded).
@@ -162,10 +169,12 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     examples = the_task.load(split, num_examples)
     pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
-                     drafter_head_vocab=drafter_head_vocab)
+                     drafter_head_vocab=drafter_head_vocab,
+                     draft_weights=draft_weights)
     data = {"settings": {"task": task, "split": split, "target": target, "drafter": drafter,
                          "drafter_head_vocab": drafter_head_vocab,
-                         "max_new_tokens": max_new_tokens, "trials": trials, "dtype": dtype,
+                         "draft_weights": draft_weights, "max_new_tokens": max_new_tokens,
+                         "trials": trials, "dtype": dtype,
                          "example_ids": [ex.id for ex in examples]},
             "environment": timing.environment(), "wallclock": {},
             "records": [{"key": p.key, "method": p.method, "alpha": p.alpha,
