@@ -254,3 +254,62 @@ def test_the_next_round_after_an_accepted_path(commit, with_next):
     # more than the pending token, else depth + 1 = 3 (widths (1, depth + 1)).
     root_fed = np.asarray(proposal.fed)[:, 0] - 2  # minus depth 1's two nodes
     assert root_fed.tolist() == ([1, 1] if commit and with_next else [3, 3])
+
+
+@pytest.mark.parametrize("drafts_with", ["toy", "target"])
+def test_greedy_tree_rounds_reproduce_the_targets_greedy_output(drafts_with):
+    """Both halves together (drafter trees, target ``score_tree`` on
+    ``tree_with_root``, ``commit_path`` on both caches), with a ten-line
+    greedy acceptance standing in for the tree verifiers: the emitted tokens
+    are the target's own greedy continuation. Drafting with the target
+    itself accepts every round's whole depth (long committed paths)."""
+    from specdec_jax.drafting.base import start_token_and_prefill
+    from specdec_jax.models.interface import tree_with_root
+
+    target = TableLM(V, order=3)
+    t_params = target.init_params(jax.random.PRNGKey(8))
+    t_table = np.asarray(t_params["table"])
+    d_model, d_params = (TOY, TOY_PARAMS) if drafts_with == "toy" else (target, t_params)
+    drafter = StaticTreeDrafter(d_model, TreeShape.from_widths((3, 2, 1)), name="d")
+    prompt = make_prompt(PROMPTS)
+    t_cache, pending = start_token_and_prefill(target, t_params, prompt, MAX_LENGTH)
+    d_state = drafter.init(d_params, prompt, MAX_LENGTH, False)
+    score = jax.jit(target.score_tree)
+    commit = jax.jit(target.commit_path)
+    histories = [list(p) for p in PROMPTS]
+    sp = sampling_params(temperature=0.0)
+    for round_ in range(4):
+        context = make_prompt(histories, pad_to=MAX_LENGTH)
+        proposal, d_state = _jitted(drafter, False)(
+            d_params, d_state, Context(history=context.tokens, length=context.lengths),
+            jax.random.PRNGKey(round_), sp)
+        tokens, parents = tree_with_root(pending, proposal.tokens, proposal.parents)
+        scored = score(t_params, tokens, parents, t_cache)
+        argmax = np.asarray(scored.logits.argmax(-1))
+        tok, par = np.asarray(tokens), np.asarray(parents)
+        paths = []
+        for b in range(len(PROMPTS)):
+            node, path = 0, []
+            while True:
+                match = [c for c in range(1, tok.shape[1])
+                         if par[b, c] == node and tok[b, c] == argmax[b, node]]
+                if not match:
+                    break
+                node = match[0]
+                path.append(node)
+            paths.append(path)
+            assert drafts_with == "toy" or len(path) == 3
+            histories[b] += [int(tok[b, c]) for c in path] + [int(argmax[b, node])]
+        width = tok.shape[1]
+        nodes = jnp.asarray([[0] + p + [0] * (width - 1 - len(p)) for p in paths], jnp.int32)
+        count = jnp.asarray([len(p) for p in paths], jnp.int32)
+        t_cache = commit(scored.cache, nodes, 1 + count)
+        d_state = drafter.commit_path(d_state, jnp.maximum(nodes[:, 1:] - 1, 0), count)
+        d_state = drafter.rewind(d_state, context.lengths + count)
+        pending = jnp.asarray([h[-1] for h in histories], jnp.int32)
+    for b, prompt_row in enumerate(PROMPTS):
+        want = list(prompt_row)
+        while len(want) < len(histories[b]):
+            want.append(int(np.argmax(t_table[target.context_index(tuple(want))])))
+        assert histories[b] == want, f"row {b}"
+    assert sum(len(h) - len(p) for h, p in zip(histories, PROMPTS, strict=True)) > 8
