@@ -18,7 +18,10 @@ the bonus token), else a zero row, as a chain's ``q[:, G]``.
 Drawing children: at T > 0 the ``k`` children of a node are ``k`` draws
 *without replacement* from ``q`` (Gumbel-top-k: the ``k`` largest of ``log q
 + Gumbel`` in decreasing order are, in that order, sequential draws without
-replacement); at T = 0 the ``k`` largest logits. One drafter call per depth
+replacement); at T = 0 the ``k`` largest logits. Where ``q`` keeps fewer than
+``k`` tokens (top-p / top-k truncation), the children past its support are
+distinct tokens with ``q = 0``: a verifier must never accept them (their
+without-replacement law is undefined), and should stop there. One drafter call per depth
 scores all of that depth's nodes (``score_tree`` on the drafter itself; the
 nodes wait in the cache's scratch slots, so a depth's call sees its
 ancestors). With one child per node a static tree is the chain: the same
