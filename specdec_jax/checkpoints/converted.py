@@ -272,17 +272,20 @@ def _header(path: pathlib.Path) -> tuple[int, dict]:
 
 
 def _mapped_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-    """Every tensor of a safetensors file (padding left out) as a view of one
-    private, copy-on-write mapping: indexing one reads only the bytes of that
-    slice from disk, and writes never reach the file."""
+    """Every tensor of a safetensors file (padding left out), each in a
+    private, copy-on-write mapping of its own: indexing one reads only the
+    bytes of that slice from disk, writes never reach the file, and a
+    tensor's pages leave the process's resident memory as soon as nothing
+    refers to it (one mapping for the whole file kept every page ever read
+    resident while any tensor, say a norm scale, was alive)."""
     import ml_dtypes  # noqa: PLC0415 (a jax dependency: numpy's bfloat16)
 
     codes = {code: name for name, code in _SAFETENSORS_DTYPES.items()}
     data_start, header = _header(path)
-    data = np.memmap(path, np.uint8, mode="c", offset=data_start)
+    size = os.path.getsize(path) - data_start
     end = max((info["data_offsets"][1] for info in header.values()), default=0)
-    if data.size != end:
-        raise ValueError(f"its data is {data.size} bytes where the header places {end} "
+    if size != end:
+        raise ValueError(f"its data is {size} bytes where the header places {end} "
                          "(a truncated or padded file)")
     views = {}
     for name, info in header.items():
@@ -291,7 +294,11 @@ def _mapped_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
         start, stop = info["data_offsets"]
         code = codes[info["dtype"]]
         dtype = ml_dtypes.bfloat16 if code == "bfloat16" else np.dtype(code)
-        views[name] = data[start:stop].view(dtype).reshape(info["shape"])
+        shape = tuple(info["shape"])
+        if stop - start != int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize:
+            raise ValueError(f"tensor {name} spans {stop - start} bytes, not its shape's")
+        views[name] = (np.memmap(path, dtype, mode="c", offset=data_start + start, shape=shape)
+                       if stop > start else np.zeros(shape, dtype))
     return views
 
 
