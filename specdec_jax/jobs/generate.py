@@ -9,6 +9,11 @@ Drafting strategies (``--draft``, default: the --drafter model alone):
     --draft qwen2.5-coder-0.5b+mag --k-matrix "[[2,10],[0,10]]"   CS Drafting
     --draft feature:<dir>                   a feature head trained for --target
     --draft feature:<dir>+mag --k-matrix "[[3,4],[0,0]]"    and composed like a model
+
+Token trees (``--tree``: several continuations per round, one target call):
+    --tree 3,2,1,1 --verifier traversal       a static tree from the drafter model
+    --tree dynamic:5,2,2                      EAGLE-2's dynamic tree (2 + 4 * 4 nodes)
+    --draft mag --tree 4,2,1                  a Max-Gram tree
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import api, batching, cascade_baselines, drafting, precision, target_functions
+from specdec_jax import (
+    api,
+    batching,
+    cascade_baselines,
+    drafting,
+    precision,
+    target_functions,
+    tree_decoding,
+)
 from specdec_jax.checkpoints import feature_heads, fetch
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
@@ -78,7 +91,14 @@ def add_parser(subparsers) -> None:
                    help="draft block length G (default: for one drafter model, the G the "
                         "cost model predicts fastest from steps timed here, else 5 (also "
                         "with --no-cost-model); a K-matrix fixes its own)")
-    p.add_argument("--verifier", default="token", choices=api.VERIFIERS)
+    p.add_argument("--verifier", default="token", choices=api.ALL_VERIFIERS,
+                   help="chains: token, block, block-seed; trees (--tree): greedy, rrs, "
+                        "rrs-replacement, traversal (token = rrs, block = traversal); at "
+                        "temperature 0 a tree is verified greedily")
+    p.add_argument("--tree", default=None,
+                   help="draft a token tree per round instead of a chain: widths per depth "
+                        "('3,2,1,1': 3 + 6 + 6 + 6 nodes) or 'dynamic:DEPTH,EXPAND,CHILDREN' "
+                        "(EAGLE-2's expansion); from one drafter model or --draft mag")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -347,9 +367,27 @@ def check_spec(spec: str, k_matrix: str | None, target: str | None = None) -> No
                          "'[[2,10],[0,10]]' (the CS Drafting paper's decoder-only setting).")
 
 
-def _load_drafter(args, spec: str, names, target, target_params, tokenizer):
-    """Loads every model and feature head a draft spec names; returns
-    (strategy, its params)."""
+def load_drafter_models(args, names) -> dict:
+    """``{name: (model, params, tokenizer)}`` for every drafter model a spec
+    names, its weights already stored as ``--draft-weights`` asks. Called
+    before the target loads: the float32 copy of a drafter stored in fewer
+    bytes is gone before the target's weights arrive, so the two float32
+    trees never sit in memory together."""
+    loaded = {}
+    for name in names:
+        if name == drafting.spec.MAG or drafting.feature_path(name) is not None:
+            continue
+        model, params, tok = resolver.resolve(name, dtype=args.dtype,
+                                              kernel_layout=args.kernel_layout)
+        params = weight_storage.store_weights(params, args.draft_weights,
+                                              kernel_layout=model.config.kernel_layout)
+        loaded[name] = (model, params, tok)
+    return loaded
+
+
+def _load_drafter(args, spec: str, names, target, target_params, tokenizer, drafter_models):
+    """Every model (from ``drafter_models``) and feature head a draft spec
+    names, as one strategy; returns (strategy, its params)."""
     models, heads, named = {}, {}, {}
     model_names = [n for n in names
                    if n != drafting.spec.MAG and drafting.feature_path(n) is None]
@@ -368,13 +406,10 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer):
                 target_params=target_params, name=name)
             heads[name] = head.head
             continue
-        model, params, tok = resolver.resolve(name, dtype=args.dtype,
-                                              kernel_layout=args.kernel_layout)
+        model, params, tok = drafter_models[name]
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
-        params = weight_storage.store_weights(params, args.draft_weights,
-                                              kernel_layout=model.config.kernel_layout)
         try:
             model, params = bigram.restrict_head(model, params, args.drafter_head_vocab,
                                                  eos_ids=tokenizer.eos_token_ids,
@@ -409,6 +444,14 @@ def check_args(args) -> None:
             raise ValueError(f"{flag} must be >= {low}, got {value}.")
     if args.gamma is not None and args.gamma < 1:
         raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
+    if args.tree is not None:
+        tree_decoding.TreeSpec.parse(args.tree)
+        if args.gamma is not None or args.k_matrix is not None:
+            raise ValueError("--tree sets the round's drafts by its shape; drop --gamma and "
+                             "--k-matrix.")
+    elif args.verifier not in api.VERIFIERS:
+        raise ValueError(f"--verifier {args.verifier} verifies token trees; add --tree (e.g. "
+                         "--tree 3,2,1,1) or use token, block or block-seed.")
     target_functions.validate_alpha(args.method, args.alpha, args.beta)
     api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
                         beta=args.beta, lenience=args.lenience)
@@ -423,6 +466,9 @@ def check_args(args) -> None:
             raise ValueError(f"--gamma {args.gamma} conflicts with --k-matrix, which drafts "
                              f"{fixed} tokens per round (the sum of its first row); drop "
                              "--gamma or change the K-matrix.")
+    if args.tree is not None and (len(names) != 1 or drafting.feature_path(names[0])):
+        raise ValueError(f"--tree drafts from one drafter model or Max-Gram; --draft {spec!r} "
+                         "drafts chains only for now.")
     token_by_token = args.method in cascade_baselines.MODES
     if token_by_token and (len(names) != 1 or names[0] == drafting.spec.MAG
                            or drafting.feature_path(names[0]) is not None):
@@ -455,14 +501,17 @@ def run(args) -> int:
     kernel = cpu_kernels.enable(args.cpu_kernel != "off",
                                 build_dir=fetch.cache_dir() / "kernels")
     args.draft_weights = resolve_draft_weights(args.draft_weights, kernel)
+    speculative = args.method != "autoregressive"
+    drafter_models = load_drafter_models(args, names) if speculative else {}
     target, target_params, tokenizer = resolver.resolve(args.target, dtype=args.dtype,
                                                          kernel_layout=args.kernel_layout)
     drafter = drafter_params = None
-    if args.method != "autoregressive":
+    if speculative:
         drafter, drafter_params = _load_drafter(args, spec, names, target, target_params,
-                                                tokenizer)
+                                                tokenizer, drafter_models)
     measured, gamma_choice = {}, None
     if (args.gamma is None and args.k_matrix is None and hasattr(drafter, "extend")
+            and args.tree is None
             and args.method not in cascade_baselines.MODES and not args.no_cost_model):
         gamma_choice = choose_gamma(
             target_name=args.target, drafter_name=names[0], target=target,
@@ -472,13 +521,18 @@ def run(args) -> int:
         if not args.json:
             print(explain_gamma(gamma_choice), flush=True)
     gamma = api.resolve_gamma(drafter, args.gamma) if drafter is not None else 0
+    tree = None
+    if args.tree is not None and args.method != "autoregressive":
+        # A tree's accepted path is at most its depth: the histograms' G.
+        tree, gamma = args.tree, tree_decoding.TreeSpec.parse(args.tree).depth
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
              else p for p in prompts]
     token_lists = [tokenizer.encode(t) for t in texts]
     common = dict(target=target, max_new_tokens=args.max_new_tokens, top_k=args.top_k,
                   eos_ids=tuple(tokenizer.eos_token_ids))
     runs = {args.method: api.make_generate_fn(
-        drafter=drafter, method=args.method, gamma=gamma or None, verifier=args.verifier,
+        drafter=drafter, method=args.method, gamma=None if tree else gamma or None,
+        verifier=args.verifier, tree=tree,
         **common)}
     if not args.no_baseline and args.method != "autoregressive":
         runs["autoregressive"] = api.make_generate_fn(method="autoregressive", **common)
@@ -511,7 +565,7 @@ def run(args) -> int:
     texts_out = texts_out[: len(prompts)]
     report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
               "lenience": args.lenience, "method": args.method,
-              "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier,
+              "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier, "tree": tree,
               "temperature": args.temperature, "kernel_layout": args.kernel_layout,
               "drafter_head_vocab": args.drafter_head_vocab,
               "draft_weights": args.draft_weights, "cpu_kernel": kernel,
@@ -521,7 +575,7 @@ def run(args) -> int:
     if "autoregressive" in results and args.method != "autoregressive":
         report["speedup_vs_autoregressive"] = round(
             results["autoregressive"]["seconds"] / results[args.method]["seconds"], 3)
-    if gamma and not args.no_cost_model:
+    if gamma and not args.no_cost_model and tree is None:  # no tree prices yet
         report["cost_model"] = cost_model(
             target=target, target_params=target_params, drafter=drafter,
             drafter_params=drafter_params, gamma=gamma, speculative=results[args.method],
