@@ -173,6 +173,12 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     (["--draft", "feature:/nonexistent/head"], "/nonexistent/head is not a directory"),
     (["--draft", "feature:/"], "holds no feature head (feature_head.json missing)"),
     (["--draft", "feature:"], "names no directory"),
+    (["--tree", "3,0"], "positive integers"),
+    (["--tree", "dynamic:3,3,2"], "EXPAND (3) may not exceed CHILDREN (2)"),
+    (["--tree", "2,1", "--gamma", "3"], "drop --gamma"),
+    (["--verifier", "traversal"], "verifies token trees; add --tree"),
+    (["--tree", "2,1", "--draft", "qwen2.5-coder-0.5b+mag", "--k-matrix", "[[2,10],[0,10]]"],
+     "drop --gamma and --k-matrix"),
 ])
 def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message, capsys,
                                                                   monkeypatch, tmp_path):

@@ -177,4 +177,4 @@ def test_tree_decoding_follows_pi(verifier, method, alpha, tree):
     expected = exactness.exact_sequence_probs(_pi_dist(target_fn, alpha))
     assert exactness.chi_square_pvalue(np.asarray(out.tokens), expected) > exactness.P_MIN
     hist = np.asarray(out.stats.accepted_histogram).sum(0)
-    assert hist[0] > 0 and hist[-1] > 0
+    assert hist[:-1].sum() > 0 and hist[-1] > 0, hist  # short paths and full ones
