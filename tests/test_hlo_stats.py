@@ -63,3 +63,31 @@ def test_types_and_memory_spaces():
     assert hlo_stats.memory_spaces("bf16[8]{0:T(8)S(1)}") == {1}
     assert hlo_stats.memory_spaces("f32[2]{0}") == {0}
     assert hlo_stats.tuple_elements("((a[1]), b[2]{0}, c[])") == ["(a[1])", "b[2]{0}", "c[]"]
+
+
+def test_largest_intermediates_name_what_a_program_materialises():
+    """tpu_aot.largest_intermediates (what the compile job records for a program that
+    runs out of HBM): the biggest arrays of a jaxpr, nested loops included, largest
+    first, counted per (op, dtype, shape, where). Pure jax: no libtpu needed."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from specdec_jax.jobs import tpu_aot  # noqa: PLC0415
+
+    def fn(x_N):
+        outer = x_N[:, None] * x_N[None, :]  # [N, N] float32: 4 N^2 bytes
+
+        def body(carry):
+            i, acc = carry
+            return i + 1, acc + jnp.exp(outer)  # inside a while loop
+
+        _, acc = jax.lax.while_loop(lambda c: c[0] < 2, body, (0, outer))
+        return acc.sum() + x_N.astype(jnp.float16).sum()
+
+    rows = tpu_aot.largest_intermediates(fn, [jax.ShapeDtypeStruct((1024,), jnp.float32)],
+                                         min_bytes=2 ** 20)
+    assert rows and rows[0]["shape"] == [1024, 1024] and rows[0]["dtype"] == "float32"
+    assert rows[0]["gib"] == round(4 * 1024 ** 2 / 2 ** 30, 3)
+    assert any(r["where"] == "/while" and r["op"] == "exp" for r in rows)
+    assert all(r["gib"] >= rows[-1]["gib"] for r in rows)
+    assert not any(r["shape"] == [1024] for r in rows)  # under min_bytes

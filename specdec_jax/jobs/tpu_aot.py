@@ -181,6 +181,37 @@ def compile_abstract(fn: Callable, args: Sequence, *, donate_argnums: Sequence[i
     return compiled, time.perf_counter() - started, log[0]
 
 
+def largest_intermediates(fn: Callable, args: Sequence, *, top: int = 8,
+                          min_bytes: int = 2 ** 26) -> list[dict]:
+    """The largest arrays ``fn`` computes on ``args`` (abstract), read from its
+    jaxpr, nested computations included: ``[{"gib", "dtype", "shape", "op",
+    "where", "count"}]``, largest first, one entry per (op, dtype, shape, where).
+    What a program that runs out of HBM materialises, at most: the compiler's
+    own buffer assignment (what lives at once) is not visible before it fits."""
+    from jax.extend import core as jax_core  # noqa: PLC0415
+
+    found: dict = {}
+
+    def walk(jaxpr, where: str) -> None:
+        for eqn in jaxpr.eqns:
+            for var in eqn.outvars:
+                aval = var.aval
+                if not hasattr(aval, "shape"):
+                    continue
+                size = int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+                if size >= min_bytes:
+                    key = (eqn.primitive.name, str(aval.dtype), tuple(aval.shape), where)
+                    found[key] = found.get(key, 0) + 1
+            for inner in jax_core.jaxprs_in_params(eqn.params):
+                walk(inner, f"{where}/{eqn.primitive.name}")
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr, "")
+    rows = sorted(found.items(), key=lambda kv: -np.prod(kv[0][2]) * np.dtype(kv[0][1]).itemsize)
+    return [{"gib": round(float(np.prod(shape)) * np.dtype(dtype).itemsize / GIB, 3),
+             "dtype": dtype, "shape": list(shape), "op": op, "where": where or "/",
+             "count": count} for (op, dtype, shape, where), count in rows[:top]]
+
+
 def _number(value) -> float | None:
     return None if value is None else float(value)
 

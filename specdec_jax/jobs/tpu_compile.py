@@ -95,6 +95,7 @@ def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip
     kind = "generate" if name in tpu_programs.GENERATE else "per_call"
     started = time.perf_counter()
     record = {"kind": kind}
+    program = None
     try:
         program = tpu_programs.build(name, shapes, mesh, models)
         record["note"] = program.note
@@ -109,6 +110,13 @@ def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip
     except Exception as error:  # noqa: BLE001 - a program that does not compile is a result
         record.update(status="error", error=f"{type(error).__name__}: {error}"[:3000],
                       compile_s=round(time.perf_counter() - started, 1))
+        if "RESOURCE_EXHAUSTED" in record["error"] and program is not None:
+            # Why it does not fit: what the program materialises, largest first.
+            try:
+                record["largest_intermediates"] = tpu_aot.largest_intermediates(
+                    program.fn, program.args)
+            except Exception as trace_error:  # noqa: BLE001 - the compile error stands
+                record["largest_intermediates_error"] = str(trace_error)[:500]
     return record
 
 
@@ -263,6 +271,8 @@ def markdown(report: dict) -> str:
     for name, r in report["programs"].items():
         if r["status"] != "compiled":
             errors.append(f"- `{name}`: {r['error'][:500]}")
+            errors += [f"  - {x['gib']:.2f} GiB {x['dtype']}{x['shape']} ({x['op']} in "
+                       f"{x['where']}, x{x['count']})" for x in r.get("largest_intermediates", [])]
             rows.append([f"`{name}`", "error"] + ["-"] * 11)
             continue
         hlo = r["hlo"]
