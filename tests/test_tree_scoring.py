@@ -216,3 +216,14 @@ def test_bad_trees_fail_clearly():
         check_tree(tokens, jnp.asarray([[-1, 2, 0]] * 3), cache.lengths, MAX_LENGTH, V)
     with pytest.raises(ValueError, match="scratch slots"):
         model.score_tree(params, tokens[:, :1], jnp.full((3, 30), -1, jnp.int32), cache)
+
+
+def test_one_program_serves_every_tree_of_n_nodes():
+    model, params = MODELS["table"]
+    cache = _prefilled(model, params)
+    score = jax.jit(model.score_tree)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        tokens, parents, _ = _random_trees(rng, 3, 6)
+        score(params, tokens, parents, cache)
+    assert score._cache_size() == 1
