@@ -160,7 +160,7 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
                              verifier=verifier, max_new_tokens=max_new_tokens, config=config,
                              eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
                              rounds_per_sync=rounds_per_sync, tree=tree)
-    if verifier not in VERIFIERS:
+    if verifier in TREE_VERIFIERS and verifier not in VERIFIERS:
         raise ValueError(f"verifier {verifier!r} verifies token trees; pass tree=... (e.g. "
                          f"(3, 2, 1, 1)) or a chain verifier: {', '.join(VERIFIERS)}.")
     if method in MODES:
@@ -325,6 +325,7 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
     room = TreeSpec.parse(tree).num_nodes if tree is not None else \
+        drafter.num_nodes if hasattr(drafter, "propose_tree") else \
         effective_gamma(method, drafter, gamma)
     needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens, room)
     if max_cache_length is not None and needed > max_cache_length:

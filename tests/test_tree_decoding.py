@@ -13,7 +13,7 @@ import pytest
 from specdec_jax import api, target_functions, verify_tree
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
-from specdec_jax.drafting import ModelDrafter
+from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import DynamicTreeDrafter, StaticTreeDrafter, TreeShape
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
 from specdec_jax.models.toy import TableLM
@@ -90,6 +90,22 @@ def test_greedy_dynamic_tree_on_a_random_decoder_is_the_targets():
     out = fn(params, draft_params, prompt, jax.random.PRNGKey(0), GREEDY)
     _check_same_as_autoregressive(out, want)
     assert np.asarray(out.stats.accepted_histogram)[:, 1:].sum() > 0
+
+
+def test_greedy_max_gram_tree_through_generate_is_the_targets():
+    """``api.generate`` with a Max-Gram drafter and ``tree=``: a static
+    Max-Gram tree (every n-gram match, then the bigram table), greedy output
+    = the target's; the toy target's output cycles, so paths get accepted."""
+    prompts = [[3, 1, 5, 9, 1, 5, 3, 1, 5, 9], [7, 2, 4, 7, 2]]
+    want = _autoregressive(TOY)(TOY_PARAMS, None, make_prompt(prompts), jax.random.PRNGKey(0),
+                                GREEDY)
+    bigram = jax.numpy.roll(jax.numpy.arange(V, dtype=jax.numpy.int32), 1)
+    out = api.generate(target=TOY, target_params=TOY_PARAMS, drafter=MaxGramDrafter(V),
+                       drafter_params=bigram, prompts=prompts, tree=(3, 1),
+                       max_new_tokens=MAX_NEW, max_cache_length=64)
+    _check_same_as_autoregressive(out, want)
+    assert np.asarray(out.stats.drafted).sum() == 6 * np.asarray(out.stats.target_calls).sum()
+    assert np.asarray(out.stats.accepted()).sum() > 0
 
 
 def test_a_width_one_tree_is_the_chain():
