@@ -43,6 +43,7 @@ from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels, timing
+from specdec_jax.runtime.progress import tqdm
 
 TARGET_VARIANT = "autoregressive target"
 VARIANT_FIELDS = {"name": str, "gamma": int, "head_vocab": int, "catch_up_widths": list,
@@ -122,14 +123,14 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
     tokens = dict.fromkeys(programs, 0)
     calls = dict.fromkeys(programs, 0)
     outputs: dict[str, list] = {name: [] for name in programs}
-    for _ in range(repeats):
-        for index, prompt in enumerate(prompts):
-            for name, executable in compiled.items():
-                run = executable.time(target_params, programs[name][1], prompt, key, sp)
-                seconds[name][index] += run.median_s
-                tokens[name] += int(np.asarray(run.output.lengths).sum())
-                calls[name] += int(np.asarray(run.output.stats.target_calls).sum())
-                outputs[name].append(np.asarray(run.output.tokens).tolist())
+    passes = [(index, prompt) for _ in range(repeats) for index, prompt in enumerate(prompts)]
+    for index, prompt in tqdm(passes, desc="prompts (every variant in turn)"):
+        for name, executable in compiled.items():
+            run = executable.time(target_params, programs[name][1], prompt, key, sp)
+            seconds[name][index] += run.median_s
+            tokens[name] += int(np.asarray(run.output.lengths).sum())
+            calls[name] += int(np.asarray(run.output.stats.target_calls).sum())
+            outputs[name].append(np.asarray(run.output.tokens).tolist())
     reference = outputs[TARGET_VARIANT]
     same = {name: out == reference for name, out in outputs.items()}
     base = seconds[TARGET_VARIANT]
