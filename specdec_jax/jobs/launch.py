@@ -46,6 +46,7 @@ JOBS = {
     "bench_drafter_variants":
         "specdec_jax.jobs.bench.drafter_variants:run_bench_drafter_variants",
     "bench_verifiers": "specdec_jax.jobs.bench.verifiers:run_bench_verifiers",
+    "bench_trees": "specdec_jax.jobs.bench.trees:run_bench_trees",
     "bench_speculative": "specdec_jax.jobs.bench.speculative:run_bench_speculative",
     "bench_batch": "specdec_jax.jobs.bench.batch:run_bench_batch",
     "bench_feature_steps": "specdec_jax.jobs.bench.feature_steps:run_bench_feature_steps",

@@ -1,0 +1,503 @@
+"""Chains against token trees on a real pair: tokens per target call, the tree
+verifiers compared on the same trees, and predicted accelerator speedups.
+
+The pair (Qwen2.5-Coder 1.5B target, 0.5B drafter by default) on the first
+``num_prompts`` prompts of a task (HumanEval), each prompt decoded at batch 1
+by the jitted decoding loops (``decoding`` for chains, ``tree_decoding`` for
+trees; one compiled program per configuration, the prompts right-padded to
+one width). A configuration (a dict in ``configs``) is:
+
+* ``drafter``: ``'model'`` (the drafter model) or ``'mag'`` (Max-Gram over the
+  ``bigram_table``);
+* ``tree``: ``'chain:G'`` (the chain decoder, G drafts), static widths per
+  depth (``'3,2,1,1'``), or ``'dynamic:DEPTH,EXPAND,CHILDREN'`` (EAGLE-2's
+  dynamic tree, model drafters only; ``tree_decoding.TreeSpec``);
+* ``temperature``;
+* ``verifiers``: a chain takes one chain verifier (``token``, ``block``); a
+  tree takes tree verifiers (``verify_tree.TREE_VERIFIERS``), the first drives
+  the decoding and, at T > 0, every other one is run on the *same* trees and
+  laws in the same rounds (``PairedTreeDecoder``), so their acceptance lengths
+  are paired round by round;
+* ``name`` (optional): the row's label.
+
+Figures, per configuration (95% intervals: percentile bootstrap over prompts,
+``metrics.bootstrap_ci``):
+
+* tokens per target call = mean accepted drafts per round + 1 (from the
+  accepted histogram: the last round's truncation at ``max_new_tokens`` is not
+  counted against it), and tokens emitted / target calls beside it;
+* at T = 0, whether every prompt's output equals the first T = 0
+  configuration's (greedy decoding of the target: they must all agree);
+* at T > 0 with several verifiers, each one's tokens per target call on the
+  same trees and the paired difference to the driving verifier;
+* predicted speedup over the autoregressive target at batch 1 on each GPU of
+  ``gpu_steps`` (in-loop step costs measured on that GPU from random weights of
+  the real shapes: ``bench_feature_steps`` or ``bench_accelerator`` reports):
+  ``sum(accepted + 1) x t_target(1) / (rounds x t_target(W) + drafter calls)``
+  (``jobs.cost.CostModel``), ``W`` the target call's width (``G + 1`` for a
+  chain, ``N + 1`` for a tree of N nodes). A width the report did not measure
+  is priced by the least-squares line through its K >= 2 steps, labelled
+  *fit* inside the measured range and *extrapolated* beyond it; drafter calls
+  wider than the widths measured likewise. Max-Gram is priced at zero.
+  Modelled, not measured.
+
+    python -m eval.main --gin_file=configs/bench/trees.gin
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import api, precision
+from specdec_jax.data import bigram, metrics, tasks
+from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
+from specdec_jax.jobs import cost as cost_lib
+from specdec_jax.jobs import tables
+from specdec_jax.jobs.bench import shared
+from specdec_jax.jobs.resolver import load_pair
+from specdec_jax.models import weight_storage
+from specdec_jax.models.interface import make_prompt
+from specdec_jax.runtime import timing
+from specdec_jax.runtime.progress import tqdm
+from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, tree_verifier
+
+DRAFTERS = ("model", "mag")
+CONFIG_FIELDS = ("drafter", "tree", "temperature", "verifiers")
+CHAIN_PREFIX = "chain:"
+DEFAULT_GPU_STEPS = {"H100": "eval/reports/bench_feature_steps_gpu_h100.json",
+                     "H200": "eval/reports/bench_accelerator_gpu_h200.json"}
+
+
+# --- configurations (checked before anything loads) ------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    drafter: str
+    tree: str
+    temperature: float
+    verifiers: tuple[str, ...]
+
+    @property
+    def is_chain(self) -> bool:
+        return self.tree.startswith(CHAIN_PREFIX)
+
+    @property
+    def gamma(self) -> int:
+        return int(self.tree[len(CHAIN_PREFIX):])
+
+    @property
+    def spec(self) -> TreeSpec:
+        return TreeSpec.parse(self.tree)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.gamma if self.is_chain else self.spec.num_nodes
+
+    @property
+    def depth(self) -> int:
+        return self.gamma if self.is_chain else self.spec.depth
+
+    @property
+    def kind(self) -> str:
+        if self.is_chain:
+            return "chain"
+        return "dynamic" if self.spec.dynamic is not None else "static"
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "drafter": self.drafter, "tree": self.tree,
+                "temperature": self.temperature, "verifiers": list(self.verifiers)}
+
+
+def check_configs(configs: Sequence[dict]) -> list[Config]:
+    """Every configuration well formed (module docstring), names unique."""
+    if not configs:
+        raise ValueError("configs is empty; give at least one configuration.")
+    checked = []
+    for raw in configs:
+        raw = dict(raw)
+        fields = sorted(set(raw) - {"name"})
+        if fields != sorted(CONFIG_FIELDS):
+            raise ValueError(f"configuration {raw!r}: give exactly the fields "
+                             f"{list(CONFIG_FIELDS)} (and an optional 'name').")
+        shared.check_choices("a configuration's drafter", raw["drafter"], DRAFTERS)
+        shared.check_temperatures("a configuration's temperature", raw["temperature"])
+        tree = str(raw["tree"]).replace(" ", "")
+        verifiers = raw["verifiers"]
+        verifiers = (verifiers,) if isinstance(verifiers, str) else tuple(verifiers)
+        if not verifiers:
+            raise ValueError(f"configuration {raw!r}: verifiers is empty.")
+        temperature = float(raw["temperature"])
+        if tree.startswith(CHAIN_PREFIX):
+            gamma = tree[len(CHAIN_PREFIX):]
+            if not gamma.isdigit() or int(gamma) < 1:
+                raise ValueError(f"configuration {raw!r}: a chain is 'chain:G' with G >= 1.")
+            if len(verifiers) != 1 or verifiers[0] not in api.VERIFIERS:
+                raise ValueError(f"configuration {raw!r}: a chain takes one chain verifier, "
+                                 f"one of {', '.join(api.VERIFIERS)}.")
+        else:
+            spec = TreeSpec.parse(tree)  # raises on a malformed shape
+            if raw["drafter"] == "mag" and spec.dynamic is not None:
+                raise ValueError(f"configuration {raw!r}: Max-Gram trees are static (its "
+                                 "children carry no probability to rank); give widths.")
+            for name in verifiers:
+                tree_verifier(name)  # raises on an unknown name
+            if len(set(verifiers)) != len(verifiers):
+                raise ValueError(f"configuration {raw!r}: a verifier is named twice.")
+            if temperature == 0 and len(verifiers) > 1:
+                raise ValueError(f"configuration {raw!r}: at T = 0 every tree verifier is "
+                                 "the greedy one; compare verifiers at T > 0.")
+        name = raw.get("name") or f"{raw['drafter']} {tree} T={temperature:g} {verifiers[0]}"
+        checked.append(Config(name=name, drafter=raw["drafter"], tree=tree,
+                              temperature=temperature, verifiers=verifiers))
+    names = [c.name for c in checked]
+    if len(set(names)) != len(names):
+        raise ValueError(f"configuration names must be unique: {names}.")
+    return checked
+
+
+# --- GPU step costs --------------------------------------------------------------------------
+
+def load_gpu_steps(path: str) -> dict:
+    """In-loop step seconds by width, ``{"target": {K: s}, "drafter": {K: s},
+    "device": str}``, from a ``bench_feature_steps`` report (``steps``: rows
+    named ``target K=..`` / ``drafter model K=..``) or a ``bench_accelerator``
+    report (``by_dtype[dtype].steps[role][batch 1][K]``; the first dtype)."""
+    data = json.loads(pathlib.Path(path).read_text())
+    env = data.get("environment", {})
+    device = env.get("device_kind") or env.get("machine", "?")
+    steps: dict = {"target": {}, "drafter": {}, "device": device}
+    if isinstance(data.get("steps"), list):
+        for row in data["steps"]:
+            if row.get("status") != "ok" or row.get("part") != "extend":
+                continue
+            role = {"target": "target", "drafter model": "drafter"}.get(row.get("role"))
+            if role:
+                steps[role][int(row["k"])] = row["step_ms"] / 1e3
+    elif "by_dtype" in data:
+        block = next(iter(data["by_dtype"].values()))["steps"]
+        for role in ("target", "drafter"):
+            for k, row in block.get(role, {}).get("1", {}).items():
+                steps[role][int(k)] = row["step_s"]
+    for role in ("target", "drafter"):
+        if 1 not in steps[role]:
+            raise ValueError(f"{path}: no one-token {role} step at batch 1; give a "
+                             "bench_feature_steps or bench_accelerator report.")
+    return steps
+
+
+def width_status(steps_by_width: dict, width: int) -> str:
+    """How a width is priced: measured, fit (inside the measured range) or
+    extrapolated (beyond it)."""
+    if width in steps_by_width:
+        return "measured"
+    return "fit" if width < max(steps_by_width) else "extrapolated"
+
+
+def cost_model(steps: dict, drafter_names: Sequence[str]) -> cost_lib.CostModel:
+    drafter = cost_lib.CallCost.from_steps(steps["drafter"])
+    return cost_lib.CostModel(target=cost_lib.CallCost.from_steps(steps["target"]),
+                              drafter=drafter,
+                              models={name: drafter for name in drafter_names})
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PairedTreeDecoder(TreeDecoder):
+    """A ``TreeDecoder`` whose rounds also run ``others`` (tree verifiers) on the
+    round's tree and laws, with the same key; the configured verifier still
+    drives the decoding. Each round hands ``sink`` the accepted depths
+    (int32 [1 + len(others), B]: the driving verifier's first) through a host
+    callback. Only at T > 0 (at T = 0 the driving verdict is greedy's, which
+    the others' are not)."""
+
+    others: tuple = ()
+    sink: Callable | None = None
+
+    def verify(self, key, tree, q_BxN1xV, pi_BxN1xV, sp):
+        verdict = super().verify(key, tree, q_BxN1xV, pi_BxN1xV, sp)
+        if self.others and self.sink is not None:
+            accepted = jnp.stack([verdict.num_accepted] + [
+                other(key, tree, q_BxN1xV, pi_BxN1xV).num_accepted for other in self.others])
+            jax.debug.callback(self.sink, accepted)
+        return verdict
+
+
+def build_decoder(config: Config, *, pair, drafter_name: str, vocab: int,
+                  max_new_tokens: int, sink: Callable | None = None):
+    """The configuration's decoder (``api.make_decoder``; a ``PairedTreeDecoder``
+    when it compares verifiers)."""
+    chain = (ModelDrafter(pair.drafter, name=drafter_name) if config.drafter == "model"
+             else MaxGramDrafter(vocab))
+    common = dict(target=pair.target, drafter=chain, verifier=config.verifiers[0],
+                  max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids)
+    if config.is_chain:
+        return api.make_decoder(gamma=config.gamma, **common)
+    decoder = api.make_decoder(tree=config.tree, **common)
+    if len(config.verifiers) > 1:
+        fields = {f.name: getattr(decoder, f.name) for f in dataclasses.fields(TreeDecoder)}
+        decoder = PairedTreeDecoder(
+            **fields, others=tuple(tree_verifier(v) for v in config.verifiers[1:]), sink=sink)
+    return decoder
+
+
+def run_config(config: Config, decoder, target_params, drafter_params, prompts, width,
+               received: list, seed: int = 0) -> list[dict]:
+    """Per-prompt counters of one configuration (batch 1, one compiled program)."""
+    sp = api.sampling_params(temperature=config.temperature)
+    fn = jax.jit(decoder.generate)
+    rows = []
+    for index, tokens in enumerate(tqdm(prompts, desc=config.name)):
+        received.clear()
+        out = fn(target_params, drafter_params, make_prompt([tokens], pad_to=width),
+                 jax.random.PRNGKey(1000 * seed + index), sp)
+        out = jax.device_get(out)
+        jax.effects_barrier()  # every round's host callback has run
+        stats = out.stats
+        histogram = np.asarray(stats.accepted_histogram[0], np.int64)
+        length = int(out.lengths[0])
+        row = {"prompt": index, "tokens": np.asarray(out.tokens[0, :length]).tolist(),
+               "rounds": int(histogram.sum()),
+               "accepted": int((histogram * np.arange(len(histogram))).sum()),
+               "histogram": histogram.tolist(),
+               "nan_logits": int(stats.nan_logits[0])}
+        for name in cost_lib.PRICED_FIELDS:
+            value = np.asarray(getattr(stats, name))[0]
+            row[name] = value.tolist() if value.ndim else int(value)
+        if len(config.verifiers) > 1:
+            accepted = np.stack(received) if received else np.zeros((0, len(config.verifiers)))
+            row["paired_rounds"] = int(accepted.shape[0])
+            row["paired_accepted"] = {v: int(accepted[:, i].sum())
+                                      for i, v in enumerate(config.verifiers)}
+        rows.append(row)
+    return rows
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+def _per_call(items) -> float:
+    """Tokens per target call of (accepted, rounds) items: mean accepted + 1."""
+    rounds = sum(r for _, r in items)
+    return (sum(a for a, _ in items) + rounds) / max(rounds, 1)
+
+
+def summarize(config: Config, rows: list[dict], gpu: dict, drafter_names: Sequence[str],
+              reference: list[dict] | None) -> dict:
+    items = [(r["accepted"], r["rounds"]) for r in rows]
+    summary = {
+        "config": config.as_dict(), "kind": config.kind, "num_nodes": config.num_nodes,
+        "depth": config.depth, "target_width": config.num_nodes + 1,
+        "tokens_per_target_call_ci95": metrics.bootstrap_ci(items, _per_call),
+        "emitted_per_target_call": sum(len(r["tokens"]) for r in rows) /
+        max(sum(r["target_calls"] for r in rows), 1),
+        "rounds": sum(r["rounds"] for r in rows), "accepted": sum(r["accepted"] for r in rows),
+        "histogram": np.sum([r["histogram"] for r in rows], axis=0).tolist(),
+        "nan_logits": sum(r["nan_logits"] for r in rows)}
+    if reference is not None:
+        summary["identical_to_reference"] = all(
+            a["tokens"] == b["tokens"] for a, b in zip(rows, reference))
+    if len(config.verifiers) > 1:
+        lead = config.verifiers[0]
+        paired = {}
+        for v in config.verifiers:
+            v_items = [(r["paired_accepted"][v], r["paired_rounds"]) for r in rows]
+            paired[v] = {"tokens_per_target_call_ci95": metrics.bootstrap_ci(v_items, _per_call)}
+            if v != lead:
+                lead_items = [(r["paired_accepted"][lead], r["paired_rounds"]) for r in rows]
+                paired[v][f"{lead}_minus_this_ci95"] = metrics.paired_difference_ci(
+                    lead_items, v_items, _per_call)
+        summary["paired_verifiers"] = paired
+        summary["paired_rounds_match"] = all(r["paired_rounds"] == r["rounds"] for r in rows)
+    names = drafter_names if config.drafter == "model" else ()
+    width = config.num_nodes + 1
+    predicted = {}
+    for label, steps in gpu.items():
+        model = cost_model(steps, names)
+        # Per prompt: (AR seconds of its tokens, priced seconds of its calls).
+        priced = [((r["accepted"] + r["rounds"]) * model.target.call_s(1),
+                   model.price(r, drafters=names, widths={cost_lib.TARGET: width}))
+                  for r in rows]
+
+        drafter_widths = sorted({w for r in rows for w in _drafter_widths(r)})
+        predicted[label] = {
+            "speedup_ci95": metrics.bootstrap_ci(priced, _ratio_of_totals),
+            "target_width_status": width_status(steps["target"], width),
+            "target_call_s": model.target.call_s(width),
+            "drafter_priced": bool(names)}
+        if names:
+            predicted[label]["drafter_extrapolated"] = any(
+                w > max(steps["drafter"]) for w in drafter_widths)
+    summary["predicted"] = predicted
+    return summary
+
+
+def _ratio_of_totals(pairs) -> float:
+    return sum(a for a, _ in pairs) / sum(b for _, b in pairs)
+
+
+def _drafter_widths(row: dict) -> list[int]:
+    """The widest drafter call a row can have made (fed / calls rounded up, a
+    bound used only to say whether drafter calls were priced beyond the
+    measured widths)."""
+    calls, fed, single = (np.asarray(row[k]) for k in cost_lib.PRICED_FIELDS[3:])
+    multi = calls - single
+    return [int(-(-(f - s) // m)) for m, f, s in zip(multi, fed, single) if m > 0]
+
+
+def markdown(report: dict) -> str:
+    proto = report["protocol"]
+    gpu = report.get("gpu", {})
+    lines = [f"# Chains vs token trees: {proto['target']} / {proto['drafter']}, "
+             f"{proto['task']} prompts 0-{proto['num_prompts'] - 1} x "
+             f"{proto['max_new_tokens']} tokens, batch 1", "",
+             f"Machine (counts): {report['environment'].get('machine', '?')}; precision "
+             f"{report.get('precision')}; drafter weights {proto['draft_weights']}; "
+             f"decoding: {report.get('decoding')}.", ""]
+    configs = report.get("configs", {})
+    labels = list(gpu)
+    rows = []
+    for s in configs.values():
+        c = s["config"]
+        ident = s.get("identical_to_reference")
+        cells = [f"{c['temperature']:g}", c["drafter"], s["kind"], c["tree"], s["num_nodes"],
+                 s["depth"], c["verifiers"][0],
+                 tables.format_ci(s["tokens_per_target_call_ci95"][0],
+                                  s["tokens_per_target_call_ci95"][1:], digits=2),
+                 f"{s['emitted_per_target_call']:.2f}",
+                 "" if ident is None else ("yes" if ident else "NO")]
+        for label in labels:
+            p = s["predicted"].get(label)
+            if p is None:
+                cells.append("")
+                continue
+            note = "" if p["target_width_status"] == "measured" else \
+                f" ({p['target_width_status']})"
+            cells.append(tables.format_ci(p["speedup_ci95"][0], p["speedup_ci95"][1:],
+                                          digits=2, unit="x") + note)
+        rows.append(cells)
+    lines += tables.markdown_table(
+        ("T", "drafter", "kind", "tree", "nodes N", "depth", "verifier",
+         "tokens / target call (95% CI)", "emitted / call", "same output (T=0)",
+         *[f"predicted {label} speedup (95% CI)" for label in labels]), rows)
+    ref = report.get("reference")
+    if ref:
+        lines += ["", f"Same output: each prompt's tokens equal those of `{ref}` (the first "
+                  "T = 0 configuration; greedy decoding must give the target's output)."]
+    paired_rows = []
+    for name, s in configs.items():
+        for v, p in s.get("paired_verifiers", {}).items():
+            lead = s["config"]["verifiers"][0]
+            diff = p.get(f"{lead}_minus_this_ci95")
+            paired_rows.append((name, v + (" (drives)" if v == lead else ""),
+                                tables.format_ci(p["tokens_per_target_call_ci95"][0],
+                                                 p["tokens_per_target_call_ci95"][1:], digits=3),
+                                "" if diff is None else
+                                tables.format_ci(diff[0], diff[1:], digits=3, sign=True)))
+    if paired_rows:
+        lines += ["", "Verifiers on the same trees (every round's tree and laws verified by "
+                  "each; the first verifier drives the decoding); difference = driving verifier "
+                  "minus this one, paired by prompt (bootstrap 95% CI):", ""]
+        lines += tables.markdown_table(("configuration", "verifier",
+                                        "tokens / target call (95% CI)",
+                                        "difference in acceptance length (95% CI)"),
+                                       paired_rows)
+    if gpu:
+        lines += ["", "Predicted speedup: the counted calls priced at batch 1 with in-loop "
+                  "steps measured on a GPU from random weights of the same shapes (modelled, "
+                  "not measured); the target call of a tree of N nodes at width N + 1, of a "
+                  "chain at G + 1; Max-Gram free. Widths the report lacks: *fit* (least-squares "
+                  "line through the K >= 2 steps, inside the measured range) or *extrapolated* "
+                  "(beyond it).", ""]
+        lines += tables.markdown_table(
+            ("GPU", "report", "device", "target widths measured", "drafter widths measured"),
+            [(label, g["path"], g["device"], ", ".join(map(str, g["target_widths"])),
+              ", ".join(map(str, g["drafter_widths"])) +
+              " (wider drafter calls priced as the widest: extrapolated)") for label, g in
+             gpu.items()])
+    return "\n".join(lines)
+
+
+# --- the job ---------------------------------------------------------------------------------
+
+def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2.5-coder-0.5b",
+                    configs: Sequence[dict] = (), task: str = "humaneval",
+                    num_prompts: int = 40, max_new_tokens: int = 128,
+                    bigram_table: str = "qwen2.5-coder", draft_weights: str = "f32",
+                    gpu_steps: dict | None = None, seed: int = 0,
+                    out: str = "results/bench_trees.json",
+                    markdown_path: str | None = None) -> dict:
+    """Runs every configuration into ``out`` (written after each; a rerun with
+    the same protocol skips the configurations stored) and prints the tables."""
+    checked = check_configs(configs)
+    shared.check_at_least(1, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
+    shared.check_at_least(0, seed=seed)
+    weight_storage.check_format(draft_weights)
+    tasks.get_task(task)  # raises on an unknown task
+    gpu_steps = DEFAULT_GPU_STEPS if gpu_steps is None else dict(gpu_steps)
+    gpu = {label: load_gpu_steps(path) for label, path in gpu_steps.items()}
+    protocol = {"target": target, "drafter": drafter, "task": task, "num_prompts": num_prompts,
+                "max_new_tokens": max_new_tokens, "bigram_table": bigram_table,
+                "draft_weights": draft_weights, "seed": seed}
+    try:
+        report = shared.read_report(out)
+    except FileNotFoundError:
+        report = {}
+    if report.get("protocol") != protocol:
+        report = {}
+    report.update(protocol=protocol, environment=timing.environment(),
+                  precision=precision.resolve_dtype("auto"),
+                  decoding="the jitted loops (decoding / tree_decoding), batch 1",
+                  gpu={label: {"path": gpu_steps[label], "device": g["device"],
+                               "target_widths": sorted(g["target"]),
+                               "drafter_widths": sorted(g["drafter"])}
+                       for label, g in gpu.items()})
+    stored = report.setdefault("configs", {})
+    for name in list(stored):
+        if name not in {c.name for c in checked}:
+            del stored[name]
+    report.setdefault("rows", {})
+
+    pair = load_pair(target=target, drafter=drafter, draft_weights=draft_weights)
+    vocab = pair.target.vocab_size
+    texts = [ex.prompt for ex in tasks.get_task(task).load("test", num_prompts)]
+    prompts = [pair.encode(text) for text in texts]
+    width = max(len(p) for p in prompts)
+    table = (jnp.asarray(bigram.load_table(bigram_table, vocab))
+             if any(c.drafter == "mag" for c in checked) else None)
+    drafter_name = "drafter"
+    received: list = []
+    sink = lambda accepted: received.append(np.asarray(accepted)[:, 0])  # noqa: E731 (batch 1)
+    reference = next((c.name for c in checked if c.temperature == 0), None)
+    report["reference"] = reference
+    for config in checked:
+        previous = stored.get(config.name)
+        if previous and previous["config"] == config.as_dict() and \
+                config.name in report["rows"]:
+            continue
+        decoder = build_decoder(config, pair=pair, drafter_name=drafter_name, vocab=vocab,
+                                max_new_tokens=max_new_tokens, sink=sink)
+        params = pair.drafter_params if config.drafter == "model" else table
+        start = time.perf_counter()
+        rows = run_config(config, decoder, pair.target_params, params, prompts, width,
+                          received, seed=seed)
+        elapsed = time.perf_counter() - start
+        ref_rows = (report["rows"].get(reference)
+                    if config.temperature == 0 and reference != config.name else None)
+        report["rows"][config.name] = rows
+        stored[config.name] = summarize(config, rows, gpu, decoder.drafter.model_names,
+                                        ref_rows)
+        stored[config.name]["seconds"] = elapsed
+        shared.write_report(report, out)
+    report["configs"] = {c.name: stored[c.name] for c in checked}
+    shared.write_report(report, out)
+    timing.print_markdown(markdown(report), markdown_path)
+    return report

@@ -1,0 +1,120 @@
+"""The trees benchmark (configs/bench/trees.gin) end to end on the byte-level
+toys (``toy-bytes-large`` drafted by ``toy-bytes-small``, HumanEval prompts as
+bytes), and its refusals of bad arguments before any model loads. The toys'
+figures mean nothing: this pins the pipeline, not the speed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from eval import main as eval_main
+from specdec_jax.checkpoints.tokenizer import ByteTokenizer
+from specdec_jax.data import bigram, humaneval
+from specdec_jax.jobs import resolver
+from specdec_jax.jobs.bench import trees
+
+TOYS = ["TARGET = 'toy-bytes-large'", "DRAFTER = 'toy-bytes-small'"]
+CONFIGS = [
+    {"drafter": "model", "tree": "chain:3", "temperature": 0.0, "verifiers": ["token"]},
+    {"drafter": "model", "tree": "2,1,1", "temperature": 0.0, "verifiers": ["greedy"]},
+    {"drafter": "mag", "tree": "2,1,1", "temperature": 0.0, "verifiers": ["greedy"]},
+    {"name": "paired", "drafter": "model", "tree": "dynamic:3,1,2", "temperature": 1.0,
+     "verifiers": ["traversal", "rrs"]},
+]
+
+
+@pytest.fixture(scope="module")
+def byte_table(tmp_path_factory):
+    unigram = np.zeros(ByteTokenizer.VOCAB_SIZE, np.int64)
+    streams = [ByteTokenizer().encode(p) for p in humaneval.load_prompts(10)]
+    table, _ = bigram.build_table(streams, ByteTokenizer.VOCAB_SIZE, unigram=unigram)
+    path = tmp_path_factory.mktemp("table") / "bytes.npz"
+    bigram.save_table(table, path, unigram=unigram)
+    return str(path)
+
+
+def run_job(tmp_path, *bindings) -> dict:
+    out = tmp_path / "trees.json"
+    args = ["--gin_file", "configs/bench/trees.gin"]
+    for binding in (*TOYS, f"OUT_PATH = '{out}'", f"MARKDOWN_PATH = '{tmp_path / 'trees.md'}'",
+                    *bindings):
+        args += ["--gin_bindings", binding]
+    assert eval_main.main(args) == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_trees_end_to_end_and_resumes(tmp_path, byte_table, monkeypatch):
+    common = ["runtime.cpu_kernel = False", f"BIGRAM_TABLE = '{byte_table}'",
+              "bench_trees.num_prompts = 2", "bench_trees.max_new_tokens = 12",
+              f"bench_trees.configs = {CONFIGS!r}"]
+    report = run_job(tmp_path, *common)
+    configs = report["configs"]
+    names = [c.get("name") or trees.check_configs([c])[0].name for c in CONFIGS]
+    assert list(configs) == names and report["reference"] == names[0]
+    for name, summary in configs.items():
+        rows = report["rows"][name]
+        assert [r["prompt"] for r in rows] == [0, 1]
+        assert all(len(r["tokens"]) == 12 for r in rows)  # bytes have no EOS
+        assert summary["rounds"] == sum(r["target_calls"] for r in rows)
+        per_call, low, high = summary["tokens_per_target_call_ci95"]
+        assert 1 <= low <= per_call <= high <= summary["depth"] + 1
+        assert summary["nan_logits"] == 0
+        for label in ("H100", "H200"):
+            predicted = summary["predicted"][label]
+            assert predicted["speedup_ci95"][0] > 0
+            assert predicted["target_width_status"] in ("measured", "fit", "extrapolated")
+    # Greedy: every tree (and Max-Gram) writes the chain's tokens.
+    assert all(configs[n]["identical_to_reference"] for n in names[1:3])
+    assert configs[names[1]]["num_nodes"] == 2 + 2 + 2 and configs["paired"]["num_nodes"] == 6
+    assert configs[names[2]]["predicted"]["H100"]["drafter_priced"] is False
+    # The H100 report measured K = 1, 4..8: a 6-node tree's call (K = 7) is measured.
+    assert configs[names[1]]["predicted"]["H100"]["target_width_status"] == "measured"
+    # T = 1: both verifiers saw every round's tree; the driving one's counts are the loop's.
+    paired = configs["paired"]
+    assert paired["paired_rounds_match"]
+    for row in report["rows"]["paired"]:
+        assert row["paired_accepted"]["traversal"] == row["accepted"]
+    assert set(paired["paired_verifiers"]) == {"traversal", "rrs"}
+    diff = paired["paired_verifiers"]["rrs"]["traversal_minus_this_ci95"]
+    assert diff[1] <= diff[0] <= diff[2]
+    text = (tmp_path / "trees.md").read_text()
+    assert "Verifiers on the same trees" in text and "| paired | rrs |" in text
+
+    # A rerun with the same protocol measures nothing again.
+    monkeypatch.setattr(trees, "run_config", lambda *a, **k: pytest.fail("measured again"))
+    again = run_job(tmp_path, *common)
+    assert again["configs"] == report["configs"]
+
+
+@pytest.mark.parametrize(("binding", "message"), [
+    ("bench_trees.configs = []", "configs is empty"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': 'chain:3'}]", "exactly the fields"),
+    ("bench_trees.configs = [{'drafter': 'big', 'tree': 'chain:3', 'temperature': 0.0, "
+     "'verifiers': ['token']}]", "drafter"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': 'chain:0', 'temperature': 0.0, "
+     "'verifiers': ['token']}]", "chain:G"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': 'chain:3', 'temperature': 0.0, "
+     "'verifiers': ['rrs']}]", "one chain verifier"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': '2,0', 'temperature': 0.0, "
+     "'verifiers': ['greedy']}]", "positive integers"),
+    ("bench_trees.configs = [{'drafter': 'mag', 'tree': 'dynamic:3,1,2', 'temperature': 0.0, "
+     "'verifiers': ['greedy']}]", "Max-Gram trees are static"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': '2,1', 'temperature': 1.0, "
+     "'verifiers': ['traversal', 'nope']}]", "nope"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': '2,1', 'temperature': 0.0, "
+     "'verifiers': ['traversal', 'rrs']}]", "at T = 0"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': '2,1', 'temperature': -1.0, "
+     "'verifiers': ['rrs']}]", "temperature"),
+    ("bench_trees.num_prompts = 0", "num_prompts"),
+    ("bench_trees.draft_weights = 'int4'", "int4"),
+    ("bench_trees.task = 'nope'", "unknown task"),
+    ("bench_trees.gpu_steps = {'X': 'eval/reports/bench_scoring_cpu.json'}", "one-token"),
+])
+def test_bench_trees_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, binding,
+                                                          message):
+    monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        run_job(tmp_path, binding)
