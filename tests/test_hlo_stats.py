@@ -82,7 +82,8 @@ def test_largest_intermediates_name_what_a_program_materialises():
             return i + 1, acc + jnp.exp(outer)  # inside a while loop
 
         _, acc = jax.lax.while_loop(lambda c: c[0] < 2, body, (0, outer))
-        return acc.sum() + x_N.astype(jnp.float16).sum()
+        keys = jax.random.split(jax.random.key(0), 2 ** 20)  # typed keys: skipped, not fatal
+        return acc.sum() + x_N.astype(jnp.float16).sum() + keys.shape[0]
 
     rows = tpu_aot.largest_intermediates(fn, [jax.ShapeDtypeStruct((1024,), jnp.float32)],
                                          min_bytes=2 ** 20)

@@ -196,7 +196,8 @@ def largest_intermediates(fn: Callable, args: Sequence, *, top: int = 8,
         for eqn in jaxpr.eqns:
             for var in eqn.outvars:
                 aval = var.aval
-                if not hasattr(aval, "shape"):
+                if not hasattr(aval, "shape") or jax.dtypes.issubdtype(
+                        aval.dtype, jax.dtypes.extended):  # PRNG keys: no numpy dtype
                     continue
                 size = int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
                 if size >= min_bytes:
