@@ -512,6 +512,20 @@ def test_a_decode_layout_copy_is_written_once_and_used_in_place(tmp_path, monkey
     del kept
     monkeypatch.undo()
 
+    # A copy that cannot be written (a full disk): the load still converts.
+    monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "full"))
+
+    def full_disk(*args):
+        for _ in args[2]:  # the writer has consumed the tree when the disk fills
+            pass
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(converted, "_save_safetensors", full_disk)
+    _, unwritten = load_params("out_in")
+    assert "could not keep a converted copy" in capsys.readouterr().err
+    jax.tree_util.tree_map(np.testing.assert_array_equal, unwritten, want)
+    monkeypatch.undo()
+
     # From the GGUF file when no in_out copy is there: the same copy, and
     # the in_out tree is loaded as before.
     monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "fresh"))
