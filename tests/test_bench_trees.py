@@ -17,12 +17,15 @@ from specdec_jax.jobs import resolver
 from specdec_jax.jobs.bench import trees
 
 TOYS = ["TARGET = 'toy-bytes-large'", "DRAFTER = 'toy-bytes-small'"]
-CONFIGS = [
-    {"drafter": "model", "tree": "chain:3", "temperature": 0.0, "verifiers": ["token"]},
+CONFIGS = [  # the reference (first T = 0) is a chain; a model tree; verifiers paired at T = 1
+    {"drafter": "mag", "tree": "chain:3", "temperature": 0.0, "verifiers": ["token"]},
     {"drafter": "model", "tree": "2,1,1", "temperature": 0.0, "verifiers": ["greedy"]},
-    {"drafter": "mag", "tree": "2,1,1", "temperature": 0.0, "verifiers": ["greedy"]},
     {"name": "paired", "drafter": "model", "tree": "dynamic:3,1,2", "temperature": 1.0,
      "verifiers": ["traversal", "rrs"]},
+]
+MORE_CONFIGS = [  # the long test: the model's chain, a Max-Gram tree
+    {"drafter": "model", "tree": "chain:3", "temperature": 0.0, "verifiers": ["token"]},
+    {"drafter": "mag", "tree": "2,1,1", "temperature": 0.0, "verifiers": ["greedy"]},
 ]
 
 
@@ -46,15 +49,17 @@ def run_job(tmp_path, *bindings) -> dict:
     return json.loads(out.read_text())
 
 
-def test_bench_trees_end_to_end_and_resumes(tmp_path, byte_table, monkeypatch):
-    common = ["runtime.cpu_kernel = False", f"BIGRAM_TABLE = '{byte_table}'",
-              "bench_trees.num_prompts = 2", "bench_trees.max_new_tokens = 12",
-              f"bench_trees.configs = {CONFIGS!r}"]
-    report = run_job(tmp_path, *common)
-    configs = report["configs"]
-    names = [c.get("name") or trees.check_configs([c])[0].name for c in CONFIGS]
-    assert list(configs) == names and report["reference"] == names[0]
-    for name, summary in configs.items():
+def common_bindings(byte_table, configs) -> list[str]:
+    return ["runtime.cpu_kernel = False", f"BIGRAM_TABLE = '{byte_table}'",
+            "bench_trees.num_prompts = 2", "bench_trees.max_new_tokens = 12",
+            f"bench_trees.configs = {configs!r}"]
+
+
+def check_report(report: dict, configs: list[dict]) -> list[str]:
+    """What every run's report holds; returns the configuration names."""
+    names = [c.get("name") or trees.check_configs([c])[0].name for c in configs]
+    assert list(report["configs"]) == names and report["reference"] == names[0]
+    for name, summary in report["configs"].items():
         rows = report["rows"][name]
         assert [r["prompt"] for r in rows] == [0, 1]
         assert all(len(r["tokens"]) == 12 for r in rows)  # bytes have no EOS
@@ -66,10 +71,19 @@ def test_bench_trees_end_to_end_and_resumes(tmp_path, byte_table, monkeypatch):
             predicted = summary["predicted"][label]
             assert predicted["speedup_ci95"][0] > 0
             assert predicted["target_width_status"] in ("measured", "fit", "extrapolated")
-    # Greedy: every tree (and Max-Gram) writes the chain's tokens.
-    assert all(configs[n]["identical_to_reference"] for n in names[1:3])
+            assert predicted["drafter_priced"] == (summary["config"]["drafter"] == "model")
+        if summary["config"]["temperature"] == 0 and name != names[0]:
+            # Greedy: every chain and tree writes the reference's tokens.
+            assert summary["identical_to_reference"], name
+    return names
+
+
+def test_bench_trees_end_to_end_and_resumes(tmp_path, byte_table, monkeypatch):
+    common = common_bindings(byte_table, CONFIGS)
+    report = run_job(tmp_path, *common)
+    names = check_report(report, CONFIGS)
+    configs = report["configs"]
     assert configs[names[1]]["num_nodes"] == 2 + 2 + 2 and configs["paired"]["num_nodes"] == 6
-    assert configs[names[2]]["predicted"]["H100"]["drafter_priced"] is False
     # The H100 report measured K = 1, 4..8: a 6-node tree's call (K = 7) is measured.
     assert configs[names[1]]["predicted"]["H100"]["target_width_status"] == "measured"
     # T = 1: both verifiers saw every round's tree; the driving one's counts are the loop's.
@@ -87,6 +101,13 @@ def test_bench_trees_end_to_end_and_resumes(tmp_path, byte_table, monkeypatch):
     monkeypatch.setattr(trees, "run_config", lambda *a, **k: pytest.fail("measured again"))
     again = run_job(tmp_path, *common)
     assert again["configs"] == report["configs"]
+
+
+@pytest.mark.long
+def test_bench_trees_model_chain_and_maxgram_tree(tmp_path, byte_table):
+    configs = MORE_CONFIGS + CONFIGS[1:2]
+    report = run_job(tmp_path, *common_bindings(byte_table, configs))
+    check_report(report, configs)
 
 
 @pytest.mark.parametrize(("binding", "message"), [

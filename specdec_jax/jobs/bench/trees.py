@@ -358,10 +358,12 @@ def markdown(report: dict) -> str:
     gpu = report.get("gpu", {})
     lines = [f"# Chains vs token trees: {proto['target']} / {proto['drafter']}, "
              f"{proto['task']} prompts 0-{proto['num_prompts'] - 1} x "
-             f"{proto['max_new_tokens']} tokens, batch 1", "",
-             f"Machine (counts): {report['environment'].get('machine', '?')}; precision "
-             f"{report.get('precision')}; drafter weights {proto['draft_weights']}; "
-             f"decoding: {report.get('decoding')}.", ""]
+             f"{proto['max_new_tokens']} tokens, batch 1", ""]
+    if report.get("note"):
+        lines += [report["note"], ""]
+    lines += [f"Machine (counts): {report['environment'].get('machine', '?')}; precision "
+              f"{report.get('precision')}; drafter weights {proto['draft_weights']}; "
+              f"decoding: {report.get('decoding')}.", ""]
     configs = report.get("configs", {})
     labels = list(gpu)
     rows = []
@@ -432,11 +434,13 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
                     configs: Sequence[dict] = (), task: str = "humaneval",
                     num_prompts: int = 40, max_new_tokens: int = 128,
                     bigram_table: str = "qwen2.5-coder", draft_weights: str = "f32",
-                    gpu_steps: dict | None = None, seed: int = 0,
+                    gpu_steps: dict | None = None, seed: int = 0, note: str = "",
                     out: str = "results/bench_trees.json",
                     markdown_path: str | None = None) -> dict:
     """Runs every configuration into ``out`` (written after each; a rerun with
-    the same protocol skips the configurations stored) and prints the tables."""
+    the same protocol skips the configurations stored) and prints the tables.
+    ``note`` (e.g. the command and how a run departs from the protocol) heads
+    the Markdown."""
     checked = check_configs(configs)
     shared.check_at_least(1, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
     shared.check_at_least(0, seed=seed)
@@ -453,7 +457,7 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
         report = {}
     if report.get("protocol") != protocol:
         report = {}
-    report.update(protocol=protocol, environment=timing.environment(),
+    report.update(protocol=protocol, note=note, environment=timing.environment(),
                   precision=precision.resolve_dtype("auto"),
                   decoding="the jitted loops (decoding / tree_decoding), batch 1",
                   gpu={label: {"path": gpu_steps[label], "device": g["device"],
