@@ -28,6 +28,20 @@ def _status() -> dict[str, int]:
     return out
 
 
+def _mapped_files(suffix: str = ".safetensors") -> dict[str, int]:
+    """Resident bytes of each mapped file whose name ends with ``suffix``."""
+    out, name = {}, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and "-" in fields[0]:  # a mapping's first line
+                name = fields[5] if fields[5].endswith(suffix) else None
+            elif name and fields[0] == "Rss:":
+                key = "/".join(name.split("/")[-3:-2])
+                out[key] = out.get(key, 0) + int(fields[1]) * 1024
+    return out
+
+
 class Profile:
     def __init__(self, period_s: float = 0.1):
         self.period_s, self.stack, self.rows = period_s, [], []
@@ -78,6 +92,8 @@ class Profile:
             lines.append(f"{name:40s} {r['t']:7.1f} {r['seconds']:5.1f} {gb(r['entry'])} "
                          f"{gb(r['exit'])} {gb(r['peak'])} ({gb(r['anon'])} +{gb(r['file'])})")
         lines.append(f"process peak (VmHWM): {gb(_status()['VmHWM'])} GB")
+        lines += [f"resident now of the mapped file {name}: {gb(rss)} GB"
+                  for name, rss in _mapped_files().items()]
         return "\n".join(lines)
 
 
