@@ -19,6 +19,7 @@ Token trees (``--tree``: several continuations per round, one target call):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import pathlib
 import sys
@@ -367,9 +368,9 @@ def check_spec(spec: str, k_matrix: str | None, target: str | None = None) -> No
                          "'[[2,10],[0,10]]' (the CS Drafting paper's decoder-only setting).")
 
 
-def load_drafter_models(args, names) -> dict:
-    """``{name: (model, params, tokenizer)}`` for every drafter model a spec
-    names, its weights already stored as ``--draft-weights`` asks. Called
+def load_drafter_models(args, names, kernel: bool) -> dict:
+    """``{name: (model, params, tokenizer, format)}`` for every drafter model a
+    spec names, its weights already stored as ``--draft-weights`` asks. Called
     before the target loads: the float32 copy of a drafter stored in fewer
     bytes is gone before the target's weights arrive, so the two float32
     trees never sit in memory together."""
@@ -379,9 +380,13 @@ def load_drafter_models(args, names) -> dict:
             continue
         model, params, tok = resolver.resolve(name, dtype=args.dtype,
                                               kernel_layout=args.kernel_layout)
-        params = weight_storage.store_weights(params, args.draft_weights,
+        stored_as = resolve_draft_weights(args.draft_weights, kernel, model)
+        params = weight_storage.store_weights(params, stored_as,
                                               kernel_layout=model.config.kernel_layout)
-        loaded[name] = (model, params, tok)
+        loaded[name] = (model, params, tok, stored_as)
+        # The float32 leaves just replaced may sit in reference cycles (jitted
+        # conversions); collected now, their memory is free before the target loads.
+        gc.collect()
     return loaded
 
 
@@ -406,7 +411,7 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer, draf
                 target_params=target_params, name=name)
             heads[name] = head.head
             continue
-        model, params, tok = drafter_models[name]
+        model, params, tok, _ = drafter_models[name]
         if tok.fingerprint != tokenizer.fingerprint:
             raise SystemExit(f"error: {name} and {args.target} use different tokenizers; "
                              "speculative decoding needs a shared vocabulary.")
@@ -426,13 +431,15 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer, draf
     return drafter, drafter.select_params(named)
 
 
-def resolve_draft_weights(choice: str, kernel: bool) -> str:
-    """``--draft-weights auto``: int8 where the CPU kernel reads it (a drafting
-    step reads a quarter of the bytes), else the weights as loaded (elsewhere
-    XLA would widen them to float32 before every product)."""
+def resolve_draft_weights(choice: str, kernel: bool, model) -> str:
+    """``--draft-weights auto``: int8 for a decoder in the decode layout where
+    the CPU kernel reads it (a drafting step reads a quarter of the bytes),
+    else the weights as loaded (elsewhere XLA widens them before every
+    product, and int8 needs the ``out_in`` layout)."""
     if choice != "auto":
         return weight_storage.check_format(choice)
-    return "int8" if kernel else "f32"
+    layout = getattr(getattr(model, "config", None), "kernel_layout", None)
+    return "int8" if kernel and layout == OUT_IN else "f32"
 
 
 def check_args(args) -> None:
@@ -500,9 +507,10 @@ def run(args) -> int:
     names = drafting.parse_spec(spec)
     kernel = cpu_kernels.enable(args.cpu_kernel != "off",
                                 build_dir=fetch.cache_dir() / "kernels")
-    args.draft_weights = resolve_draft_weights(args.draft_weights, kernel)
     speculative = args.method != "autoregressive"
-    drafter_models = load_drafter_models(args, names) if speculative else {}
+    drafter_models = load_drafter_models(args, names, kernel) if speculative else {}
+    # What each drafter model is stored as (auto resolves per model).
+    args.draft_weights = ",".join(sorted({m[3] for m in drafter_models.values()})) or "f32"
     target, target_params, tokenizer = resolver.resolve(args.target, dtype=args.dtype,
                                                          kernel_layout=args.kernel_layout)
     drafter = drafter_params = None

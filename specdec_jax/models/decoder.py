@@ -549,7 +549,8 @@ def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[Deco
     outside the subset. The ids (sorted, unique) and their head rows are
     stored under ``params['head_vocab']`` (``{'token_ids': int32 [N], 'rows':
     [N, D]}``), so the jitted model stays hashable and the rows are read
-    contiguously; the full tree is kept (the embedding still embeds inputs).
+    contiguously. The embedding is kept (it still embeds inputs); an untied
+    full output head is dropped, since the restricted model never reads it.
     """
     if model.config.head_vocab:
         raise ValueError("with_head_vocab: the model's head is already restricted to "
@@ -569,5 +570,6 @@ def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[Deco
         full = params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
     rows = jax.jit(lambda full, ids: jnp.take(full, ids, axis=0))(full, jnp.asarray(ids))
     config = dataclasses.replace(model.config, head_vocab=int(ids.size))
-    return DecoderOnlyLM(config), {**params, HEAD_VOCAB: {"token_ids": jnp.asarray(ids),
-                                                         "rows": rows}}
+    kept = {name: entry for name, entry in params.items() if name != "logits_dense"}
+    return DecoderOnlyLM(config), {**kept, HEAD_VOCAB: {"token_ids": jnp.asarray(ids),
+                                                       "rows": rows}}
