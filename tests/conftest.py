@@ -15,6 +15,8 @@ import glob
 import importlib.util
 import os
 
+import pytest
+
 
 def _cpu_only_suite() -> bool:
     if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
@@ -26,3 +28,13 @@ def _cpu_only_suite() -> bool:
 
 if _cpu_only_suite():
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+@pytest.fixture
+def cpu_kernel():
+    """Skips a test that asks for the project's CPU kernel where it cannot be
+    built (no C++ compiler); builds it once per machine otherwise."""
+    from specdec_jax.runtime import cpu_kernels
+    if not cpu_kernels.enable():
+        pytest.skip("the CPU kernel could not be built here (no C++ compiler: apt-get install "
+                    "g++ or set $CXX)")

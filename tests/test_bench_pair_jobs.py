@@ -131,7 +131,7 @@ def test_drafting_prices_counted_calls_with_the_cost_model():
 # --- bench_drafter_variants ------------------------------------------------------------------
 
 @pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
-def test_bench_drafter_variants_end_to_end(tmp_path, byte_table):
+def test_bench_drafter_variants_end_to_end(tmp_path, byte_table, cpu_kernel):
     variants = ("[{'name': 'full head', 'gamma': 2, 'head_vocab': 0, 'catch_up_widths': [1, 2], "
                 "'draft_weights': 'f32', 'kernel': False}, "
                 "{'name': 'cut, bf16, kernel', 'gamma': 3, 'head_vocab': 64, "

@@ -13,7 +13,7 @@ from specdec_jax.jobs.bench import child, scoring
 
 
 @pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
-def test_bench_scoring_times_both_kernel_layouts_in_one_process():
+def test_bench_scoring_times_both_kernel_layouts_in_one_process(cpu_kernel):
     """bench_scoring measures each K in each kernel layout on the same random
     weights, against the limits measured in the same process."""
     report = scoring.measure(model="random:tiny-drafter", ks=[1, 3], flags="",
