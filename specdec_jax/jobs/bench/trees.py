@@ -423,7 +423,8 @@ def markdown(report: dict) -> str:
             ("GPU", "report", "device", "target widths measured", "drafter widths measured"),
             [(label, g["path"], g["device"], ", ".join(map(str, g["target_widths"])),
               ", ".join(map(str, g["drafter_widths"])) +
-              " (wider drafter calls priced as the widest: extrapolated)") for label, g in
+              " (a drafter call of several nodes priced as the widest measured: "
+              "extrapolated)") for label, g in
              gpu.items()])
     return "\n".join(lines)
 
