@@ -48,7 +48,7 @@ def test_bench_scoring_job_runs_each_flag_set_in_its_own_process(tmp_path):
     flags = "--xla_force_host_platform_device_count=1"
     assert eval_main.main(scoring_args(
         tmp_path, "bench_scoring.ks = [1, 3]", "bench_scoring.kernel_layouts = ['out_in']",
-        f"bench_scoring.variants = ['{flags}']")) == 0
+        "bench_scoring.products = ['xla']", f"bench_scoring.variants = ['{flags}']")) == 0
     report = json.loads((tmp_path / "scoring.json").read_text())
     assert report["model"] == "random:tiny-drafter" and report["ks"] == [1, 3]
     assert [v["flags"] for v in report["variants"]] == ["", flags]
