@@ -25,9 +25,10 @@ def _loaded_dtypes(argv, monkeypatch):
 
     real_load_drafter = cli_generate._load_drafter
 
-    def recording_load_drafter(args, spec, names, target, target_params, tokenizer):
+    def recording_load_drafter(args, spec, names, target, target_params, tokenizer,
+                               drafter_models):
         drafter, drafter_params = real_load_drafter(args, spec, names, target,
-                                                    target_params, tokenizer)
+                                                    target_params, tokenizer, drafter_models)
         for role, params in (("target", target_params), ("drafter", drafter_params)):
             seen[role] = {leaf.dtype for leaf in jax.tree_util.tree_leaves(params)
                           if jnp.issubdtype(leaf.dtype, jnp.floating)}
