@@ -73,14 +73,9 @@ def _uses_kernel(rows: int, x: Array, w: Array) -> bool:
     return jax.device_count() == 1
 
 
-def dequantized(w: Array, scale: Array | None, dtype) -> Array:
-    """The float weights a stored kernel stands for: ``w * scale[:, None]``."""
-    w = w.astype(dtype)
-    return w if scale is None else w * scale.astype(dtype)[:, None]
-
-
-def _xla_product(x2: Array, w: Array, scale: Array | None, precision) -> Array:
-    y = jnp.einsum("mk,nk->mn", x2, w.astype(x2.dtype), precision=precision)
+def _xla_product(x: Array, w: Array, scale: Array | None, precision) -> Array:
+    """XLA's dot of ``x[..., K]`` with the widened ``w[N, K]``, times ``scale[N]``."""
+    y = jnp.einsum("...k,nk->...n", x, w.astype(x.dtype), precision=precision)
     return y if scale is None else y * scale.astype(y.dtype)
 
 
@@ -122,5 +117,4 @@ def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None, *,
         x2 = x.reshape(rows, x.shape[-1])
         y = _dispatch(x2, w_NxK, scale_N, precision)
         return y.reshape(x.shape[:-1] + (w_NxK.shape[0],))
-    y = jnp.einsum("...k,nk->...n", x, w_NxK.astype(x.dtype), precision=precision)
-    return y if scale_N is None else y * scale_N.astype(y.dtype)
+    return _xla_product(x, w_NxK, scale_N, precision)
