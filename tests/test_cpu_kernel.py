@@ -43,6 +43,19 @@ def test_kernel_matches_the_product(kernel, dtype, rows, k, n):
                                atol=2e-5 * np.sqrt(k) * (127 if dtype == "int8" else 1))
 
 
+def test_switching_the_kernel_retraces_a_jitted_function(kernel):
+    # One jitted function timed with and without the kernel (as a benchmark
+    # does) must run both programs, not the one traced first.
+    x = jnp.ones((4, 32), jnp.float32)
+    w = jnp.ones((8, 32), jnp.bfloat16)
+    fn = jax.jit(native_matmul.matmul_out_in)
+    native_matmul.set_enabled(False)
+    without = fn.lower(x, w).as_text()
+    native_matmul.set_enabled(True)
+    with_kernel = fn.lower(x, w).as_text()
+    assert "SmallMMatmul" not in without and "SmallMMatmul" in with_kernel
+
+
 def test_batched_shapes_gradients_and_vmap(kernel):
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, 3, 40)), jnp.float32)

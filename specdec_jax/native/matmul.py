@@ -50,12 +50,24 @@ _STATE = _State()
 def mark_registered() -> None:
     """Called once the library's handlers are registered with ``jax.ffi``
     (``runtime.cpu_kernels``); products traced from now on may use them."""
-    _STATE.registered = True
+    _change(registered=True)
 
 
 def set_enabled(enabled: bool) -> None:
     """Turns the kernel off (or back on) for products traced from now on."""
-    _STATE.enabled = bool(enabled)
+    _change(enabled=bool(enabled))
+
+
+def _change(**fields) -> None:
+    # The choice is made while tracing and is not part of jax's cache keys: a
+    # jitted function traced before the change would keep its old program
+    # (a benchmark timing "kernel" and "XLA" through one function would time
+    # XLA twice). Dropping jax's caches makes the next call trace again.
+    was = active()
+    for name, value in fields.items():
+        setattr(_STATE, name, value)
+    if active() != was:
+        jax.clear_caches()
 
 
 def active() -> bool:
