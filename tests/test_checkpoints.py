@@ -88,6 +88,28 @@ def test_gguf_loader_matches_the_original_model(tmp_path, family):
                                atol=1e-4, rtol=0)
 
 
+def test_gguf_entries_dequantise_one_entry_when_made(tmp_path, monkeypatch):
+    """The converted cache is written entry by entry from ``gguf_entries``:
+    nothing is dequantised before an entry is made, and making a layer reads
+    that layer's tensors only (so conversion holds one layer, not the tree)."""
+    hf_model, config = small_hf_decoder("qwen2")
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2")
+    read = []
+    original = gguf.dequantize
+    monkeypatch.setattr(gguf, "dequantize", lambda t: read.append(t.name) or original(t))
+    cfg, entries, _ = gguf.gguf_entries(path)
+    assert read == [] and set(entries) == {"embedder", "decoder_norm", "logits_dense"} | {
+        f"layers_{i}" for i in range(cfg.num_layers)}
+    layer = entries["layers_1"].make()
+    assert read and all(name.startswith("blk.1.") for name in read)
+    _, whole, _ = gguf.load_gguf(path)
+    for got, want, spec in zip(jax.tree_util.tree_leaves(layer),
+                               jax.tree_util.tree_leaves(whole["layers_1"]),
+                               jax.tree_util.tree_leaves(entries["layers_1"].shapes)):
+        np.testing.assert_array_equal(got, want)
+        assert got.shape == spec.shape
+
+
 def test_gguf_quantised_tensor_is_dequantised(tmp_path):
     hf_model, config = small_hf_decoder("llama")
     path = write_gguf(tmp_path / "q.gguf", hf_model, config, quantize_ffn=True)

@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     for owner, attr, label in (
             (resolver, "resolve", "resolve"),
             (load, "load_model", "load_model"),
-            (gguf, "load_gguf", "gguf dequantise"),
+            (gguf, "gguf_entries", "gguf open (entries dequantised as written)"),
             (converted, "_write", "write converted copy"),
             (converted, "_read", "read converted copy"),
             (load, "with_kernel_layout", "with_kernel_layout"),

@@ -53,6 +53,7 @@ import numpy as np
 
 from specdec_jax import sharding
 from specdec_jax.checkpoints import fetch
+from specdec_jax.checkpoints.tree_paths import Deferred, made
 
 FORMAT_VERSION = 3  # 1: orbax params; 2: unaligned safetensors (both rebuilt on first use)
 SUBDIR = "converted"
@@ -386,7 +387,7 @@ def load_or_convert(source: pathlib.Path, source_sha256: str, dtype: str,
             params, record = _read(directory, source_sha256, dtype, name)
             return params, metadata, has_output
         params, metadata, has_output = convert()  # the failed write consumed it
-        params = {key: convert_entry(key, params.pop(key)) for key in sorted(params)}
+        params = {key: convert_entry(key, made(params.pop(key))) for key in sorted(params)}
     if mesh is not None:
         params = sharding.shard_params(params, mesh, rules or sharding.DECODER_RULES)
     return params, metadata, has_output
@@ -449,12 +450,13 @@ def _write(directory: pathlib.Path, params: dict, metadata: dict, has_output: bo
     convert_entry = convert_entry or (lambda _, entry: entry)
     try:
         (scratch / PARAMS_DIR).mkdir(parents=True)
-        specs = _flat({key: jax.eval_shape(lambda e, key=key: convert_entry(key, e), entry)
+        specs = _flat({key: jax.eval_shape(lambda e, key=key: convert_entry(key, e),
+                                           entry.shapes if isinstance(entry, Deferred) else entry)
                        for key, entry in params.items()})
 
         def tensors():
             for key in sorted(params):  # the order of _flat's (jax's) flattening
-                entry = params.pop(key) if consume else params[key]
+                entry = made(params.pop(key) if consume else params[key])
                 flat = _flat({key: convert_entry(key, entry)})
                 del entry
                 yield from flat.items()

@@ -14,13 +14,21 @@ safetensors alike. Two details matter for exact parity:
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
-from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf, decoder_params_from_hf
-from specdec_jax.models.decoder import DecoderConfig
+from specdec_jax.checkpoints.hf_decoder import (
+    decoder_config_from_hf,
+    decoder_entry_from_hf,
+    decoder_entry_keys,
+)
+from specdec_jax.checkpoints.tree_paths import Deferred, check_shapes, check_shapes_against
+from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
 from specdec_jax.runtime.progress import tqdm
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -102,33 +110,73 @@ def dequantize(tensor) -> np.ndarray:
     return np.asarray(values, np.float32).reshape(shape)
 
 
+class _DequantisedOnRead(Mapping):
+    """The file's tensors under Hugging Face names, each dequantised (and
+    un-permuted) when read and not kept: a converter reading one layer holds
+    one layer in memory."""
+
+    def __init__(self, reader, cfg: DecoderConfig, arch: str):
+        self._cfg, self._arch, self._tensors = cfg, arch, {}
+        for tensor in reader.tensors:
+            name = tensor.name
+            if name in _GLOBAL_NAMES:
+                self._tensors[_GLOBAL_NAMES[name]] = tensor
+            elif name.startswith("blk."):
+                _, layer, kind, suffix = name.split(".")
+                if kind in _LAYER_NAMES:  # others (e.g. rope frequency tables) are unused
+                    self._tensors[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"] = tensor
+
+    def __getitem__(self, hf_name: str) -> np.ndarray:
+        tensor = self._tensors[hf_name]
+        value = dequantize(tensor)
+        kind = kind_of(tensor.name)
+        if self._arch == "llama" and kind in ("attn_q", "attn_k"):
+            value = _unpermute(value, self._cfg.num_heads if kind == "attn_q"
+                               else self._cfg.num_kv_heads)
+        return value
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def gguf_entries(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig,
+                                                                  dict[str, Deferred],
+                                                                  dict[str, Any]]:
+    """(config, {top-level entry: Deferred}, metadata) of a GGUF file: each
+    entry (the embedding, a layer, the head) is dequantised when made, so a
+    converter writing entry by entry never holds the float32 tree (7 GB for
+    a 1.5B model) at once."""
+    reader = _reader(path)
+    meta = read_metadata(reader)
+    cfg = config_from_metadata(meta, "output.weight" in {t.name for t in reader.tensors},
+                               **config_overrides)
+    state = _DequantisedOnRead(reader, cfg, meta["general.architecture"])
+    shapes = jax.eval_shape(DecoderOnlyLM(cfg).init_params, jax.random.key(0))
+    f32 = np.dtype(np.float32)
+
+    def make(key: str) -> dict:
+        entry = {key: decoder_entry_from_hf(state, cfg, key)}
+        check_shapes_against(entry, {key: shapes[key]})
+        return entry[key]
+
+    entries = {key: Deferred(
+        jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, f32), shapes[key]),
+        functools.partial(make, key)) for key in decoder_entry_keys(cfg)}
+    return cfg, entries, meta
+
+
 def load_gguf(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, dict,
                                                                  dict[str, Any]]:
     """Reads a GGUF file; returns (config, params, metadata)."""
-    reader = _reader(path)
-    meta = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
-    cfg = config_from_metadata(meta, "output.weight" in names, **config_overrides)
-    arch = meta["general.architecture"]
-    state: dict[str, np.ndarray] = {}
-    for tensor in tqdm(reader.tensors, desc=f"dequantise {os.path.basename(path)}",
-                       unit="tensor", leave=False):
-        name = tensor.name
-        if name in _GLOBAL_NAMES:
-            hf_name = _GLOBAL_NAMES[name]
-        elif name.startswith("blk."):
-            _, layer, kind, suffix = name.split(".")
-            if kind not in _LAYER_NAMES:
-                continue  # e.g. rope frequency tables, unused here
-            hf_name = f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"
-        else:
-            continue
-        value = dequantize(tensor)
-        if arch == "llama" and kind_of(name) in ("attn_q", "attn_k"):
-            heads = cfg.num_heads if kind_of(name) == "attn_q" else cfg.num_kv_heads
-            value = _unpermute(value, heads)
-        state[hf_name] = value
-    return cfg, decoder_params_from_hf(state, cfg), meta
+    cfg, entries, meta = gguf_entries(path, **config_overrides)
+    params = {key: entry.make() for key, entry in
+              tqdm(entries.items(), desc=f"dequantise {os.path.basename(path)}",
+                   unit="entry", leave=False)}
+    check_shapes(params, DecoderOnlyLM(cfg).init_params)
+    return cfg, params, meta
 
 
 def kind_of(name: str) -> str | None:

@@ -91,21 +91,36 @@ def _get(state: Mapping[str, Any], name: str) -> np.ndarray:
     return np.asarray(state[name], dtype=np.float32)
 
 
+def decoder_entry_keys(cfg: DecoderConfig) -> list[str]:
+    """The top-level entries of our parameter tree for ``cfg``."""
+    keys = ["embedder", "decoder_norm"] + [f"layers_{i}" for i in range(cfg.num_layers)]
+    return keys + ([] if cfg.tie_embeddings else ["logits_dense"])
+
+
+def decoder_entry_from_hf(state: Mapping[str, Any], cfg: DecoderConfig, key: str) -> dict:
+    """One top-level entry of our tree (``decoder_entry_keys``), reading from
+    ``state`` only the tensors it needs: a converter may build the tree entry
+    by entry and keep one layer in memory at a time."""
+    if key == "embedder":
+        return {"embedding": _get(state, "model.embed_tokens.weight")}
+    if key == "decoder_norm":
+        return {"scale": _get(state, "model.norm.weight")}
+    if key == "logits_dense":
+        return {"kernel": _get(state, "lm_head.weight").T}
+    i = int(key.removeprefix("layers_"))
+    layer: dict[str, Any] = {}
+    for ours, theirs, transpose in _LAYER_MAP:
+        value = _get(state, f"model.layers.{i}.{theirs}")
+        set_path(layer, ours, value.T if transpose else value)
+    if cfg.qkv_bias:
+        for ours, theirs in _BIAS_MAP:
+            set_path(layer, ours, _get(state, f"model.layers.{i}.{theirs}"))
+    return layer
+
+
 def decoder_params_from_hf(state: Mapping[str, Any], cfg: DecoderConfig) -> dict:
     """Converts a HF Llama/Qwen2 state dict (numpy arrays) to our parameter tree."""
-    params: dict[str, Any] = {"embedder": {"embedding": _get(state, "model.embed_tokens.weight")},
-                              "decoder_norm": {"scale": _get(state, "model.norm.weight")}}
-    for i in range(cfg.num_layers):
-        layer: dict[str, Any] = {}
-        for ours, theirs, transpose in _LAYER_MAP:
-            value = _get(state, f"model.layers.{i}.{theirs}")
-            set_path(layer, ours, value.T if transpose else value)
-        if cfg.qkv_bias:
-            for ours, theirs in _BIAS_MAP:
-                set_path(layer, ours, _get(state, f"model.layers.{i}.{theirs}"))
-        params[f"layers_{i}"] = layer
-    if not cfg.tie_embeddings:
-        params["logits_dense"] = {"kernel": _get(state, "lm_head.weight").T}
+    params = {key: decoder_entry_from_hf(state, cfg, key) for key in decoder_entry_keys(cfg)}
     check_shapes(params, DecoderOnlyLM(cfg).init_params)
     return params
 

@@ -132,10 +132,12 @@ def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mes
             in_out = converted.read_copy(sha256, dtype)
             if in_out is not None:
                 return in_out
-        cfg, params, meta = gguf.load_gguf(path, **overrides)
-        # astype(copy=False): no second copy of a tree already in ``dtype`` (6 GB for the 1.5B)
-        params = jax.tree_util.tree_map(
-            lambda x: np.asarray(x).astype(jnp.dtype(dtype), copy=False), params)
+        cfg, entries, meta = gguf.gguf_entries(path, **overrides)
+        # Entries are dequantised as the copy is written (one layer in memory at
+        # a time); cast(copy=False): no second copy of an entry already in ``dtype``.
+        params = {key: entry.cast(jnp.dtype(dtype)) for key, entry in entries.items()}
+        if layout is None:  # the in_out copy is returned whole
+            params = {key: entry.make() for key, entry in params.items()}
         return params, meta, not cfg.tie_embeddings
 
     params, meta, has_output = converted.load_or_convert(path, sha256, dtype, convert,

@@ -6,6 +6,7 @@ library's flat names and our nested trees.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,6 +19,30 @@ from specdec_jax.models.layers import HEAD_VOCAB, IN_OUT, OUT_IN, is_kernel
 # Values of each leaf the fingerprint reads (from both ends): it tells weights apart
 # cheaply (a 0.5B model is hashed in milliseconds); it is not a tamper check.
 FINGERPRINT_VALUES = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """A parameter subtree made on demand: its shapes now (a tree of
+    ``jax.ShapeDtypeStruct``), its arrays when ``make()`` is called. A
+    converter writing a tree entry by entry holds one entry at a time."""
+
+    shapes: Any
+    make: Callable[[], Any]
+
+    def cast(self, dtype) -> Deferred:
+        """The same subtree with every leaf cast to ``dtype`` when made (no
+        copy of a leaf already in ``dtype``)."""
+        dtype = np.dtype(dtype)
+        return Deferred(
+            jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), self.shapes),
+            lambda: jax.tree_util.tree_map(
+                lambda x: np.asarray(x).astype(dtype, copy=False), self.make()))
+
+
+def made(entry: Any) -> Any:
+    """``entry`` itself, or the arrays of a ``Deferred`` one."""
+    return entry.make() if isinstance(entry, Deferred) else entry
 
 
 def set_path(tree: dict, path: tuple[str, ...], value) -> None:
@@ -39,7 +64,12 @@ def check_shapes(params: Mapping[str, Any], init_params: Callable) -> None:
     Expected shapes come from tracing ``init_params`` abstractly (no compute),
     so they cannot drift from the model definition.
     """
-    expected = jax.eval_shape(init_params, jax.random.key(0))
+    check_shapes_against(params, jax.eval_shape(init_params, jax.random.key(0)))
+
+
+def check_shapes_against(params: Mapping[str, Any], expected: Any) -> None:
+    """``check_shapes`` with the expected shapes given (a tree of
+    ``jax.ShapeDtypeStruct``, e.g. one entry of the model's)."""
     expected_names = set()
     for path, spec in jax.tree_util.tree_flatten_with_path(expected)[0]:
         keys = tuple(k.key for k in path)
