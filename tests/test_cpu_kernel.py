@@ -125,6 +125,16 @@ def test_store_weights_formats_and_bytes():
         weight_storage.store_weights(params, "fp8")
 
 
+@pytest.mark.parametrize("weight_format", ["bf16", "int8"])
+def test_a_lookup_only_embedding_stays_as_loaded(weight_format):
+    # With a separate head the embedding is only looked up: narrowing it would
+    # save no step time and put a whole copy in memory.
+    _, params = _tiny(tie=False)
+    stored = weight_storage.store_weights(params, weight_format)
+    assert stored["embedder"]["embedding"] is params["embedder"]["embedding"]
+    assert stored["logits_dense"]["kernel"].dtype == jnp.bfloat16
+
+
 def test_quantize_rows_round_trip():
     rng = np.random.default_rng(1)
     w = jnp.asarray(rng.standard_normal((5, 3, 33)), jnp.float32).at[1, 2].set(0.0)

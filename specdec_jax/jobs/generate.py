@@ -517,6 +517,9 @@ def run(args) -> int:
     if speculative:
         drafter, drafter_params = _load_drafter(args, spec, names, target, target_params,
                                                 tokenizer, drafter_models)
+        # Holds the drafters as loaded: a full head replaced by a restricted
+        # one (--drafter-head-vocab) is freed only once this goes.
+        drafter_models.clear()
     measured, gamma_choice = {}, None
     if (args.gamma is None and args.k_matrix is None and hasattr(drafter, "extend")
             and args.tree is None

@@ -15,6 +15,11 @@ little, the acceptance. The formats:
   bytes of the layers. Needs the ``out_in`` decode layout,
   where a kernel's rows are its outputs.
 
+An embedding that is only looked up (the model has a separate output head)
+stays as loaded in every format: a step reads a few of its rows, so narrower
+storage saves no time, and a narrowed copy would sit whole in memory where the
+loaded one (mapped from the converted cache) is resident only in the rows read.
+
 Activations and accumulation stay float32; the CPU kernel (``native.matmul``)
 widens the stored weights in registers, and elsewhere XLA widens them first.
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.models.layers import KERNEL_SCALE, OUT_IN, is_kernel
+from specdec_jax.models.layers import HEAD_VOCAB, KERNEL_SCALE, OUT_IN, is_kernel
 
 Array = jax.Array
 WEIGHT_FORMATS = ("f32", "bf16", "int8")
@@ -72,6 +77,10 @@ def store_weights(params: dict, weight_format: str, *, kernel_layout: str = OUT_
         raise ValueError("int8 weights need the out_in decode layout (rows are outputs); "
                          "convert with models.decoder.with_kernel_layout first.")
 
+    # A separate head (full or restricted to a token subset) leaves the
+    # embedding a lookup table.
+    lookup_only = "logits_dense" in params or HEAD_VOCAB in params
+
     def convert(node, path=()):
         if isinstance(node, dict):
             out = {}
@@ -84,7 +93,7 @@ def store_weights(params: dict, weight_format: str, *, kernel_layout: str = OUT_
             return out
         if is_kernel(path) and node.ndim >= 2 and weight_format == "int8" and _in_layer(path):
             return quantize_rows(node)
-        if (is_kernel(path) and node.ndim >= 2) or _is_embedding(path):
+        if (is_kernel(path) and node.ndim >= 2) or (_is_embedding(path) and not lookup_only):
             return _to_bf16(node)
         return node
 
