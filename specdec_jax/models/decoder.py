@@ -58,6 +58,44 @@ from specdec_jax.models.layers import (
 )
 
 Array = jax.Array
+# A wide call over a long cache (a prefill: 512 prompt tokens into 2,048 of room at
+# batch 64) would hold float32 attention scores [B, H, G, K, S] of GiBs per layer
+# (3.5 GiB for a 0.5B layer there). Above this size the queries are scored in
+# blocks, one after another (``blocked_attention``): each query's scores, softmax
+# and sum are computed as before, over the same keys.
+ATTENTION_SCORES_LIMIT_BYTES = 2 ** 30
+
+
+def query_blocks(k: int, scores_bytes: int, limit: int) -> int:
+    """How many blocks to cut ``k`` queries into so that each block's scores
+    fit ``limit``: the smallest divisor of ``k`` that is enough (1 when the
+    whole call fits). E.g. 512 queries with 3.5 GiB of scores, limit 1 GiB: 4."""
+    needed = min(-(-scores_bytes // limit), k)  # k blocks of one query: the most there is
+    return next(n for n in range(max(needed, 1), k + 1) if k % n == 0)
+
+
+def blocked_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: Array,
+                      mask_BxKxS: Array, scale: float, *, precision: str | None = None,
+                      limit: int | None = None) -> Array:
+    """``masked_softmax_attention``, its queries scored in ``query_blocks``
+    blocks (a ``lax.map``) when the float32 scores of the whole call exceed
+    ``limit`` (default ``ATTENTION_SCORES_LIMIT_BYTES``): the memory of one
+    block's scores instead of all of them, the same result per query."""
+    batch, k, heads, groups, _ = q_BxKxHxGxD.shape
+    scores_bytes = 4 * batch * heads * groups * k * keys_BxSxHxD.shape[1]
+    blocks = query_blocks(k, scores_bytes, limit or ATTENTION_SCORES_LIMIT_BYTES)
+    if blocks == 1:
+        return masked_softmax_attention(q_BxKxHxGxD, keys_BxSxHxD, values_BxSxHxD, mask_BxKxS,
+                                        scale, precision=precision)
+    width = k // blocks
+    # [B, K, ...] -> [n, B, K / n, ...]: block j holds queries j * K/n .. (j + 1) * K/n - 1.
+    q_n = q_BxKxHxGxD.reshape(batch, blocks, width, *q_BxKxHxGxD.shape[2:]).swapaxes(0, 1)
+    mask_n = mask_BxKxS.reshape(mask_BxKxS.shape[0], blocks, width,
+                                mask_BxKxS.shape[-1]).swapaxes(0, 1)
+    out_n = jax.lax.map(lambda qm: masked_softmax_attention(
+        qm[0], keys_BxSxHxD, values_BxSxHxD, qm[1], scale, precision=precision),
+        (q_n, mask_n))
+    return out_n.swapaxes(0, 1).reshape(q_BxKxHxGxD.shape[:-1] + out_n.shape[-1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,8 +238,8 @@ class Attention(nn.Module):
         values = interface.write_at_lengths(values, new_v, lengths_B)
         # [B, K, H*G, D] -> [B, K, H, G, D]: query head h*G + g reads kv head h.
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
-        out = masked_softmax_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
-                                       precision=cfg.compute_precision)
+        out = blocked_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
+                                precision=cfg.compute_precision)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
         out = _linear(cfg, cfg.hidden_size, "out")(out)
         return out, keys, values
