@@ -44,7 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import sampling, verify_tree
+from specdec_jax import sampling, target_functions, verify_tree
 from specdec_jax.decoding import (
     EndOfBlockStop,
     GenerationOutput,
@@ -164,6 +164,33 @@ def _positive(items, spec) -> tuple[int, ...]:
         raise ValueError(f"tree {spec!r}: give widths per depth as positive integers, e.g. "
                          "'3,2,1,1', or 'dynamic:DEPTH,EXPAND,CHILDREN'.")
     return numbers
+
+
+def check_tree_request(tree, *, method: str, verifier: str = "token",
+                       where: str = "tree") -> TreeSpec:
+    """Everything about a tree request that can be checked before a model
+    loads: the spec (``TreeSpec.parse``), a method whose round verifies a
+    drafted block, and a verifier with a tree form that can verify the
+    method's pi. ``where`` names the argument in the errors (``--tree``,
+    ``run_generate.tree``). Returns the parsed spec."""
+    try:
+        spec = TreeSpec.parse(tree)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from error
+    if method not in target_functions.TARGETS:
+        raise ValueError(f"{where} = {tree!r}: method {method!r} verifies no drafted block, so "
+                         "it takes no tree; use a speculative method (specdecode, a cascade "
+                         "target function) or drop the tree.")
+    try:
+        checked = tree_verifier(verifier)
+    except ValueError as error:
+        raise ValueError(f"{where} = {tree!r}: {error}") from error
+    if getattr(checked, "needs_normalised_law", False) and \
+            not target_functions.get_target(method).normalised:
+        raise ValueError(f"{where} = {tree!r}: the {checked.name!r} tree verifier needs a "
+                         f"normalised pi, and {method!r} weighs tokens with an unnormalised "
+                         "one; verify with 'greedy' (T = 0) or draw a chain.")
+    return spec
 
 
 def make_tree_drafter(drafter, tree) -> Any:

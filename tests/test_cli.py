@@ -179,6 +179,11 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     (["--verifier", "traversal"], "verifies token trees; add --tree"),
     (["--tree", "2,1", "--draft", "qwen2.5-coder-0.5b+mag", "--k-matrix", "[[2,10],[0,10]]"],
      "drop --gamma and --k-matrix"),
+    (["--tree", "2,1", "--method", "token-cascade"], "verifies no drafted block, so it takes "
+                                                     "no tree"),
+    (["--tree", "2,1", "--verifier", "block-seed"], "has no tree form"),
+    (["--tree", "2,1", "--method", "lossy", "--verifier", "traversal"],
+     "needs a normalised pi"),
 ])
 def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message, capsys,
                                                                   monkeypatch, tmp_path):
@@ -224,3 +229,124 @@ def test_a_feature_head_for_another_target_is_refused_before_anything_is_fetched
              "runs one drafter model token by token")]:
         assert cli.main(["generate", "--draft", f"feature:{head}", *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+class _StubTimers:
+    """In-loop timers replaced by fixed costs (no timing in tests): a target
+    call of K tokens or nodes costs 100 + 2 (K - 1) ms, a drafter call 20 + 4
+    (K - 1) ms; every timing asked for is recorded."""
+
+    def __init__(self, monkeypatch, target):
+        from specdec_jax.jobs import cost  # noqa: PLC0415
+        from specdec_jax.runtime import timing  # noqa: PLC0415
+
+        self.target, self.asked = target, []
+        monkeypatch.setattr(timing, "in_loop_step", self.step)
+        monkeypatch.setattr(cost, "in_loop_tree_call", self.tree_call)
+
+    def seconds(self, model, k):
+        return 0.100 + 0.002 * (k - 1) if model is self.target else 0.020 + 0.004 * (k - 1)
+
+    def step(self, model, params, k, batch=1, fill=0, steps=0, repeats=0, head_rows=None):
+        import types  # noqa: PLC0415
+
+        self.asked.append(("step", model is self.target, k, head_rows))
+        return types.SimpleNamespace(median_s=self.seconds(model, k))
+
+    def tree_call(self, model, params, parents, *, start=0, width=None, **_):
+        import types  # noqa: PLC0415
+
+        width = len(parents) - start if width is None else width
+        self.asked.append(("tree", model is self.target, len(parents), start, width))
+        return types.SimpleNamespace(median_s=self.seconds(model, width))
+
+
+def _toy_pair():
+    from specdec_jax.models.toy import TableLM  # noqa: PLC0415
+
+    return TableLM(vocab_size=8, order=1), TableLM(vocab_size=8, order=2)
+
+
+def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypatch):
+    """``--tree`` without ``--no-cost-model``: the prediction before the run
+    (the shape's tokens per round at the pair's expected acceptance, its calls
+    timed: the target over 22 nodes, the drafter's step, one call per scored
+    depth of 3, 6 and 6 nodes (6 timed once), the 5-token catch-up after a whole path) and the
+    cost model after it (the same calls, the run's counters), by hand."""
+    from specdec_jax.drafting.tree import TreeShape  # noqa: PLC0415
+    from specdec_jax.jobs import cost  # noqa: PLC0415
+    from specdec_jax.jobs import generate as cli_generate  # noqa: PLC0415
+
+    target, drafter = _toy_pair()
+    timers = _StubTimers(monkeypatch, target)
+    measured = {}
+    choice = cli_generate.predict_tree(
+        tree="3,2,1,1", target_name="toy-a", drafter_name="toy-b", target=target,
+        target_params=None, drafter=drafter, drafter_params=None, batch_size=1,
+        measured=measured)
+    alpha = cli_generate.DEFAULT_ALPHA  # a pair with no measured acceptance
+    parents = TreeShape.from_widths((3, 2, 1, 1)).parents
+    reach = cost.tree_reach(parents, alpha)
+    full = reach[-6:].sum()  # the 6 nodes of depth 4
+    round_s = 0.142 + (1 - full) * 0.020 + full * 0.036 + 0.028 + 0.040 + 0.040
+    assert choice["num_nodes"] == 21 and choice["level_widths"] == [3, 6, 6]
+    assert choice["tree_call_s"] == pytest.approx(0.142)
+    assert choice["round_s"] == pytest.approx(round_s)
+    assert choice["tokens_per_round"] == pytest.approx(cost.tree_tokens_per_round(parents, alpha))
+    assert choice["predicted_speedup"] == pytest.approx(
+        choice["tokens_per_round"] * 0.100 / round_s)
+    gamma, chains = cost.best_gamma(target_steps={1: 0.100, 22: 0.142}, drafter_step_s=0.020,
+                                    alpha=alpha, gammas=cli_generate.GAMMA_CANDIDATES)
+    assert choice["best_chain"]["gamma"] == gamma
+    assert choice["best_chain"]["predicted_speedup"] == chains[gamma]["predicted_speedup"]
+    text = cli_generate.explain_tree_prediction(choice)
+    assert "tree call of 22 nodes 142 ms" in text
+    assert f"predicted {choice['predicted_speedup']:.2f}x" in text and f"G = {gamma}" in text
+    assert ("tree", True, 22, 0, 22) in timers.asked
+    assert ("tree", False, 21, 9, 6) not in timers.asked  # depth 3 costs what depth 2 does
+    assert ("step", False, 5, 1) in timers.asked  # the catch-up: head at one row
+
+    # After the run: its counters, the same calls (timed once: memoised).
+    asked = len(timers.asked)
+    run = {"tokens": 40, "target_calls": 10, "drafter_calls": 40,
+           "accepted_histogram": [1, 2, 3, 2, 2]}
+    model = cli_generate.tree_cost_model(
+        tree="3,2,1,1", target=target, target_params=None, drafter=drafter,
+        drafter_params=None, speculative=run, batch_size=1, alpha=alpha, measured=measured)
+    assert len(timers.asked) == asked
+    assert model["tokens_per_target_call"] == 4.0 and model["catch_ups_per_round"] == 0.2
+    priced = 0.142 + 0.8 * 0.020 + 0.2 * 0.036 + 0.108
+    assert model["round_s"] == pytest.approx(priced)
+    assert model["predicted_speedup"] == pytest.approx(4.0 * 0.100 / priced)
+    text = cli_generate.explain_tree(model, 1.3)
+    assert "tree call, 22 nodes" in text and "measured 1.3x" in text
+    assert "0.20 of them 5-token catch-ups" in text and "does not pay" not in text
+    losing = cli_generate.explain_tree(dict(model, predicted_speedup=0.9), 0.8)
+    assert f"would need {priced / 0.100:.2f} tokens per target call" in losing
+
+
+def test_a_cascade_tree_scores_its_deepest_depth_and_max_gram_costs_nothing(monkeypatch):
+    """A cascade (pi needs the drafter's law at the leaves) scores every depth
+    and never catches up; a dynamic tree's depths are its fixed widths; a
+    Max-Gram tree's round is the target's call alone."""
+    from specdec_jax.jobs import generate as cli_generate  # noqa: PLC0415
+
+    target, drafter = _toy_pair()
+    _StubTimers(monkeypatch, target)
+    assert cli_generate._tree_needs_next("token-v3") and not \
+        cli_generate._tree_needs_next("specdecode")
+    run = {"tokens": 30, "target_calls": 10, "drafter_calls": 60,
+           "accepted_histogram": [0, 0, 0, 0, 0, 10]}
+    model = cli_generate.tree_cost_model(
+        tree="dynamic:5,2,3", target=target, target_params=None, drafter=drafter,
+        drafter_params=None, speculative=run, batch_size=1, with_next=True)
+    assert model["num_nodes"] == 27 and model["level_widths"] == [3, 6, 6, 6, 6]
+    assert model["catch_ups_per_round"] == 0
+    assert model["round_s"] == pytest.approx(0.154 + 0.020 + 0.028 + 4 * 0.040)
+    mag = cli_generate.tree_cost_model(
+        tree="4,2,1", target=target, target_params=None, drafter=object(),
+        drafter_params=None, speculative=dict(run, drafter_calls=0,
+                                              accepted_histogram=[5, 3, 1, 1]),
+        batch_size=1)
+    assert mag["round_s"] == pytest.approx(0.100 + 0.002 * 20)  # 4 + 8 + 8 nodes + the root
+    assert "drafter calls" not in cli_generate.explain_tree(mag, None)

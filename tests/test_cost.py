@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
+from specdec_jax.drafting.tree import TreeShape
 from specdec_jax.jobs import cost
 from specdec_jax.models.toy import TableLM
 from specdec_jax.runtime import timing
@@ -186,3 +187,109 @@ def test_best_gamma_follows_the_costs_and_the_acceptance():
     assert max(r["predicted_speedup"] for r in costly.values()) < 1.2
     with pytest.raises(ValueError, match="1-token step"):
         cost.best_gamma(target_steps={2: 0.1, 9: 0.2}, drafter_step_s=0.01, alpha=0.5)
+
+
+# --- token trees -----------------------------------------------------------------------------
+
+WIDTHS_2_1 = (-1, -1, 0, 1)  # TreeShape.from_widths((2, 1)).parents
+
+
+def test_tree_tokens_per_round_is_the_positional_model_and_a_chain_is_the_chain():
+    """The worked example by hand; a chain gives ``tokens_per_round``; every
+    extra sibling adds its share; the ends of the acceptance range."""
+    assert cost.tree_tokens_per_round(WIDTHS_2_1, 0.5) == pytest.approx(
+        1 + 0.5 + 0.25 + 0.5 * 0.5 + 0.25 * 0.5)
+    np.testing.assert_array_equal(cost.sibling_ranks((-1, -1, -1, 0, 0, 2)),
+                                  [0, 1, 2, 0, 1, 0])
+    chain = (-1, 0, 1, 2, 3)
+    for alpha in (0.0, 0.3, 0.9, 1.0):
+        assert cost.tree_tokens_per_round(chain, alpha) == pytest.approx(
+            cost.tokens_per_round(alpha, 5))
+    assert cost.tree_tokens_per_round(WIDTHS_2_1, 1.0) == 3.0  # first children only
+    assert cost.tree_tokens_per_round((-1, 0), 0.6) < cost.tree_tokens_per_round(WIDTHS_2_1, 0.6)
+    with pytest.raises(ValueError, match="acceptance rate"):
+        cost.tree_tokens_per_round(chain, 1.2)
+
+
+def _simulated_tokens(parents, alpha, rounds, rng):
+    """Mean tokens per round of a walk down the tree: at each node its children
+    are tried in rank order, each matching with probability ``alpha``; the
+    walk takes the first that matches and stops where none does."""
+    children = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    total = 0
+    for _ in range(rounds):
+        node, depth = -1, 0
+        while children.get(node):
+            taken = next((k for k in children[node] if rng.random() < alpha), None)
+            if taken is None:
+                break
+            node, depth = taken, depth + 1
+        total += depth + 1
+    return total / rounds
+
+
+def _reach_at_the_chain_rate(parents, alpha):
+    """Known wrong: every node reached with ``alpha`` per depth, whatever its
+    rank (each sibling priced as if it were the only child)."""
+    depths = TreeShape(tuple(parents)).depths
+    return 1.0 + sum(alpha ** d for d in depths)
+
+
+def test_tree_tokens_per_round_matches_a_simulated_walk():
+    """Statistical (fixed seed, 20,000 rounds, within 5 standard errors): the
+    formula is the mean of the walk it models. The known-wrong formula
+    (``_reach_at_the_chain_rate``) fails against the same walk, by far."""
+    rng = np.random.default_rng(0)
+    parents = (-1, -1, 0, 0, 1, 2, 4)
+    rounds = 20_000
+    stderr = 2.0 / np.sqrt(rounds)  # tokens per round lie in [1, depth + 1 = 5]
+    for alpha in (0.4, 0.8):
+        simulated = _simulated_tokens(parents, alpha, rounds, rng)
+        assert abs(simulated - cost.tree_tokens_per_round(parents, alpha)) < 5 * stderr
+        assert abs(simulated - _reach_at_the_chain_rate(parents, alpha)) > 20 * stderr
+
+
+def test_expected_dynamic_tree_grows_the_most_reached_nodes():
+    """EAGLE-2's expansion under the model: the widths per depth are the
+    drafter's; the most reached nodes grow; expanding every node of a depth
+    is the full static tree."""
+    assert cost.expected_dynamic_tree(3, 1, 2, 0.7) == (-1, -1, 0, 0, 2, 2)
+    parents = cost.expected_dynamic_tree(5, 2, 3, 0.9)
+    shape = TreeShape(parents)
+    assert [stop - start for start, stop in shape.levels] == [3, 6, 6, 6, 6]
+    assert cost.expected_dynamic_tree(2, 2, 2, 0.5) == TreeShape.from_widths((2, 2)).parents
+    # Depth 2 reached 0.16, 0.096, 0.096, 0.0576: node 0's second child ties
+    # node 1's first, and the tie goes to the lower index (as lax.top_k).
+    assert cost.expected_dynamic_tree(3, 2, 2, 0.4)[-4:] == (2, 2, 3, 3)
+
+
+def test_a_tree_round_is_its_calls():
+    round_s = cost.tree_round_seconds(target_call_s=0.2, drafter_root_s=0.02,
+                                      drafter_level_s=(0.03, 0.04), catch_up_s=0.05,
+                                      catch_ups=0.25)
+    assert round_s == pytest.approx(0.2 + 0.75 * 0.02 + 0.25 * 0.05 + 0.07)
+    # Max-Gram: the target's call alone.
+    assert cost.tree_round_seconds(target_call_s=0.2) == 0.2
+
+
+def test_in_loop_tree_call_times_score_tree_at_the_width_fed(monkeypatch):
+    """The timed body calls ``score_tree`` with the nodes asked for (the
+    level's width, its start, the whole tree's parents)."""
+    model = TableLM(vocab_size=16, order=1)
+    params = model.init_params(jax.random.PRNGKey(0))
+    seen = []
+    real = model.score_tree
+
+    class Spy(TableLM):
+        def score_tree(self, params, tokens, parents, cache, start=0):
+            seen.append((tokens.shape, parents.shape, start, cache.max_length))
+            return real(params, tokens, parents, cache, start=start)
+
+    spy = Spy(vocab_size=16, order=1)
+    timed = cost.in_loop_tree_call(spy, params, (-1, -1, 0, 0, 1, 1), start=2, width=4,
+                                   fill=8, steps=2, repeats=1)
+    assert timed.median_s > 0
+    # The cache holds the fill and the tree's scratch slots.
+    assert seen and all(s == ((1, 4), (1, 6), 2, 8 + 6) for s in seen)

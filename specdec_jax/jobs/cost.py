@@ -28,7 +28,9 @@ A speculative round also costs something beyond its model calls: sampling,
 verification, cache rollback, the loop's own control flow. ``round_overhead_s``
 prices it per round; ``measure_round_overhead`` calibrates it from a timed
 generation. ``tokens_per_round`` is the expected tokens per round at a constant
-acceptance rate (Leviathan et al.), written once here.
+acceptance rate (Leviathan et al.), written once here; ``tree_tokens_per_round``
+its token-tree form (Sequoia's positional acceptance model), and
+``tree_round_seconds`` a tree round's calls.
 """
 
 from __future__ import annotations
@@ -113,6 +115,110 @@ def best_gamma(*, target_steps: dict, drafter_step_s: float, alpha: float,
                         "predicted_speedup": tokens * call_s(1) / round_s}
     best = max(table, key=lambda g: table[g]["predicted_speedup"])
     return best, table
+
+
+# --- token trees --------------------------------------------------------------------------
+
+
+def sibling_ranks(parents) -> np.ndarray:
+    """int [N]: each node's rank among its siblings (0 = its parent's first
+    child), for ``parents`` in a tree drafter's order (topological, siblings
+    contiguous: ``drafting.tree.TreeShape``)."""
+    parents = np.asarray(parents, np.int64)
+    ranks = np.zeros(parents.shape, np.int64)
+    for i in range(1, parents.size):
+        ranks[i] = ranks[i - 1] + 1 if parents[i] == parents[i - 1] else 0
+    return ranks
+
+
+def tree_reach(parents, alpha: float) -> np.ndarray:
+    """float [N]: the probability that a round's accepted path passes through
+    each node, under the positional acceptance model of Sequoia (Chen et al.,
+    2024) with one rate: at any node, its children are tried in rank order and
+    each matches the target with probability ``alpha``, independently, so the
+    child of rank ``r`` is the one taken with ``alpha (1 - alpha)^r``; a node
+    is reached with the product of those along its path."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"acceptance rate must be in [0, 1], got {alpha}.")
+    parents = np.asarray(parents, np.int64)
+    step = alpha * (1.0 - alpha) ** sibling_ranks(parents)
+    reach = np.zeros(parents.shape, np.float64)
+    for i, parent in enumerate(parents):
+        reach[i] = step[i] * (1.0 if parent < 0 else reach[parent])
+    return reach
+
+
+def tree_tokens_per_round(parents, alpha: float) -> float:
+    """Expected tokens per round of a token tree at a per-draft acceptance rate
+    ``alpha``: 1 (the token the target adds) + the expected accepted depth, the
+    sum of every node's ``tree_reach``. On a chain (``parents[i] = i - 1``) it is
+    ``tokens_per_round(alpha, G)``; extra siblings pay ``alpha (1 - alpha)^r``
+    of their parent's reach each.
+
+    Worked example (widths (2, 1), alpha 0.5: nodes 0, 1 under the root, node
+    2 under 0, node 3 under 1): reach 0.5, 0.25, 0.25, 0.125; 2.125 tokens
+    (the chain of depth 2: 1.75)."""
+    return 1.0 + float(tree_reach(parents, alpha).sum())
+
+
+def expected_dynamic_tree(depth: int, expand: int, children: int,
+                          alpha: float) -> tuple[int, ...]:
+    """The parents of the tree EAGLE-2's expansion (``drafting.tree.
+    DynamicTreeDrafter``) grows when the drafter's path probabilities rank
+    nodes as ``tree_reach`` does: the root gets ``children`` nodes, and at each
+    further depth the ``expand`` nodes of the depth above with the highest
+    reach (ties to the lower index, as ``lax.top_k``) get ``children`` each.
+    Its node count and the width of every depth are the drafter's, whatever
+    it expands; which nodes grow is this model's guess (the drafter ranks by
+    its own probabilities, which a real tree follows better than the model)."""
+    parents = [-1] * children
+    level = list(range(children))
+    for _ in range(depth - 1):
+        reach = tree_reach(parents, alpha)
+        chosen = sorted(sorted(level, key=lambda i: (-reach[i], i))[:expand])
+        start = len(parents)
+        parents += [p for p in chosen for _ in range(children)]
+        level = list(range(start, len(parents)))
+    return tuple(parents)
+
+
+def tree_round_seconds(*, target_call_s: float, drafter_root_s: float = 0.0,
+                       drafter_level_s=(), catch_up_s: float = 0.0,
+                       catch_ups: float = 0.0) -> float:
+    """One tree round: the target's call over the pending token and the N
+    nodes, the drafter's first call (the pending token), one call per depth
+    it scores (``drafter_level_s``: each depth's nodes in one call), and, after
+    a round that accepted a whole path to the deepest level (``catch_ups`` per
+    round), a wider first call (``catch_up_s``, in place of ``drafter_root_s``:
+    the deepest node was never scored)."""
+    return (target_call_s + (1.0 - catch_ups) * drafter_root_s + catch_ups * catch_up_s
+            + float(sum(drafter_level_s)))
+
+
+def in_loop_tree_call(model, params, parents, *, start: int = 0, width: int | None = None,
+                      batch: int = 1, fill: int = 64, steps: int = STEPS_PER_TIMING,
+                      repeats: int = 3) -> timing.Timed:
+    """Seconds of one ``score_tree`` call feeding nodes ``start .. start + width
+    - 1`` of a tree with ``parents`` (all of it by default), timed as
+    ``timing.in_loop_step`` times ``extend``: inside a jitted fixed-trip loop,
+    each call fed the previous one's argmax, at a fixed cache fill. A tree
+    call's cost does not depend on the parents' values (they are data), only
+    on the node count and the width fed."""
+    n = len(parents)
+    width = n - start if width is None else width
+    cache = model.init_cache(batch, fill + n).replace(
+        lengths=jnp.full((batch,), fill, jnp.int32))
+    parents_BxN = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (batch, n))
+
+    def body(params, carry):
+        tokens_BxW, cache = carry
+        out = model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
+        chosen_BxW = jnp.argmax(out.logits, -1).astype(jnp.int32)
+        return (jnp.broadcast_to(chosen_BxW[:, -1:], (batch, width)),
+                out.cache.replace(lengths=cache.lengths))
+
+    return timing.in_loop(body, params, (jnp.ones((batch, width), jnp.int32), cache),
+                          steps=steps, repeats=repeats)
 
 
 def agreement_stats(predicted, measured) -> dict:

@@ -40,6 +40,7 @@ from specdec_jax.checkpoints import feature_heads, fetch
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
 from specdec_jax.drafting import model as drafter_model
+from specdec_jax.drafting.tree import TreeShape
 from specdec_jax.jobs import cost, resolver
 from specdec_jax.models import weight_storage
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
@@ -229,6 +230,192 @@ def explain_gamma(choice: dict) -> str:
             f"{1e3 * steps[widest]:.0f} ms, drafter step {1e3 * choice['drafter_step_s']:.0f} "
             f"ms, acceptance {choice['alpha']:.2f} per draft ({choice['alpha_source']}); "
             f"predicted {by_gamma}")
+
+
+def tree_parents(tree, alpha: float) -> tuple[int, ...]:
+    """The drafted nodes' parents of a ``--tree`` spec: a static shape's own;
+    for a dynamic tree, the shape EAGLE-2's expansion grows at acceptance
+    ``alpha`` (``cost.expected_dynamic_tree``: the same count and widths per
+    depth as every tree it drafts)."""
+    spec = tree_decoding.TreeSpec.parse(tree)
+    if spec.dynamic is not None:
+        return cost.expected_dynamic_tree(*spec.dynamic, alpha=alpha)
+    return TreeShape.from_widths(spec.widths).parents
+
+
+def measure_tree_call(measured: dict, role: str, model, params, parents, batch_size: int,
+                      start: int = 0, width: int | None = None) -> float:
+    """In-loop seconds of one ``score_tree`` call (``cost.in_loop_tree_call``),
+    memoised in ``measured`` by role, node count and width fed: a call's cost
+    does not depend on the parents' values or on which depth it feeds, so the
+    depths of one width are timed once (one compilation)."""
+    key = (role, "tree", len(parents), len(parents) - start if width is None else width)
+    if key not in measured:
+        measured[key] = cost.in_loop_tree_call(
+            model, params, parents, start=start, width=width, batch=batch_size,
+            fill=COST_MODEL_FILL, steps=COST_MODEL_STEPS, repeats=COST_MODEL_REPEATS).median_s
+    return measured[key]
+
+
+def _tree_calls(*, tree, alpha: float, target, target_params, drafter, drafter_params,
+                batch_size: int, measured: dict, with_next: bool = False,
+                catch_up: bool = True) -> dict:
+    """The calls of one tree round, timed here: the target's 1-token step and
+    its call over the root and the N nodes (width N + 1), the drafter's step,
+    its call per scored depth (each depth's nodes in one ``score_tree``; the
+    deepest only ``with_next``) and its catch-up call (``depth + 1`` tokens,
+    the head at one row: the first call after a round that accepted a whole
+    path, whose deepest node the drafter never scored). A drafter without
+    ``extend`` (Max-Gram) costs nothing."""
+    parents = tree_parents(tree, alpha)
+    shape = TreeShape(parents)
+    rooted = (-1, *(p + 1 for p in parents))  # tree_with_root: node 0 is the pending token
+    calls = {"parents": list(parents), "num_nodes": len(parents), "depth": shape.depth,
+             "target_step_s": measure_step(measured, "target", target, target_params, 1,
+                                           batch_size),
+             "tree_call_s": measure_tree_call(measured, "target", target, target_params,
+                                              rooted, batch_size)}
+    levels = shape.levels if with_next else shape.levels[:-1]
+    calls["level_widths"] = [stop - start for start, stop in levels]
+    if hasattr(drafter, "extend"):
+        calls["drafter_step_s"] = measure_step(measured, "drafter", drafter, drafter_params, 1,
+                                               batch_size)
+        calls["drafter_level_s"] = [
+            measure_tree_call(measured, "drafter", drafter, drafter_params, parents,
+                              batch_size, start=start, width=stop - start)
+            for start, stop in levels]
+        calls["drafter_catch_up_s"] = (measure_step(
+            measured, "drafter", drafter, drafter_params, shape.depth + 1, batch_size,
+            head_rows=1) if catch_up else 0.0)
+    else:
+        calls.update(drafter_step_s=0.0, drafter_level_s=[0.0] * len(levels),
+                     drafter_catch_up_s=0.0, level_widths=[])
+    return calls
+
+
+def _tree_needs_next(method: str) -> bool:
+    """Whether a tree round scores its deepest nodes too (cascades draw the
+    bonus token from pi, which needs the drafter's law at the leaves)."""
+    return not target_functions.get_target(method).bonus_from_target
+
+
+def predict_tree(*, tree: str, target_name: str, drafter_name: str, target, target_params,
+                 drafter, drafter_params, batch_size: int, measured: dict,
+                 with_next: bool = False) -> dict:
+    """What a ``--tree`` round should earn here, before the run: its calls
+    timed in jitted loops (``_tree_calls``), the tokens per round the tree's
+    shape gives at the acceptance expected of the pair
+    (``cost.tree_tokens_per_round``), and the predicted speedup; beside it the
+    best chain priced on the same target calls (widths between 1 and N + 1 on
+    the line through them, ``cost.best_gamma``), so a tree that cannot beat a
+    chain here says so."""
+    known = EXPECTED_TOKENS_PER_CALL.get((target_name, drafter_name))
+    alpha = cost.acceptance_for_tokens_per_round(*known) if known else DEFAULT_ALPHA
+    calls = _tree_calls(tree=tree, alpha=alpha, target=target, target_params=target_params,
+                        drafter=drafter, drafter_params=drafter_params,
+                        batch_size=batch_size, measured=measured, with_next=with_next)
+    parents = calls["parents"]
+    reach = cost.tree_reach(parents, alpha)
+    depths = np.asarray(TreeShape(tuple(parents)).depths)
+    full_path = float(reach[depths == calls["depth"]].sum())  # the deepest level reached
+    round_s = cost.tree_round_seconds(
+        target_call_s=calls["tree_call_s"], drafter_root_s=calls["drafter_step_s"],
+        drafter_level_s=calls["drafter_level_s"], catch_up_s=calls["drafter_catch_up_s"],
+        catch_ups=0.0 if with_next else full_path)
+    tokens = cost.tree_tokens_per_round(parents, alpha)
+    gamma, chains = cost.best_gamma(
+        target_steps={1: calls["target_step_s"], len(parents) + 1: calls["tree_call_s"]},
+        drafter_step_s=calls["drafter_step_s"], alpha=alpha, gammas=GAMMA_CANDIDATES)
+    return {**calls, "tree": tree, "alpha": alpha,
+            "alpha_source": "measured for this pair" if known
+            else f"a default for pairs not measured ({DEFAULT_ALPHA})",
+            "tokens_per_round": tokens, "full_path_per_round": full_path, "round_s": round_s,
+            "predicted_speedup": tokens * calls["target_step_s"] / round_s,
+            "best_chain": {"gamma": gamma, **chains[gamma]}}
+
+
+def explain_tree_prediction(choice: dict) -> str:
+    c = choice
+    step, n = c["target_step_s"], c["num_nodes"]
+    levels = ", ".join(f"{w}: {1e3 * s:.0f}" for w, s in zip(c["level_widths"],
+                                                             c["drafter_level_s"], strict=True))
+    drafter = (f"; drafter step {1e3 * c['drafter_step_s']:.0f} ms, a call per depth of nodes "
+               f"(nodes: ms) {levels}" if c["drafter_step_s"] else "")
+    chain = c["best_chain"]
+    return (f"token tree {c['tree']} ({n} nodes, depth {c['depth']}), priced by the cost model: "
+            f"target step {1e3 * step:.0f} ms, tree call of {n + 1} nodes "
+            f"{1e3 * c['tree_call_s']:.0f} ms{drafter}; acceptance {c['alpha']:.2f} per draft "
+            f"({c['alpha_source']}) -> {c['tokens_per_round']:.2f} tokens per round, predicted "
+            f"{c['predicted_speedup']:.2f}x (the best chain on the same calls: G = "
+            f"{chain['gamma']}, {chain['predicted_speedup']:.2f}x)")
+
+
+def tree_cost_model(*, tree: str, target, target_params, drafter, drafter_params,
+                    speculative: dict, batch_size: int, with_next: bool = False,
+                    alpha: float = DEFAULT_ALPHA, measured: dict | None = None) -> dict:
+    """Why a tree run's speedup is what it is: the round's calls timed here
+    (``_tree_calls``; a dynamic tree's shape at ``alpha``, the same widths as
+    every tree it drafted) priced with the run's counters: tokens per target
+    call, and the rounds after one that accepted a whole path (their first
+    drafter call is the ``depth + 1``-token catch-up). ``round = t_target(N +
+    1) + t_drafter(1) + sum of the depths' calls (+ catch-ups x (t_catch_up -
+    t_drafter(1)))`` (``cost.tree_round_seconds``); predicted speedup ``tokens
+    per target call x t_target(1) / round``, beside the measured one."""
+    measured = {} if measured is None else measured
+    rounds = max(speculative["target_calls"], 1)
+    depth = tree_decoding.TreeSpec.parse(tree).depth
+    drafted = bool(speculative.get("drafter_calls", 0)) and hasattr(drafter, "extend")
+    full_paths = speculative["accepted_histogram"][depth] if drafted and not with_next else 0
+    calls = _tree_calls(tree=tree, alpha=alpha, target=target, target_params=target_params,
+                        drafter=drafter if drafted else None, drafter_params=drafter_params,
+                        batch_size=batch_size, measured=measured, with_next=with_next,
+                        catch_up=bool(full_paths))
+    model = {**calls, "tree": tree,
+             "tokens_per_target_call": speculative["tokens"] / rounds,
+             "drafter_calls_per_round": speculative.get("drafter_calls", 0) / rounds,
+             "catch_ups_per_round": full_paths / rounds}
+    model["round_s"] = cost.tree_round_seconds(
+        target_call_s=calls["tree_call_s"], drafter_root_s=calls["drafter_step_s"],
+        drafter_level_s=calls["drafter_level_s"], catch_up_s=calls["drafter_catch_up_s"],
+        catch_ups=model["catch_ups_per_round"])
+    model["predicted_speedup"] = (model["tokens_per_target_call"] * calls["target_step_s"]
+                                  / model["round_s"])
+    model["break_even_tokens_per_call"] = model["round_s"] / calls["target_step_s"]
+    return model
+
+
+def explain_tree(model: dict, measured: float | None) -> str:
+    """The tree's cost model as a small table (as ``explain`` for chains)."""
+    m = model
+    step, n = m["target_step_s"], m["num_nodes"]
+    measured_text = (f" (measured {measured}x: prefill and the loop included)"
+                     if measured is not None else "")
+    lines = [
+        "cost model (model steps timed inside jitted loops on this machine):",
+        f"  tokens per target call    {m['tokens_per_target_call']:.2f}",
+        f"  target step, 1 token      {1e3 * step:.0f} ms",
+        f"  tree call, {n + 1} nodes{' ' * max(12 - len(str(n + 1)), 1)}"
+        f"{1e3 * m['tree_call_s']:.0f} ms ({m['tree_call_s'] / step:.2f}x a step)"]
+    if m["drafter_step_s"]:
+        levels = ", ".join(f"{w} nodes {1e3 * s:.0f} ms" for w, s in
+                           zip(m["level_widths"], m["drafter_level_s"], strict=True))
+        catch_ups = (f"; {m['catch_ups_per_round']:.2f} of them {m['depth'] + 1}-token "
+                     f"catch-ups, {1e3 * m['drafter_catch_up_s']:.0f} ms each"
+                     if m["catch_ups_per_round"] else "")
+        lines.append(f"  drafter calls per round   {m['drafter_calls_per_round']:.2f}: a step "
+                     f"{1e3 * m['drafter_step_s']:.0f} ms, then one per depth ({levels})"
+                     f"{catch_ups}")
+    lines.append(f"  round                     {1e3 * m['round_s']:.0f} ms for "
+                 f"{m['tokens_per_target_call']:.2f} tokens -> predicted speedup "
+                 f"{m['predicted_speedup']:.2f}x{measured_text}")
+    if m["predicted_speedup"] < 1 or (measured is not None and measured < 1):
+        lines.append(
+            f"this token tree does not pay on this machine: a round would need "
+            f"{m['break_even_tokens_per_call']:.2f} tokens per target call to break even (it "
+            f"got {m['tokens_per_target_call']:.2f}). A smaller tree, a cheaper drafter "
+            "(--draft mag), or an accelerator (where a call of many nodes costs about one "
+            "step) changes that.")
+    return "\n".join(lines)
 
 
 def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
@@ -453,6 +640,9 @@ def check_args(args) -> None:
         raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
     if args.tree is not None:
         tree_decoding.TreeSpec.parse(args.tree)
+        if args.method != "autoregressive":
+            tree_decoding.check_tree_request(args.tree, method=args.method,
+                                             verifier=args.verifier, where="--tree")
         if args.gamma is not None or args.k_matrix is not None:
             raise ValueError("--tree sets the round's drafts by its shape; drop --gamma and "
                              "--k-matrix.")
@@ -532,10 +722,18 @@ def run(args) -> int:
         if not args.json:
             print(explain_gamma(gamma_choice), flush=True)
     gamma = api.resolve_gamma(drafter, args.gamma) if drafter is not None else 0
-    tree = None
+    tree = tree_choice = None
     if args.tree is not None and args.method != "autoregressive":
         # A tree's accepted path is at most its depth: the histograms' G.
         tree, gamma = args.tree, tree_decoding.TreeSpec.parse(args.tree).depth
+        if hasattr(drafter, "extend") and not args.no_cost_model:
+            tree_choice = predict_tree(
+                tree=tree, target_name=args.target, drafter_name=names[0], target=target,
+                target_params=target_params, drafter=drafter, drafter_params=drafter_params,
+                batch_size=args.batch_size, measured=measured,
+                with_next=_tree_needs_next(args.method))
+            if not args.json:
+                print(explain_tree_prediction(tree_choice), flush=True)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
              else p for p in prompts]
     token_lists = [tokenizer.encode(t) for t in texts]
@@ -586,13 +784,21 @@ def run(args) -> int:
     if "autoregressive" in results and args.method != "autoregressive":
         report["speedup_vs_autoregressive"] = round(
             results["autoregressive"]["seconds"] / results[args.method]["seconds"], 3)
-    if gamma and not args.no_cost_model and tree is None:  # no tree prices yet
+    if gamma and not args.no_cost_model and tree is not None:
+        report["cost_model"] = tree_cost_model(
+            tree=tree, target=target, target_params=target_params, drafter=drafter,
+            drafter_params=drafter_params, speculative=results[args.method],
+            batch_size=args.batch_size, with_next=_tree_needs_next(args.method),
+            alpha=tree_choice["alpha"] if tree_choice else DEFAULT_ALPHA, measured=measured)
+    elif gamma and not args.no_cost_model:
         report["cost_model"] = cost_model(
             target=target, target_params=target_params, drafter=drafter,
             drafter_params=drafter_params, gamma=gamma, speculative=results[args.method],
             batch_size=args.batch_size, measured=measured)
     if gamma_choice is not None:
         report["gamma_choice"] = gamma_choice
+    if tree_choice is not None:
+        report["tree_prediction"] = tree_choice
     if args.json:
         report["completions"] = texts_out
         json.dump(report, sys.stdout, indent=2)
@@ -612,5 +818,7 @@ def run(args) -> int:
         print(f"  drafter weights {args.draft_weights}; CPU kernel "
               f"{'on' if kernel else 'off'} (--draft-weights, --cpu-kernel)")
     if report.get("cost_model"):
-        print(explain(report["cost_model"], report.get("speedup_vs_autoregressive"), gamma))
+        measured_speedup = report.get("speedup_vs_autoregressive")
+        print(explain_tree(report["cost_model"], measured_speedup) if tree is not None
+              else explain(report["cost_model"], measured_speedup, gamma))
     return 0
