@@ -194,3 +194,97 @@ def test_tree_decoding_follows_pi(verifier, method, alpha, tree):
     assert exactness.chi_square_pvalue(np.asarray(out.tokens), expected) > exactness.P_MIN
     hist = np.asarray(out.stats.accepted_histogram).sum(0)
     assert hist[:-1].sum() > 0 and hist[-1] > 0, hist  # short paths and full ones
+
+
+# --- token trees through the gin jobs (jobs.study, jobs.sweep) --------------------------------
+
+
+def test_tree_grids_check_every_request_before_anything_loads(monkeypatch, tmp_path):
+    """A sweep grid drafts each tree beside its chains (chain keys unchanged,
+    so stored sweeps resume); every bad request fails before a model loads,
+    naming the argument and the fix."""
+    from specdec_jax.jobs import resolver, study, sweep  # noqa: PLC0415
+
+    points = sweep.plan_points(methods={"specdecode": [], "token-v3": [0.1], "oracle": [0.2]},
+                               gammas=[5], temperatures=[0.0], trees=["2, 1"],
+                               verifier="block")
+    keys = {p.key for p in points}
+    assert "specdecode|alpha=None|gamma=5|T=0.0|verifier=block" in keys
+    assert "specdecode|alpha=None|gamma=None|T=0.0|tree=2,1|verifier=block" in keys
+    assert "token-v3|alpha=0.1|gamma=None|T=0.0|tree=2,1|verifier=block" in keys
+    assert not any(p.tree for p in points if p.method in ("oracle", "target", "drafter"))
+    assert sweep.Point("specdecode", None, 5, 0.0).key == "specdecode|alpha=None|gamma=5|T=0.0"
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the tree request was checked")
+
+    monkeypatch.setattr(resolver, "load_pair", no_loading)
+    common = dict(task="humaneval", target="toy-bytes-large", drafter="toy-bytes-small",
+                  out_path=str(tmp_path / "gen.json"))
+    for kwargs, message in [
+            (dict(tree="3,0"), "run_generate.tree: tree '3,0': give widths per depth"),
+            (dict(tree="2,1", gamma=3), "drop run_generate.gamma (3)"),
+            (dict(tree="2,1", method="target"), "method 'target' drafts nothing"),
+            (dict(tree="2,1", verifier="block-seed"), "has no tree form"),
+            (dict(tree="2,1", method="lossy", alpha=0.1, verifier="traversal"),
+             "needs a normalised pi"),
+            (dict(verifier="traversal"), "verifies token trees only")]:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            study.run_generate(**common, **kwargs)
+    with pytest.raises(ValueError, match=r"run_study.trees = \['2,1'\]: none of the methods"):
+        study.run_study(task="humaneval", target="t", drafter="d", out_dir=str(tmp_path),
+                        stem="s", methods={"oracle": [0.1]}, trees=["2,1"])
+    with pytest.raises(ValueError, match="run_benchmark.trees: tree 'dynamic:2,3,1'"):
+        study.run_benchmark(task="humaneval", target="t", drafter="d",
+                            out_path=str(tmp_path / "b.json"), trees=["dynamic:2,3,1"])
+
+
+def test_a_tree_gets_its_own_group_in_the_sweep_reports():
+    """A tree record (gamma None) is a group of its own, with the
+    autoregressive baselines; it does not join the chains' groups."""
+    from specdec_jax.jobs import report  # noqa: PLC0415
+
+    def record(method, gamma, tree=None):
+        return {"method": method, "alpha": None, "gamma": gamma, "temperature": 0.0,
+                "task": "humaneval", "metric": "pass@1", "num_examples": 2,
+                "quality": {"score": 50.0, "low": 0.0, "high": 100.0},
+                "relative_latency": {"cost_model": 1.0}, "rejection_rate": None,
+                "deferral_rate": 0.0, "calls": {"target": 4, "drafter": 0},
+                **({"tree": tree} if tree else {})}
+
+    records = [record("target", None), record("drafter", None), record("specdecode", 5),
+               record("specdecode", None, "2,1")]
+    text = report.markdown_table(records)
+    chain, tree = text.split("#### humaneval (pass@1), T=0, γ=5")[1].split(
+        "#### humaneval (pass@1), T=0, tree 2,1")
+    for section in (chain, tree):
+        assert section.count("| specdecode") == 1 and "| target" in section
+
+
+@pytest.mark.long  # a whole gin job (two toy programs compiled)
+def test_a_gin_job_decodes_a_tree_greedily_as_the_target(tmp_path):
+    """``run_generate.tree`` through ``python -m eval.main`` on the byte-level
+    toys: the record says the tree and verifier, and the greedy outputs equal
+    the autoregressive target's (the same job, method 'target')."""
+    import json  # noqa: PLC0415
+
+    from eval import main as eval_main  # noqa: PLC0415
+
+    def run(name, *bindings):
+        out = tmp_path / f"{name}.json"
+        args = ["--gin_file", "configs/runs/generate.gin",
+                "--gin_file", "configs/models/toy_bytes.gin"]
+        for binding in ("TASK = 'humaneval'", f"OUT_PATH = '{out}'",
+                        "run_generate.max_new_tokens = 6", "run_generate.num_examples = 2",
+                        "run_generate.batch_size = 2", "run_generate.progress = False",
+                        *bindings):
+            args += ["--gin_bindings", binding]
+        assert eval_main.main(args) == 0
+        return json.loads(out.read_text())
+
+    tree = run("tree", "run_generate.tree = 'dynamic:3,2,2'",
+               "run_generate.verifier = 'traversal'")
+    assert tree["tree"] == "dynamic:3,2,2" and tree["verifier"] == "traversal"
+    assert tree["gamma"] is None and tree["key"].endswith("|tree=dynamic:3,2,2|verifier=traversal")
+    target = run("target", "run_generate.method = 'target'")
+    assert [r["text"] for r in tree["per_example"]] == [r["text"] for r in target["per_example"]]

@@ -14,7 +14,8 @@ stored in a JSON file ``{"settings": {...}, "records": [...]}``::
 ``drafter`` and ``target`` are the two autoregressive baselines. Records are grouped by
 (task, temperature, gamma); a record whose ``gamma`` is None does not depend on the block size
 (the autoregressive baselines, the sequence-level cascade) and is shown in every block-size
-group of its (task, temperature).
+group of its (task, temperature). A record with a ``tree`` (a token tree drafted per round)
+forms the group "tree <spec>" of its (task, temperature).
 
 Everything here is a pure function of the records: the tables are Markdown strings or lists of
 dicts, and the plots are PNG files. matplotlib is optional (the ``eval`` extra) and imported
@@ -200,9 +201,20 @@ def _record_rank(record: dict) -> tuple:
     return _method_rank(record["method"]), _alpha_rank(record["alpha"])
 
 
+TREE_GROUP = "tree "  # a token tree's group: "tree 3,2,1,1" in place of a gamma
+
+
+def _draft_key(record: dict) -> Any:
+    """A record's draft shape in its group key: its gamma, or ``"tree <spec>"``
+    for a record that drafted a token tree (``tree``; its gamma is None, but it
+    depends on the tree: a group of its own, not every block-size group)."""
+    return f"{TREE_GROUP}{record['tree']}" if record.get("tree") else record["gamma"]
+
+
 def _group_rank(key: GroupKey) -> tuple:
     task, temperature, gamma = key
-    return task, float(temperature), (-1 if gamma is None else gamma)
+    draft = (1, 0, gamma) if isinstance(gamma, str) else (0, -1 if gamma is None else gamma, "")
+    return task, float(temperature), draft
 
 
 def _groups(records: Sequence[dict]) -> list[tuple[GroupKey, list[dict]]]:
@@ -215,7 +227,8 @@ def _groups(records: Sequence[dict]) -> list[tuple[GroupKey, list[dict]]]:
     by_key: dict[GroupKey, list[dict]] = {}
     shared: dict[tuple[str, float], list[dict]] = {}
     for record in records:
-        task, temperature, gamma = record["task"], float(record["temperature"]), record["gamma"]
+        task, temperature, gamma = record["task"], float(record["temperature"]), \
+            _draft_key(record)
         if gamma is None:
             shared.setdefault((task, temperature), []).append(record)
         else:
@@ -239,6 +252,8 @@ def _group_metric(key: GroupKey, group: Sequence[dict]) -> str:
 
 def _group_title(key: GroupKey, metric: str) -> str:
     task, temperature, gamma = key
+    if isinstance(gamma, str):  # a token tree's group
+        return f"{task} ({metric}), T={temperature:g}, {gamma}"
     gamma_text = MISSING if gamma is None else gamma
     return f"{task} ({metric}), T={temperature:g}, γ={gamma_text}"
 

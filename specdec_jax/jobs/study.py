@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import jax
 
-from specdec_jax import precision, sharding
+from specdec_jax import api, precision, sharding
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
 from specdec_jax.data import tasks
 from specdec_jax.jobs import cost as cost_lib
@@ -46,15 +46,22 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
               calibration_context: int = 256,
               calibration_widths: Sequence[int] = cost_lib.CALIBRATION_WIDTHS,
               progress: bool = True, drafter_head_vocab: int = 0,
-              draft_weights: str = "f32") -> dict:
+              draft_weights: str = "f32", trees: Sequence[str] = (),
+              verifier: str = sweep.DEFAULT_VERIFIER) -> dict:
     """Runs the sweep and writes ``<out_dir>/<stem>.json``, ``.md`` and two PNGs.
 
     ``methods`` maps each method to its alpha grid (see ``sweep.plan_points``).
-    Returns the stored sweep (settings, records, cost model, wall clock).
+    ``trees``: token trees (``'3,2,1,1'``, ``'dynamic:5,2,3'``, as ``specdec-jax
+    generate --tree``) each speculative method also drafts, beside its chains
+    of ``gammas`` drafts; each tree is a group of its own in the reports.
+    ``verifier``: ``token`` or ``block`` (on trees: recursive rejection
+    sampling, traversal verification). Returns the stored sweep (settings,
+    records, cost model, wall clock).
     """
     dtype = precision.resolve_dtype(dtype)  # recorded as resolved: "float32" on CPU
     the_task = tasks.get_task(task)
-    points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures)
+    points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures,
+                               trees=trees, verifier=verifier, where="run_study.trees")
     if max_new_tokens < 1 or batch_size < 1 or num_examples < 1:
         raise ValueError("max_new_tokens, batch_size and num_examples must all be >= 1.")
     examples = the_task.load(split, num_examples)
@@ -62,6 +69,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                      stop_at_block_end=the_task.stop_at_block_end,
                      drafter_head_vocab=drafter_head_vocab,
                      draft_weights=draft_weights)
+    sweep.check_tree_models(pair, points, "run_study.trees")
     settings = {"task": task, "split": split, "num_examples": num_examples,
                 "target": target, "drafter": drafter, "max_new_tokens": max_new_tokens,
                 "seed": seed, "dtype": dtype, "batch_size": batch_size,
@@ -99,7 +107,9 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
 
 
 def run_generate(*, task: str, target: str, drafter: str, out_path: str,
-                 method: str = "specdecode", alpha: float | None = None, gamma: int = 5,
+                 method: str = "specdecode", alpha: float | None = None,
+                 gamma: int | None = None, tree: str | None = None,
+                 verifier: str = sweep.DEFAULT_VERIFIER,
                  temperature: float = 0.0, split: str = "test", num_examples: int = 3,
                  max_new_tokens: int = 160, batch_size: int = 3, seed: int = 0,
                  dtype: str = "auto", model_parallel: int | None = None,
@@ -108,16 +118,29 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
     """One method on a task's first examples: outputs, scores and counters as
     one sweep record (JSON at ``out_path``), the outputs printed.
 
+    A chain of ``gamma`` drafts a round (default ``api.DEFAULT_GAMMA``), or
+    the token tree ``tree`` (``'3,2,1,1'``, ``'dynamic:5,2,3'``: ``specdec-jax
+    generate --tree``), verified by ``verifier`` (chains: token, block,
+    block-seed; trees: greedy, rrs, rrs-replacement, traversal, or token /
+    block for their tree forms).
+
     Across processes (``launch --num_processes ...``) or with
     ``model_parallel``, the models are sharded over a mesh of every device
     (``job_mesh``), each process tokenises only its rows of each batch, and
     process 0 alone writes and prints."""
     dtype = precision.resolve_dtype(dtype)  # recorded as resolved: "float32" on CPU
     the_task = tasks.get_task(task)
+    if tree is not None and gamma is not None:
+        raise ValueError(f"run_generate.tree = {tree!r} sets the round's drafts by its shape; "
+                         f"drop run_generate.gamma ({gamma}).")
+    if tree is not None and method in sweep.AUTOREGRESSIVE:
+        raise ValueError(f"run_generate.tree = {tree!r}: method {method!r} drafts nothing; "
+                         "drop the tree or pick a speculative method.")
     grid = {} if method in sweep.AUTOREGRESSIVE else {method: [] if alpha is None else [alpha]}
-    points = [p for p in sweep.plan_points(methods=grid, gammas=[gamma],
-                                           temperatures=[temperature])
-              if p.method == method]
+    points = [p for p in sweep.plan_points(
+        methods=grid, gammas=[] if tree is not None else [gamma or api.DEFAULT_GAMMA],
+        temperatures=[temperature], trees=() if tree is None else [tree],
+        verifier=verifier, where="run_generate.tree") if p.method == method]
     if not points:
         raise ValueError(f"method {method!r} needs an alpha (and cannot be derived alone).")
     examples = the_task.load(split, num_examples)
@@ -125,6 +148,7 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
                      stop_at_block_end=the_task.stop_at_block_end,
                      mesh=job_mesh(model_parallel), drafter_head_vocab=drafter_head_vocab,
                      draft_weights=draft_weights)
+    sweep.check_tree_models(pair, points, "run_generate.tree")
     rows = sweep.generate_point(pair, points[0], examples, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, width=sweep.prompt_width(pair, examples),
                                 seed=seed, progress=progress)
@@ -146,10 +170,12 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
                   split: str = "test", num_examples: int = 5, max_new_tokens: int = 160,
                   trials: int = 1, seed: int = 0, dtype: str = "auto",
                   progress: bool = True, drafter_head_vocab: int = 0,
-                  draft_weights: str = "f32") -> dict:
+                  draft_weights: str = "f32", trees: Sequence[str] = (),
+                  verifier: str = sweep.DEFAULT_VERIFIER) -> dict:
     """Wall-clock speed at batch 1: every method against autoregressive target
     decoding on a task's first examples, timed interleaved (example by example,
-    all methods in turn; compilation and one warm-up call excluded).
+    all methods in turn; compilation and one warm-up call excluded). ``trees``
+    and ``verifier``: as ``run_study``'s (each tree a row beside the chains).
 
     Writes ``out_path`` (JSON: settings, per-example seconds, one record per
     point with ``speedup`` = target seconds / method seconds on the same
@@ -165,12 +191,14 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     if max_new_tokens < 1 or num_examples < 1 or trials < 1:
         raise ValueError("max_new_tokens, num_examples and trials must all be >= 1.")
     the_task = tasks.get_task(task)
-    points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures)
+    points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures,
+                               trees=trees, verifier=verifier, where="run_benchmark.trees")
     examples = the_task.load(split, num_examples)
     pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
                      stop_at_block_end=the_task.stop_at_block_end,
                      drafter_head_vocab=drafter_head_vocab,
                      draft_weights=draft_weights)
+    sweep.check_tree_models(pair, points, "run_benchmark.trees")
     data = {"settings": {"task": task, "split": split, "target": target, "drafter": drafter,
                          "drafter_head_vocab": drafter_head_vocab,
                          "draft_weights": draft_weights, "max_new_tokens": max_new_tokens,
@@ -178,7 +206,8 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
                          "example_ids": [ex.id for ex in examples]},
             "environment": timing.environment(), "wallclock": {},
             "records": [{"key": p.key, "method": p.method, "alpha": p.alpha,
-                         "gamma": p.gamma, "temperature": p.temperature,
+                         "gamma": p.gamma, "tree": p.tree, "verifier": p.verifier,
+                         "temperature": p.temperature,
                          "relative_latency": {}} for p in points]}
     path = pathlib.Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,7 +222,8 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
         record["speedup"] = 1.0 / record["relative_latency"]["wallclock"]
         low, high = record["relative_latency"]["wallclock_ci95"]
         record["speedup_ci95"] = [1.0 / high, 1.0 / low]
-        rows.append((record["method"], show(record["alpha"]), show(record["gamma"]),
+        draft = f"tree {record['tree']}" if record.get("tree") else show(record["gamma"])
+        rows.append((record["method"], show(record["alpha"]), draft,
                      f"{record['temperature']:g}", f"{record['seconds_per_example']:.3f}",
                      tables.format_ci(record["speedup"], record["speedup_ci95"], digits=2,
                                       unit="x")))

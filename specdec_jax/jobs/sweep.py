@@ -39,9 +39,10 @@ from specdec_jax.data.tasks import Example, Task
 from specdec_jax.decoding import EndOfBlockStop
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs.cost import CostModel
-from specdec_jax.models.interface import make_prompt
+from specdec_jax.models.interface import make_prompt, supports_trees
 from specdec_jax.runtime import distributed, jsonio, resume, timing
 from specdec_jax.runtime.progress import tqdm
+from specdec_jax.tree_decoding import check_tree_request
 
 AUTOREGRESSIVE = ("drafter", "target")
 # Derived from the drafter's and the target's runs; recomputed on every pass.
@@ -55,18 +56,29 @@ NO_ALPHA = ("drafter", "target", "specdecode")
 FIXED_GAMMA = {"oracle": 0, "token-cascade": 10, "bild-original": 10}
 SEQ_CASCADE_RANGE = (0.0, 1.0)
 PROMPT_WIDTH_MULTIPLE = 16  # pad prompts to a multiple: one compiled width per sweep
+DEFAULT_VERIFIER = "token"
 
 
 @dataclasses.dataclass(frozen=True)
 class Point:
     method: str
     alpha: float | None
-    gamma: int | None  # None for the autoregressive runs and seq-cascade
+    gamma: int | None  # None for the autoregressive runs, seq-cascade and trees
     temperature: float
+    # A token tree drafted per round instead of a chain (``tree_decoding.TreeSpec``);
+    # None: a chain of ``gamma`` drafts.
+    tree: str | None = None
+    verifier: str = DEFAULT_VERIFIER  # token, block; for trees, a tree verifier
 
     @property
     def key(self) -> str:
-        return f"{self.method}|alpha={self.alpha}|gamma={self.gamma}|T={self.temperature}"
+        # The chain's key at the defaults, so sweeps stored before trees resume.
+        key = f"{self.method}|alpha={self.alpha}|gamma={self.gamma}|T={self.temperature}"
+        if self.tree is not None:
+            key += f"|tree={self.tree}"
+        if self.verifier != DEFAULT_VERIFIER:
+            key += f"|verifier={self.verifier}"
+        return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,15 +130,29 @@ def all_methods() -> tuple[str, ...]:
 
 
 def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
-                temperatures: Sequence[float]) -> list[Point]:
+                temperatures: Sequence[float], trees: Sequence[str] = (),
+                verifier: str = DEFAULT_VERIFIER, where: str = "trees") -> list[Point]:
     """Every point of the grid, ``target`` and ``drafter`` first (the rest is
     priced relative to the target; seq-cascade is derived from both).
 
     ``methods`` maps a method to its alpha grid (ignored for ``drafter``,
     ``target``, ``specdecode``). An alpha outside a method's range is an error.
+    ``trees``: token trees (``'3,2,1,1'``, ``'dynamic:5,2,3'``: the CLI's
+    ``--tree``) each method with a target function also drafts, beside its
+    chains of ``gammas`` drafts (``gammas`` empty: trees only). ``verifier``
+    verifies every speculative point: ``token`` or ``block`` (on trees their
+    tree forms, recursive rejection sampling and traversal verification), or a
+    tree verifier when every point is a tree. ``where`` names the trees'
+    argument in errors (``run_study.trees``).
     """
-    if not gammas or any(g < 1 for g in gammas):
-        raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
+    trees = _check_trees(trees, methods, verifier, where)
+    if any(g < 1 for g in gammas) or not (gammas or trees):
+        raise ValueError(f"gammas must be a list of integers >= 1, got {gammas} (empty only "
+                         "with trees).")
+    if gammas and verifier not in api.VERIFIERS:
+        raise ValueError(f"verifier {verifier!r} verifies token trees only, and the grid has "
+                         f"chains (gammas {list(gammas)}); use 'token' or 'block' (their tree "
+                         "forms verify the trees), or draw trees only.")
     for temperature in temperatures:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}.")
@@ -148,8 +174,14 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
             method_gammas = [None] if method in DERIVED else \
                 [FIXED_GAMMA[method]] if method in FIXED_GAMMA else list(gammas)
             for gamma in method_gammas:
-                points += [Point(method, None if a is None else float(a), gamma, temperature)
+                points += [Point(method, None if a is None else float(a), gamma, temperature,
+                                 verifier=verifier if method in target_functions.TARGETS
+                                 else DEFAULT_VERIFIER)
                            for a in grid]
+            if method in target_functions.TARGETS:
+                points += [Point(method, None if a is None else float(a), None, temperature,
+                                 tree=tree, verifier=verifier)
+                           for tree in trees for a in grid]
     seen, unique = set(), []
     for point in points:
         if point.key not in seen:
@@ -158,9 +190,37 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
     return unique
 
 
+def _check_trees(trees: Sequence[str], methods, verifier: str, where: str) -> list[str]:
+    """The tree specs, checked before any model loads (``tree_decoding.
+    check_tree_request``) against every method of the grid that drafts them;
+    a string alone is one tree, not a list of characters."""
+    trees = [trees] if isinstance(trees, str) else list(trees or ())
+    drafting = [m for m in methods if m in target_functions.TARGETS]
+    if trees and not drafting:
+        raise ValueError(f"{where} = {trees}: none of the methods {list(methods)} drafts a "
+                         "tree (the speculative methods with a target function do); drop the "
+                         "trees or add one, e.g. 'specdecode'.")
+    for tree in trees:
+        for method in drafting:
+            check_tree_request(tree, method=method, verifier=verifier, where=where)
+    return [str(tree).replace(" ", "") for tree in trees]
+
+
+def check_tree_models(pair: ModelPair, points: Sequence[Point], where: str = "trees") -> None:
+    """Token trees need a target and a drafter that score trees (decoder-only
+    models; checked once the pair is loaded)."""
+    if not any(p.tree is not None for p in points):
+        return
+    for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+        if not supports_trees(model):
+            raise ValueError(f"{where}: the {role} {type(model).__name__} cannot score token "
+                             "trees (score_tree / commit_path: decoder-only models); drop the "
+                             "trees or pick a decoder-only pair.")
+
+
 def _structure(point: Point, max_new_tokens: int) -> tuple:
     """What a point's compiled program depends on (alpha and T are traced)."""
-    return point.method, point.gamma, max_new_tokens
+    return point.method, point.gamma, max_new_tokens, point.tree, point.verifier
 
 
 def _generate_fn(pair: ModelPair, point: Point, max_new_tokens: int,
@@ -189,7 +249,8 @@ def _build_generate_fn(pair: ModelPair, point: Point, max_new_tokens: int):
     fn = distributed.in_step(api.make_generate_fn(
         target=pair.target, drafter=pair.drafter, method=point.method,
         gamma=point.gamma if point.gamma else None, max_new_tokens=max_new_tokens,
-        eos_ids=pair.eos_ids, stop_rule=pair.stop_rule))
+        eos_ids=pair.eos_ids, stop_rule=pair.stop_rule, tree=point.tree,
+        verifier=point.verifier))
     return lambda prompt, key, sp: fn(pair.target_params, pair.drafter_params, prompt, key, sp)
 
 
@@ -272,6 +333,8 @@ def summarise(task: Task, point: Point, rows: list[dict], cost: CostModel | None
         "method": point.method, "alpha": point.alpha,
         "gamma": None if point.method in FIXED_GAMMA else point.gamma,
         "draft_cap": point.gamma,
+        **({"tree": point.tree} if point.tree is not None else {}),
+        **({"verifier": point.verifier} if point.verifier != DEFAULT_VERIFIER else {}),
         "temperature": point.temperature, "task": task.name, "metric": task.metric.name,
         "num_examples": len(rows), "key": point.key,
         "quality": {"score": score, "low": low, "high": high},
