@@ -55,6 +55,18 @@ CHIPS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A function, its abstract arguments and what a roofline reads per call."""
+
+    fn: Callable
+    args: tuple
+    donate_argnums: tuple[int, ...] = ()
+    weight_bytes: int = 0
+    cache_bytes: int = 0
+    note: str = ""
+
+
 class TpuUnavailable(RuntimeError):
     """libtpu is missing or cannot describe the topology."""
 
@@ -217,6 +229,27 @@ def _number(value) -> float | None:
     return None if value is None else float(value)
 
 
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes each kind of collective produces per call of the program (its
+    result arrays; an asynchronous pair counted at its start, whose result is
+    the last element of its tuple), every computation outside fusions alike
+    (a loop body once). Per chip: the HLO of an SPMD program is one chip's."""
+    module = hlo_stats.parse(hlo_text)
+    fused = hlo_stats.fused_computations(module)
+    out = dict.fromkeys(hlo_stats.COLLECTIVES, 0)
+    for name, instructions in module.computations.items():
+        if name in fused:
+            continue
+        for ins in instructions:
+            for kind, opcodes in hlo_stats.COLLECTIVES.items():
+                if ins.opcode in opcodes:
+                    result = ins.type_text
+                    if ins.opcode.endswith("-start") and result.startswith("("):
+                        result = hlo_stats.tuple_elements(result)[-1]
+                    out[kind] += hlo_stats.type_bytes(result)
+    return out
+
+
 def program_record(compiled, chip: Chip, *, data: int = 1, model: int = 1, weight_bytes: int,
                    cache_bytes: int) -> dict:
     """A compiled program's figures (per chip), JSON-ready.
@@ -236,6 +269,7 @@ def program_record(compiled, chip: Chip, *, data: int = 1, model: int = 1, weigh
     cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
     read = weight_bytes / model + cache_bytes / (data * model)
     accessed = _number(cost.get("bytes accessed"))
+    text = compiled.as_text()
     return {
         "memory": sizes, "hbm_bytes": hbm, "hbm_capacity_bytes": chip.hbm_bytes,
         "hbm_fraction": hbm / chip.hbm_bytes, "fits": hbm <= chip.hbm_bytes,
@@ -244,5 +278,5 @@ def program_record(compiled, chip: Chip, *, data: int = 1, model: int = 1, weigh
         "weight_bytes": weight_bytes, "cache_bytes": cache_bytes,
         "floor_s": read / chip.hbm_bytes_per_s,
         "bytes_accessed_over_floor_bytes": accessed / read if accessed and read else None,
-        "hlo": hlo_stats.summarize(compiled.as_text()),
+        "hlo": hlo_stats.summarize(text), "collective_bytes": collective_bytes(text),
     }

@@ -56,9 +56,13 @@ def architecture(name: str) -> str:
 
 
 def settings_of(*, topology: str, target: str, drafter: str, shapes: tpu_programs.Shapes,
-                compiler_options: dict) -> dict:
-    """What a record depends on: a resumed run must match it."""
-    return {"topology": topology, "target": target, "drafter": drafter,
+                compiler_options: dict, training: bool = False) -> dict:
+    """What a record depends on: a resumed run must match it (the training
+    shapes only where training programs are asked for, so reports without
+    them resume as before)."""
+    train = {"train_batch": shapes.train_batch, "train_length": shapes.train_length}
+    return {**(train if training else {}),
+            "topology": topology, "target": target, "drafter": drafter,
             "dtype": tpu_programs.DTYPE, "batch": shapes.batch,
             "cache_length": shapes.cache_length, "prompt_len": shapes.prompt_len,
             "max_new_tokens": shapes.max_new_tokens, "gamma": shapes.gamma,
@@ -92,7 +96,8 @@ def interesting_log(text: str) -> str:
 def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip,
                 compiler_options: dict) -> dict:
     """One program's record: its figures, or the error that stopped it."""
-    kind = "generate" if name in tpu_programs.GENERATE else "per_call"
+    kind = ("generate" if name in tpu_programs.GENERATE else
+            "training" if name in tpu_programs.TRAINING else "per_call")
     started = time.perf_counter()
     record = {"kind": kind}
     program = None
@@ -169,26 +174,32 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
                     markdown_path: str | None = None, target: str = TARGET,
                     drafter: str = DRAFTER, batch: int = 1, cache_length: int = 2048,
                     prompt_len: int = 512, max_new_tokens: int = 128, gamma: int = 5,
-                    data: int = 1, model: int = 1,
+                    data: int = 1, model: int = 1, train_batch: int = 32,
+                    train_length: int = 1024,
                     compiler_options: dict | None = None) -> dict:
     """Compiles ``programs`` (names or groups of ``tpu_programs.PROGRAMS``:
-    ``per_call``, ``generate``) for ``topology`` (e.g. ``"v5e:2x2"``) and writes
-    the report (module docstring). ``target`` / ``drafter``: registry
-    architectures (or ``random:`` names of them). ``cache_length``: the KV-cache
-    room of per-call programs; ``prompt_len`` / ``max_new_tokens`` / ``gamma``:
-    the generate programs'. ``data`` x ``model``: the mesh (batch over
-    ``data``, weights and KV heads over ``model``), on the topology's first
-    ``data * model`` chips. ``compiler_options``: XLA options for every
+    ``per_call``, ``generate``, ``training``) for ``topology`` (e.g.
+    ``"v5e:2x2"``) and writes the report (module docstring). ``target`` /
+    ``drafter``: registry architectures (or ``random:`` names of them).
+    ``cache_length``: the KV-cache room of per-call programs; ``prompt_len`` /
+    ``max_new_tokens`` / ``gamma``: the generate programs'. ``data`` x
+    ``model``: the mesh (batch over ``data``, weights and KV heads over
+    ``model``), on the topology's first ``data * model`` chips.
+    ``train_batch`` / ``train_length``: rows per training step (split over
+    ``data``) and tokens per row of the decoder-only training programs
+    (``jobs.tpu_training``). ``compiler_options``: XLA options for every
     compile (recorded; e.g. to compare a flag's effect). Returns the report."""
     names = tpu_programs.expand(programs)
     chip = tpu_aot.chip_of(topology)
     shapes = tpu_programs.Shapes(target=architecture(target), drafter=architecture(drafter),
                                  batch=batch, cache_length=cache_length,
                                  prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                                 gamma=gamma, data=data, model=model)
+                                 gamma=gamma, data=data, model=model,
+                                 train_batch=train_batch, train_length=train_length)
     compiler_options = dict(compiler_options or {})
     settings = settings_of(topology=topology, target=shapes.target, drafter=shapes.drafter,
-                           shapes=shapes, compiler_options=compiler_options)
+                           shapes=shapes, compiler_options=compiler_options,
+                           training=any(n in tpu_programs.TRAINING for n in names))
     markdown_path = markdown_path or str(pathlib.Path(out).with_suffix(".md"))
     report = load_report(out, settings)
     mesh = tpu_aot.make_mesh(topology, data=data, model=model)
@@ -244,9 +255,17 @@ def _gb(value) -> str:
     return "-" if value is None else f"{value / 1e9:.3f}"
 
 
-def _collectives(hlo: dict) -> str:
-    c = hlo["collectives"]
-    return f"{c['all-reduce']}/{c['all-gather']}/{c['reduce-scatter']}"
+def _collectives(record: dict) -> str:
+    """Counts ``all-reduce/all-gather/reduce-scatter/collective-permute``, and the
+    MB they produce per chip where recorded."""
+    c = record["hlo"]["collectives"]
+    text = (f"{c['all-reduce']}/{c['all-gather']}/{c['reduce-scatter']}/"
+            f"{c.get('collective-permute', 0)}")
+    moved = record.get("collective_bytes")
+    if moved:
+        text += " (" + "/".join(f"{moved.get(k, 0) / 1e6:.1f}" for k in (
+            "all-reduce", "all-gather", "reduce-scatter", "collective-permute")) + " MB)"
+    return text
 
 
 def markdown(report: dict) -> str:
@@ -283,13 +302,14 @@ def markdown(report: dict) -> str:
             f"{r['flops'] / 1e9:.2f}" if r["flops"] is not None else "-",
             _gb(r["bytes_accessed"]), "-" if ratio is None else f"{ratio:.2f}",
             _estimate(r["optimal_s"]), _ms(r["floor_s"]), str(hlo["fusions"]),
-            str(hlo["while_loops"]), str(len(hlo["host_ops_in_loops"])), _collectives(hlo),
+            str(hlo["while_loops"]), str(len(hlo["host_ops_in_loops"])), _collectives(r),
             f"{hlo['async_copies']['copy-start']}/{hlo['async_copies']['slice-start']}"])
     lines += tables.markdown_table(
         ["program", "status", "HBM GiB (of chip)", "GFLOP", "bytes accessed GB",
          "accessed / (weights + cache)", f"optimal_seconds ms ({tpu_aot.ESTIMATE})",
          "roofline floor ms", "fusions", "while loops", "host ops in loops",
-         "all-reduce/all-gather/reduce-scatter", "copy-start/slice-start"], rows)
+         "all-reduce/all-gather/reduce-scatter/permute (MB per chip)",
+         "copy-start/slice-start"], rows)
     if errors:
         lines += ["", "Errors:", *errors]
     lines += ["", "HBM: arguments + outputs + temporaries + generated code, less donated "
@@ -301,5 +321,9 @@ def markdown(report: dict) -> str:
               "sliced prefetches (`slice-start`); compiling with "
               "`compiler_options={'xla_tpu_sliced_prefetch_max_slices': 0}` gives a positive "
               "estimate (of a slightly different program). Whole generate programs count "
-              "each loop body once: use the per-call programs for per-call cost."]
+              "each loop body once: use the per-call programs for per-call cost. Training "
+              "programs (`train_*`) are one optimizer step each (loss, gradients, update; "
+              "the train state donated); their floor is only the weights (and frozen "
+              "inputs) read once. Collective MB: the arrays each kind of collective "
+              "produces per chip per call (a loop body once)."]
     return "\n".join(lines)

@@ -14,7 +14,9 @@ so no weight is ever made. Two kinds:
   ``maxgram_step`` (one Max-Gram proposal over the cache's room of text).
   Calls that update a KV cache donate it, as a decoding loop's body does;
 - *generate* programs, whole ``api.make_generate_fn`` functions (prefill and
-  every round inside one program): ``generate_<name>`` in ``GENERATE``.
+  every round inside one program): ``generate_<name>`` in ``GENERATE``;
+- *training* programs, one optimizer step of each training recipe
+  (``jobs.tpu_training``): ``TRAINING``.
 
 ``cost_analysis`` of a whole generate program is not per-call cost (a while
 loop's body is counted once, not per iteration): read it for memory, host
@@ -24,7 +26,6 @@ communication and collectives; price calls with the per-call programs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,8 @@ from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
-from specdec_jax.jobs import tpu_aot
+from specdec_jax.jobs import tpu_aot, tpu_training
+from specdec_jax.jobs.tpu_aot import Program
 from specdec_jax.models import feature_head
 from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import Prompt
@@ -62,8 +64,9 @@ GENERATE = {
 }
 PER_CALL = (*(f"target_k{k}" for k in range(1, MAX_SCORING_WIDTH + 1)), "drafter_k1",
             "feature_draft_step", "acceptance_head", "maxgram_step")
-PROGRAMS = (*PER_CALL, *GENERATE)
-GROUPS = {"per_call": PER_CALL, "generate": tuple(GENERATE)}
+TRAINING = tpu_training.TRAINING
+PROGRAMS = (*PER_CALL, *GENERATE, *TRAINING)
+GROUPS = {"per_call": PER_CALL, "generate": tuple(GENERATE), "training": TRAINING}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,18 +82,8 @@ class Shapes:
     gamma: int = 5
     data: int = 1  # mesh: batch split over `data` chips,
     model: int = 1  # weights and KV heads over `model` chips (Megatron style)
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    """A function, its abstract arguments and what a roofline reads per call."""
-
-    fn: Callable
-    args: tuple
-    donate_argnums: tuple[int, ...] = ()
-    weight_bytes: int = 0
-    cache_bytes: int = 0
-    note: str = ""
+    train_batch: int = 32  # training programs: rows per step (over `data`) ...
+    train_length: int = 1024  # ... and tokens per row of the decoder-only ones
 
 
 def expand(names) -> list[str]:
@@ -284,4 +277,6 @@ def build(name: str, shapes: Shapes, mesh: Mesh, models: dict) -> Program:
         return maxgram_step(target.vocab_size, shapes, mesh)
     if name in GENERATE:
         return generate_program(name, models, shapes, mesh)
+    if name in TRAINING:
+        return tpu_training.build(name, shapes, mesh, DTYPE)
     raise ValueError(f"unknown program {name!r}; choose from {', '.join(PROGRAMS)}.")
