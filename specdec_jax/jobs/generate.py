@@ -14,6 +14,9 @@ Token trees (``--tree``: several continuations per round, one target call):
     --tree 3,2,1,1 --verifier traversal       a static tree from the drafter model
     --tree dynamic:5,2,2                      EAGLE-2's dynamic tree (2 + 4 * 4 nodes)
     --draft mag --tree 4,2,1                  a Max-Gram tree
+With the cost model (no --no-cost-model) a tree's round is priced before the
+run (its calls timed here, the tokens its shape should earn, the best chain
+beside it) and after it (the run's counters), as a chain's is.
 """
 
 from __future__ import annotations
