@@ -17,8 +17,10 @@ from specdec_jax.drafting.base import Context
 from specdec_jax.drafting.tree import (
     DynamicTreeDrafter,
     MaxGramTreeDrafter,
+    MaxGramTrieDrafter,
     StaticTreeDrafter,
     TreeShape,
+    count_candidates,
     ranked_candidates,
 )
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
@@ -220,6 +222,73 @@ def test_max_gram_trees():
         for p in set(par[b].tolist()):
             kids = tok[b][par[b] == p]
             assert len(set(kids.tolist())) == len(kids)
+
+
+def test_count_candidates_worked_example():
+    """``count_candidates``'s docstring: votes 2 for 4 and 3 (runs of 2, 4 more
+    recent), 1 for the bigram's 7, 1 unseen: probs 2/6, 2/6, 1/6, then none."""
+    text = jnp.asarray([[5, 1, 2, 3, 9, 1, 2, 4, 1, 2, 0, 0]], jnp.int32)
+    bigram = jnp.full((V,), 7, jnp.int32)
+    tokens, probs = count_candidates(text, jnp.asarray([10]), bigram, max_ngram=32, matches=8,
+                                     k=4, run_power=1.0, bigram_mass=1.0, unseen_mass=1.0)
+    assert tokens[0, :3].tolist() == [4, 3, 7]
+    np.testing.assert_allclose(np.asarray(probs[0]), [2 / 6, 2 / 6, 1 / 6, 0], rtol=1e-6)
+    # A [V, K] table: the second continuation votes half as much; votes for one token add.
+    table = jnp.stack([jnp.full((V,), 7), jnp.full((V,), 4)], axis=1).astype(jnp.int32)
+    tokens, probs = count_candidates(text, jnp.asarray([10]), table, max_ngram=32, matches=8,
+                                     k=3, run_power=1.0, bigram_mass=1.0, unseen_mass=1.0)
+    assert tokens[0].tolist() == [4, 3, 7]
+    np.testing.assert_allclose(np.asarray(probs[0]), [2.5 / 6.5, 2 / 6.5, 1 / 6.5], rtol=1e-6)
+
+
+def _trie_values(drafter, params, prompt, proposal):
+    """Host check of best-first growth: every node's path probability (product
+    of its ancestors' candidate probabilities, recomputed with
+    ``count_candidates`` at each context) and the best candidate left out."""
+    tok, par = np.asarray(proposal.tokens[0]).tolist(), np.asarray(proposal.parents[0]).tolist()
+    cand = jax.jit(drafter.candidates)
+
+    def candidates(path):
+        text = jnp.asarray([list(prompt) + path + [0] * 4], jnp.int32)
+        t, p = cand(params, text, jnp.asarray([len(prompt) + len(path)]))
+        return np.asarray(t[0]).tolist(), np.asarray(p[0], np.float64)
+
+    paths, values = {-1: []}, {-1: 1.0}
+    left_out = 0.0
+    for node in range(-1, len(tok)):
+        if node >= 0:
+            parent_path = paths[par[node]]
+            t, p = candidates(parent_path)
+            paths[node] = parent_path + [tok[node]]
+            values[node] = values[par[node]] * p[t.index(tok[node])]
+        if len(paths[node]) < drafter.depth:
+            t, p = candidates(paths[node])
+            kids = {tok[i] for i in range(len(tok)) if par[i] == node}
+            left = [values[node] * pj for tj, pj in zip(t, p) if tj not in kids]
+            left_out = max([left_out] + left)
+    return paths, values, left_out
+
+
+def test_max_gram_trie_grows_best_first():
+    prompt = [5, 1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 8, 1, 2]
+    bigram = jax.random.randint(jax.random.PRNGKey(14), (V,), 0, V)
+    drafter = MaxGramTrieDrafter(V, num_nodes=9, depth=4, children=3, matches=16)
+    state, context = _start(drafter, bigram, [prompt, [7, 2, 4]])
+    proposal = _jitted(drafter, True)(bigram, state, context, jax.random.PRNGKey(0),
+                                      sampling_params())[0]
+    assert proposal.deterministic and proposal.tokens.shape == (2, 9)
+    par = np.asarray(proposal.parents)
+    assert (par < np.arange(9)).all() and (par >= -1).all()  # topological
+    paths, values, left_out = _trie_values(drafter, bigram, prompt, proposal)
+    assert len({tuple(p) for p in paths.values()}) == 10  # shared prefixes: one node each
+    assert max(len(p) for p in paths.values()) <= 4
+    # Best first: no candidate left out is worth more than a node taken.
+    assert min(values[i] for i in range(9)) >= left_out * (1 - 1e-5)
+    # [1 2] was followed by 3 9 (twice, longer matches) and 4: the copy 3 9 is the spine.
+    assert paths[0] == [3] and [3, 9] in paths.values()
+    # q at a context: the one-hot of its first child (or of its best candidate at a leaf).
+    q = np.asarray(proposal.q[0])
+    assert q[0].argmax() == proposal.tokens[0, 0] and np.allclose(q.sum(-1), 1)
 
 
 @pytest.mark.parametrize("commit, with_next", [(True, True), (True, False), (False, True)])

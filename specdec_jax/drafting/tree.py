@@ -490,3 +490,206 @@ class MaxGramTreeDrafter:
             q=q, q_stat=q, calls=zeros, fed=zeros, single=zeros,
             nan=jnp.zeros((batch,), jnp.int32), deterministic=True)
         return proposal, state
+
+
+def count_candidates(text_BxT: Array, n_B: Array, table: Array, *, max_ngram: int,
+                     matches: int, k: int, run_power: float, bigram_mass: float,
+                     unseen_mass: float) -> tuple[Array, Array]:
+    """(tokens int32 [B, k], probs float32 [B, k]): the ``k`` likeliest next
+    tokens of ``text[b, :n[b]]`` under Max-Gram's count model, best first.
+
+    Every earlier occurrence ``m`` of the text's suffix (``match_runs``: run
+    ``r_m > 0``) votes for the token after it with mass ``r_m ** run_power``
+    (longer matches are likelier to continue alike); only the ``matches``
+    longest (then most recent) occurrences vote. The bigram table's
+    continuations of the last token (``table`` int [V] or [V, K], best first)
+    add ``bigram_mass / (j + 1)`` for the j-th. Votes for one token add up
+    (frequent continuations win), and
+
+        prob(x) = mass(x) / (sum of all masses + unseen_mass)
+
+    ``unseen_mass`` stands for every continuation no vote saw. Slots past the
+    distinct tokens voted for get probability 0 (their tokens repeat others).
+
+    Worked example (run_power 1, bigram_mass 1, unseen_mass 1): text
+    [5 1 2 3 9 1 2 4 1 2], bigram[2] = 7: [1 2] ends at m = 2 and 6 (runs 2:
+    votes 2 for 3, 2 for 4), [2] nowhere else; the bigram votes 1 for 7:
+    tokens 4, 3, 7 (4 more recent than 3), probs 2/6, 2/6, 1/6.
+    """
+    batch, width = text_BxT.shape
+    run_BxT = match_runs(text_BxT, n_B, max_ngram)
+    key_BxT = jnp.where(run_BxT > 0, run_BxT * width + jnp.arange(width)[None, :], -1)
+    key_BxC, m_BxC = jax.lax.top_k(key_BxT, min(matches, width))
+    run_BxC = jnp.take_along_axis(run_BxT, m_BxC, axis=1)
+    next_BxC = jnp.take_along_axis(text_BxT, jnp.minimum(m_BxC + 1, width - 1), axis=1)
+    mass_BxC = jnp.where(key_BxC >= 0, run_BxC.astype(jnp.float32) ** run_power, 0.0)
+    last_B = jnp.take_along_axis(text_BxT, jnp.maximum(n_B - 1, 0)[:, None], axis=1)[:, 0]
+    bigram_BxK = table[last_B].reshape(batch, -1).astype(jnp.int32)
+    rank_K = jnp.arange(bigram_BxK.shape[1], dtype=jnp.float32)
+    tokens_BxA = jnp.concatenate([next_BxC.astype(jnp.int32), bigram_BxK], axis=1)
+    mass_BxA = jnp.concatenate([mass_BxC, jnp.broadcast_to(bigram_mass / (rank_K + 1.0),
+                                                           bigram_BxK.shape)], axis=1)
+    if tokens_BxA.shape[1] < k:  # too few voters for k slots: pad with massless ones
+        pad = k - tokens_BxA.shape[1]
+        tokens_BxA = jnp.pad(tokens_BxA, ((0, 0), (0, pad)))
+        mass_BxA = jnp.pad(mass_BxA, ((0, 0), (0, pad)))
+    a = tokens_BxA.shape[1]
+    voted_BxA = mass_BxA > 0
+    same_BxAxA = (tokens_BxA[:, :, None] == tokens_BxA[:, None, :]) & voted_BxA[:, None, :]
+    total_BxA = jnp.einsum("bij,bj->bi", same_BxAxA.astype(jnp.float32), mass_BxA)
+    index_A = jnp.arange(a)
+    first_BxA = voted_BxA & ~jnp.any(same_BxAxA & (index_A[None, None, :] < index_A[None, :, None]),
+                                     axis=-1)
+    # Ties between equal totals go to the lower index: the longer, more recent match.
+    score_BxA = jnp.where(first_BxA, total_BxA, -1.0)
+    best_BxK, index_BxK = jax.lax.top_k(score_BxA, k)
+    tokens_BxK = jnp.take_along_axis(tokens_BxA, index_BxK, axis=1)
+    z_B1 = jnp.sum(mass_BxA, axis=1, keepdims=True) + unseen_mass
+    probs_BxK = jnp.where(best_BxK > 0, best_BxK / jnp.where(z_B1 > 0, z_B1, 1.0), 0.0)
+    return tokens_BxK, probs_BxK
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxGramTrieDrafter:
+    """Max-Gram trees grown best first within a node budget.
+
+    Each node's context is the text, then the path to it; its candidate
+    children are ``count_candidates`` of that context (every earlier match of
+    its suffix, merged by next token, ranked by summed match length; then the
+    bigram table's continuations). A node's value is its estimated path
+    probability, the product of its ancestors' candidate probabilities; the
+    tree grows one node at a time by the most valuable candidate of any node
+    already in it (EAGLE-2's best-first expansion with Max-Gram's counts),
+    until it holds ``num_nodes`` nodes of depth at most ``depth``. Shared
+    prefixes are one node by construction (a node's children are distinct
+    tokens), and a copy of an earlier passage grows as a deep chain because
+    after each copied token the same occurrence matches again, one longer.
+    With path probabilities ``P`` estimated right, the tree maximises the
+    expected accepted length ``sum_nodes P(node)`` (every node's value is at
+    most its parent's, so the best ``num_nodes`` are a tree).
+
+    Parents are data (one compiled program per budget); nodes are numbered
+    in the order they were added: topological (``parents[i] < i``), siblings
+    in decreasing probability, not contiguous. Deterministic: a node's law at
+    T > 0 is the point mass on its own token (``proposal.deterministic``;
+    ``verify_tree``'s point-mass laws), and ``q`` at a context holds the one-hot
+    of its likeliest candidate (its first child; Max-Gram's chain proposal)
+    for target functions that read ``q``.
+
+    Params: the bigram table, int32 [V] (or [V, K]: K continuations per token,
+    best first). Cost: ``num_nodes`` sequential steps, each a suffix match over
+    one text per row (no neural network).
+    """
+
+    vocab_size: int
+    num_nodes: int = 32
+    depth: int = 8
+    max_ngram: int = 32
+    children: int = 8  # candidate slots per node
+    matches: int = 64  # occurrences voting at each node
+    run_power: float = 2.0
+    bigram_mass: float = 1.0
+    unseen_mass: float = 1.0
+    name: str = "mag"
+    model_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.num_nodes < 1 or self.depth < 1 or self.children < 1 or self.matches < 1:
+            raise ValueError(f"MaxGramTrieDrafter: num_nodes, depth, children and matches must "
+                             f"be >= 1 (got {self.num_nodes}, {self.depth}, {self.children}, "
+                             f"{self.matches}).")
+        if self.depth == 1 and self.num_nodes > self.children:
+            raise ValueError(f"MaxGramTrieDrafter: a depth-1 tree holds at most children = "
+                             f"{self.children} nodes, not {self.num_nodes}.")
+
+    @property
+    def _chain(self) -> MaxGramDrafter:
+        return MaxGramDrafter(self.vocab_size, self.max_ngram, self.name)
+
+    def select_params(self, named: dict):
+        return named[self.name]
+
+    def init(self, params, prompt: Prompt, max_length: int,
+             encoder_decoder: bool) -> MaxGramState:
+        table = params if jnp.ndim(params) == 1 else params[:, 0]  # [V, K]: check column 0
+        return self._chain.init(table, prompt, max_length, encoder_decoder)
+
+    def rewind(self, state: MaxGramState, valid_B: Array) -> MaxGramState:
+        return state
+
+    def candidates(self, params, text_BxT: Array, n_B: Array) -> tuple[Array, Array]:
+        return count_candidates(text_BxT, n_B, params, max_ngram=self.max_ngram,
+                                matches=self.matches, k=self.children,
+                                run_power=self.run_power, bigram_mass=self.bigram_mass,
+                                unseen_mass=self.unseen_mass)
+
+    def grow(self, params, text_BxT: Array, n_B: Array) -> tuple[Array, Array, Array]:
+        """(tokens [B, N], parents [B, N], first candidate [B, N + 1]) of the
+        tree for the texts ``text[b, :n[b]]`` (``depth`` free slots after each)."""
+        n_nodes, depth, k = self.num_nodes, self.depth, self.children
+        batch, width = text_BxT.shape
+        rows_B = jnp.arange(batch)
+        pos_T = jnp.arange(width)
+        tiny = jnp.float32(1e-30)  # massless slots still fill the budget, last
+
+        def node_text(path_BxD, d_B):
+            offset_BxT = pos_T[None, :] - n_B[:, None]
+            in_path = (offset_BxT >= 0) & (offset_BxT < d_B[:, None])
+            from_path = jnp.take_along_axis(path_BxD, jnp.clip(offset_BxT, 0, depth - 1), 1)
+            return jnp.where(in_path, from_path, text_BxT), n_B + d_B
+
+        tok_BxK, prob_BxK = self.candidates(params, text_BxT, n_B)
+        cand_tok = jnp.zeros((batch, n_nodes + 1, k), jnp.int32).at[:, 0].set(tok_BxK)
+        cand_lp = jnp.full((batch, n_nodes + 1, k), -jnp.inf).at[:, 0].set(
+            jnp.log(jnp.maximum(prob_BxK, tiny)))
+        carry = dict(
+            cand_tok=cand_tok, cand_lp=cand_lp,
+            paths=jnp.zeros((batch, n_nodes + 1, depth), jnp.int32),
+            depth=jnp.zeros((batch, n_nodes + 1), jnp.int32),
+            lp=jnp.zeros((batch, n_nodes + 1), jnp.float32),
+            tokens=jnp.zeros((batch, n_nodes), jnp.int32),
+            parents=jnp.zeros((batch, n_nodes), jnp.int32))
+
+        def body_fn(i, c):
+            # The most valuable candidate slot of any node in the tree becomes node i.
+            value_BxS = (c["lp"][:, :, None] + c["cand_lp"]).reshape(batch, -1)
+            slot_B = jnp.argmax(value_BxS, axis=1)
+            par_B, j_B = slot_B // k, slot_B % k
+            token_B = c["cand_tok"][rows_B, par_B, j_B]
+            d_B = c["depth"][rows_B, par_B]
+            path_BxD = c["paths"][rows_B, par_B].at[rows_B, d_B].set(token_B, mode="drop")
+            node = i + 1
+            text, n = node_text(path_BxD, d_B + 1)
+            tok_BxK, prob_BxK = self.candidates(params, text, n)
+            lp_BxK = jnp.where((d_B + 1 < depth)[:, None],
+                               jnp.log(jnp.maximum(prob_BxK, tiny)), -jnp.inf)
+            return dict(
+                cand_tok=c["cand_tok"].at[:, node].set(tok_BxK),
+                cand_lp=c["cand_lp"].at[rows_B, par_B, j_B].set(-jnp.inf)
+                .at[:, node].set(lp_BxK),
+                paths=c["paths"].at[:, node].set(path_BxD),
+                depth=c["depth"].at[:, node].set(d_B + 1),
+                lp=c["lp"].at[:, node].set(jnp.max(value_BxS, axis=1)),
+                tokens=c["tokens"].at[:, i].set(token_B),
+                parents=c["parents"].at[:, i].set(par_B.astype(jnp.int32) - 1))
+
+        c = jax.lax.fori_loop(0, n_nodes, body_fn, carry)
+        return c["tokens"], c["parents"], c["cand_tok"][:, :, 0]
+
+    def propose_tree(self, params, state: MaxGramState, context: Context, with_next: bool,
+                     key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
+                     ) -> tuple[TreeProposal, MaxGramState]:
+        del key, sp, config  # deterministic
+        text_BxT, n_B = self._chain.text(state, context, self.depth)
+        tokens_BxN, parents_BxN, first_BxN1 = self.grow(params, text_BxT, n_B)
+        batch = tokens_BxN.shape[0]
+        q = jax.nn.one_hot(first_BxN1, self.vocab_size, dtype=jnp.float32)
+        if not with_next:  # a context without children reports no law (module docstring)
+            has_child_BxN1 = jnp.zeros((batch, self.num_nodes + 1), bool).at[
+                jnp.arange(batch)[:, None], parents_BxN + 1].set(True)
+            q = jnp.where(has_child_BxN1[..., None], q, 0.0)
+        zeros = jnp.zeros((batch, 0), jnp.int32)
+        proposal = TreeProposal(tokens=tokens_BxN, parents=parents_BxN, q=q, q_stat=q,
+                                calls=zeros, fed=zeros, single=zeros,
+                                nan=jnp.zeros((batch,), jnp.int32), deterministic=True)
+        return proposal, state
