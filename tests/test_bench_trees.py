@@ -110,6 +110,31 @@ def test_bench_trees_model_chain_and_maxgram_tree(tmp_path, byte_table):
     check_report(report, configs)
 
 
+def test_bench_trees_replays_max_gram_trees(tmp_path, byte_table):
+    """T = 0 Max-Gram configurations counted by replay (no target call) from
+    a greedy reference the job computes and stores once; ``replay_check``
+    decodes them in the real loop too, and every prompt's accepted histogram
+    and tokens equal the replay's."""
+    configs = [{"drafter": "mag", "tree": "chain:3", "temperature": 0.0, "verifiers": ["token"]},
+               {"drafter": "mag", "tree": "trie:6,3", "temperature": 0.0,
+                "verifiers": ["greedy"]}]
+    replay = tmp_path / "greedy.json"
+    bindings = common_bindings(byte_table, configs) + [f"bench_trees.replay = '{replay}'",
+                                                       "bench_trees.replay_length = 4"]
+    report = run_job(tmp_path, *bindings)
+    names = check_report(report, configs)
+    stored = json.loads(replay.read_text())
+    assert len(stored["continuations"]) == 2 and len(stored["continuations"][0]) == 12 + 4
+    assert report["configs"][names[1]]["num_nodes"] == 6
+    assert all(report["configs"][n]["counted_by"] == "replay" for n in names)
+    (tmp_path / "check").mkdir()
+    checked = run_job(tmp_path / "check", *bindings, "bench_trees.replay_check = True")
+    for name in names:
+        assert checked["configs"][name]["replay_equal_per_prompt"] == [True, True]
+        assert checked["configs"][name]["tokens_per_target_call_ci95"] == \
+            report["configs"][name]["tokens_per_target_call_ci95"]
+
+
 @pytest.mark.parametrize(("binding", "message"), [
     ("bench_trees.configs = []", "configs is empty"),
     ("bench_trees.configs = [{'drafter': 'model', 'tree': 'chain:3'}]", "exactly the fields"),
@@ -123,6 +148,11 @@ def test_bench_trees_model_chain_and_maxgram_tree(tmp_path, byte_table):
      "'verifiers': ['greedy']}]", "positive integers"),
     ("bench_trees.configs = [{'drafter': 'mag', 'tree': 'dynamic:3,1,2', 'temperature': 0.0, "
      "'verifiers': ['greedy']}]", "Max-Gram trees are static"),
+    ("bench_trees.configs = [{'drafter': 'model', 'tree': 'trie:8,3', 'temperature': 0.0, "
+     "'verifiers': ['greedy']}]", "Max-Gram's"),
+    ("bench_trees.configs = [{'drafter': 'mag', 'tree': 'trie:8', 'temperature': 0.0, "
+     "'verifiers': ['greedy']}]", "trie:NODES,DEPTH"),
+    ("bench_trees.replay_length = 0", "replay_length"),
     ("bench_trees.configs = [{'drafter': 'model', 'tree': '2,1', 'temperature': 1.0, "
      "'verifiers': ['traversal', 'nope']}]", "nope"),
     ("bench_trees.configs = [{'drafter': 'model', 'tree': '2,1', 'temperature': 0.0, "

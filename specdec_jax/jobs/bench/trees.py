@@ -10,8 +10,10 @@ one width). A configuration (a dict in ``configs``) is:
 * ``drafter``: ``'model'`` (the drafter model) or ``'mag'`` (Max-Gram over the
   ``bigram_table``);
 * ``tree``: ``'chain:G'`` (the chain decoder, G drafts), static widths per
-  depth (``'3,2,1,1'``), or ``'dynamic:DEPTH,EXPAND,CHILDREN'`` (EAGLE-2's
-  dynamic tree, model drafters only; ``tree_decoding.TreeSpec``);
+  depth (``'3,2,1,1'``), ``'dynamic:DEPTH,EXPAND,CHILDREN'`` (EAGLE-2's
+  dynamic tree, model drafters only; ``tree_decoding.TreeSpec``), or
+  ``'trie:NODES,DEPTH'`` (Max-Gram only: ``drafting.tree.MaxGramTrieDrafter``,
+  a best-first tree of NODES nodes, at most DEPTH deep);
 * ``temperature``;
 * ``verifiers``: a chain takes one chain verifier (``token``, ``block``); a
   tree takes tree verifiers (``verify_tree.TREE_VERIFIERS``), the first drives
@@ -19,6 +21,13 @@ one width). A configuration (a dict in ``configs``) is:
   laws in the same rounds (``PairedTreeDecoder``), so their acceptance lengths
   are paired round by round;
 * ``name`` (optional): the row's label.
+
+With ``replay`` (a file path), the T = 0 Max-Gram configurations are counted
+by replaying their rounds against the target's greedy output
+(``tree_replay``: exact at T = 0, no target call; the output is computed once
+by autoregressive decoding and stored in that file); ``replay_check`` runs
+them in the real loop too and records whether every prompt's accepted
+histogram equals the replay's.
 
 Figures, per configuration (95% intervals: percentile bootstrap over prompts,
 ``metrics.bootstrap_ci``):
@@ -59,9 +68,10 @@ import numpy as np
 from specdec_jax import api, precision
 from specdec_jax.data import bigram, metrics, tasks
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
+from specdec_jax.drafting.tree import MaxGramTreeDrafter, MaxGramTrieDrafter, TreeShape
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import tables
-from specdec_jax.jobs.bench import shared
+from specdec_jax.jobs.bench import shared, tree_replay
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
 from specdec_jax.models.interface import make_prompt
@@ -72,6 +82,7 @@ from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, tree_verifier
 DRAFTERS = ("model", "mag")
 CONFIG_FIELDS = ("drafter", "tree", "temperature", "verifiers")
 CHAIN_PREFIX = "chain:"
+TRIE_PREFIX = "trie:"  # Max-Gram's best-first tree: 'trie:NODES,DEPTH'
 DEFAULT_GPU_STEPS = {"H100": "eval/reports/bench_feature_steps_gpu_h100.json",
                      "H200": "eval/reports/bench_accelerator_gpu_h200.json"}
 
@@ -95,26 +106,62 @@ class Config:
         return int(self.tree[len(CHAIN_PREFIX):])
 
     @property
+    def is_trie(self) -> bool:
+        return self.tree.startswith(TRIE_PREFIX)
+
+    @property
+    def trie(self) -> tuple[int, int]:
+        """(nodes, depth) of a ``'trie:NODES,DEPTH'`` tree."""
+        nodes, depth = parse_trie(self.tree)
+        return nodes, depth
+
+    @property
     def spec(self) -> TreeSpec:
         return TreeSpec.parse(self.tree)
 
     @property
     def num_nodes(self) -> int:
+        if self.is_trie:
+            return self.trie[0]
         return self.gamma if self.is_chain else self.spec.num_nodes
 
     @property
     def depth(self) -> int:
+        if self.is_trie:
+            return self.trie[1]
         return self.gamma if self.is_chain else self.spec.depth
 
     @property
     def kind(self) -> str:
         if self.is_chain:
             return "chain"
+        if self.is_trie:
+            return "best-first"
         return "dynamic" if self.spec.dynamic is not None else "static"
 
     def as_dict(self) -> dict:
         return {"name": self.name, "drafter": self.drafter, "tree": self.tree,
                 "temperature": self.temperature, "verifiers": list(self.verifiers)}
+
+
+def parse_trie(tree: str) -> tuple[int, int]:
+    """``'trie:NODES,DEPTH'`` -> (NODES, DEPTH), both >= 1."""
+    parts = tree[len(TRIE_PREFIX):].split(",")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"tree {tree!r}: a Max-Gram best-first tree is 'trie:NODES,DEPTH' "
+                         "(e.g. 'trie:32,8').")
+    return int(parts[0]), int(parts[1])
+
+
+def max_gram_tree_drafter(config: Config, vocab: int):
+    """The tree drafter a Max-Gram configuration decodes with: the best-first
+    tree, or the static one (a chain is the static tree of width 1, which
+    proposes the chain drafter's tokens: what the replay runs)."""
+    if config.is_trie:
+        nodes, depth = config.trie
+        return MaxGramTrieDrafter(vocab, num_nodes=nodes, depth=depth)
+    widths = (1,) * config.gamma if config.is_chain else config.spec.widths
+    return MaxGramTreeDrafter(vocab, TreeShape.from_widths(widths))
 
 
 def check_configs(configs: Sequence[dict]) -> list[Config]:
@@ -143,6 +190,16 @@ def check_configs(configs: Sequence[dict]) -> list[Config]:
             if len(verifiers) != 1 or verifiers[0] not in api.VERIFIERS:
                 raise ValueError(f"configuration {raw!r}: a chain takes one chain verifier, "
                                  f"one of {', '.join(api.VERIFIERS)}.")
+        elif tree.startswith(TRIE_PREFIX):
+            parse_trie(tree)
+            if raw["drafter"] != "mag":
+                raise ValueError(f"configuration {raw!r}: 'trie:' trees are Max-Gram's; give "
+                                 "a model drafter widths or 'dynamic:...'.")
+            for name in verifiers:
+                tree_verifier(name)
+            if temperature == 0 and len(verifiers) > 1:
+                raise ValueError(f"configuration {raw!r}: at T = 0 every tree verifier is "
+                                 "the greedy one; compare verifiers at T > 0.")
         else:
             spec = TreeSpec.parse(tree)  # raises on a malformed shape
             if raw["drafter"] == "mag" and spec.dynamic is not None:
@@ -242,7 +299,10 @@ def build_decoder(config: Config, *, pair, drafter_name: str, vocab: int,
                   max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids)
     if config.is_chain:
         return api.make_decoder(gamma=config.gamma, **common)
-    decoder = api.make_decoder(tree=config.tree, **common)
+    if config.is_trie:
+        decoder = api.make_decoder(**{**common, "drafter": max_gram_tree_drafter(config, vocab)})
+    else:
+        decoder = api.make_decoder(tree=config.tree, **common)
     if len(config.verifiers) > 1:
         fields = {f.name: getattr(decoder, f.name) for f in dataclasses.fields(TreeDecoder)}
         decoder = PairedTreeDecoder(
@@ -340,6 +400,14 @@ def summarize(config: Config, rows: list[dict], gpu: dict, drafter_names: Sequen
     return summary
 
 
+def _counted_by(summary: dict) -> str:
+    """'loop', 'replay', or 'loop (replay equal k/n)' (module docstring)."""
+    equal = summary.get("replay_equal_per_prompt")
+    if equal is not None:
+        return f"loop (replay equal on {sum(equal)}/{len(equal)})"
+    return summary.get("counted_by", "loop")
+
+
 def _ratio_of_totals(pairs) -> float:
     return sum(a for a, _ in pairs) / sum(b for _, b in pairs)
 
@@ -371,7 +439,7 @@ def markdown(report: dict) -> str:
         c = s["config"]
         ident = s.get("identical_to_reference")
         cells = [f"{c['temperature']:g}", c["drafter"], s["kind"], c["tree"], s["num_nodes"],
-                 s["depth"], c["verifiers"][0],
+                 s["depth"], c["verifiers"][0], _counted_by(s),
                  tables.format_ci(s["tokens_per_target_call_ci95"][0],
                                   s["tokens_per_target_call_ci95"][1:], digits=2),
                  f"{s['emitted_per_target_call']:.2f}",
@@ -387,7 +455,7 @@ def markdown(report: dict) -> str:
                                           digits=2, unit="x") + note)
         rows.append(cells)
     lines += tables.markdown_table(
-        ("T", "drafter", "kind", "tree", "nodes N", "depth", "verifier",
+        ("T", "drafter", "kind", "tree", "nodes N", "depth", "verifier", "counted by",
          "tokens / target call (95% CI)", "emitted / call", "same output (T=0)",
          *[f"predicted {label} speedup (95% CI)" for label in labels]), rows)
     ref = report.get("reference")
@@ -431,19 +499,59 @@ def markdown(report: dict) -> str:
 
 # --- the job ---------------------------------------------------------------------------------
 
+def load_or_make_reference(path: str, pair, target: str, task: str, prompts, length: int
+                           ) -> list[list[int]]:
+    """The target's greedy continuations (``length`` tokens) of ``prompts``
+    from ``path``, computed (and stored there) for the prompts it lacks."""
+    protocol = {"target": target, "task": task, "length": length,
+                "eos_ids": [int(e) for e in pair.eos_ids]}
+    done: list = []
+    try:
+        stored = tree_replay.load_reference(path)
+    except FileNotFoundError:
+        stored = None
+    if stored is not None:
+        same = stored["protocol"]["target"] == target and stored["protocol"]["task"] == task
+        count = min(len(stored["prompts"]), len(prompts))
+        if not same or stored["prompts"][:count] != [list(p) for p in prompts[:count]]:
+            raise ValueError(f"{path} holds greedy continuations of other prompts or another "
+                             "target; give another replay path.")
+        if stored["protocol"]["length"] >= length:
+            done = [c[:length] for c in stored["continuations"][:len(prompts)]]
+            protocol["length"] = length
+        else:
+            print(f"{path}: continuations of {stored['protocol']['length']} tokens, "
+                  f"{length} needed: computing them again.")
+    if len(done) < len(prompts):
+        save = lambda conts: tree_replay.write_reference(  # noqa: E731
+            path, protocol, prompts[:len(conts)], conts)
+        done = tree_replay.greedy_reference(pair.target, pair.target_params, prompts, length,
+                                            done=done, save=save)
+    return done
+
+
 def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2.5-coder-0.5b",
                     configs: Sequence[dict] = (), task: str = "humaneval",
                     num_prompts: int = 40, max_new_tokens: int = 128,
                     bigram_table: str = "qwen2.5-coder", draft_weights: str = "f32",
                     gpu_steps: dict | None = None, seed: int = 0, note: str = "",
-                    out: str = "results/bench_trees.json",
+                    replay: str | None = None, replay_check: bool = False,
+                    replay_length: int = 32, out: str = "results/bench_trees.json",
                     markdown_path: str | None = None) -> dict:
     """Runs every configuration into ``out`` (written after each; a rerun with
     the same protocol skips the configurations stored) and prints the tables.
     ``note`` (e.g. the command and how a run departs from the protocol) heads
-    the Markdown."""
+    the Markdown. ``replay``: the greedy reference file (module docstring;
+    made when missing, ``replay_length`` tokens past ``max_new_tokens``)."""
     checked = check_configs(configs)
-    shared.check_at_least(1, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
+    shared.check_at_least(1, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                          replay_length=replay_length)
+    replayed = {c.name for c in checked if replay and c.drafter == "mag" and
+                c.temperature == 0}
+    deepest = max((c.depth for c in checked if c.name in replayed), default=0)
+    if deepest > replay_length:
+        raise ValueError(f"replay_length={replay_length} is below the deepest replayed tree "
+                         f"({deepest}); raise it.")
     shared.check_at_least(0, seed=seed)
     weight_storage.check_format(draft_weights)
     tasks.get_task(task)  # raises on an unknown task
@@ -483,17 +591,35 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
     sink = lambda accepted: received.append(np.asarray(accepted)[:, 0])  # noqa: E731 (batch 1)
     reference = next((c.name for c in checked if c.temperature == 0), None)
     report["reference"] = reference
+    references = (load_or_make_reference(replay, pair, target, task, prompts,
+                                         max_new_tokens + replay_length)
+                  if replayed else None)
     for config in checked:
         previous = stored.get(config.name)
+        counted_by = "replay" if config.name in replayed else "loop"
+        if replay_check and config.name in replayed:
+            counted_by = "loop, replay checked"
         if previous and previous["config"] == config.as_dict() and \
-                config.name in report["rows"]:
+                config.name in report["rows"] and previous.get("counted_by") == counted_by:
             continue
         decoder = build_decoder(config, pair=pair, drafter_name=drafter_name, vocab=vocab,
                                 max_new_tokens=max_new_tokens, sink=sink)
         params = pair.drafter_params if config.drafter == "model" else table
         start = time.perf_counter()
-        rows = run_config(config, decoder, pair.target_params, params, prompts, width,
-                          received, seed=seed)
+        replay_equal = None
+        if counted_by == "replay":
+            rows = tree_replay.replay_rows(max_gram_tree_drafter(config, vocab), table, prompts,
+                                           references, max_new_tokens=max_new_tokens,
+                                           eos_ids=pair.eos_ids, progress=True)
+        else:
+            rows = run_config(config, decoder, pair.target_params, params, prompts, width,
+                              received, seed=seed)
+            if config.name in replayed:
+                again = tree_replay.replay_rows(
+                    max_gram_tree_drafter(config, vocab), table, prompts, references,
+                    max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids)
+                replay_equal = [a["histogram"] == b["histogram"] and a["tokens"] == b["tokens"]
+                                for a, b in zip(rows, again, strict=True)]
         elapsed = time.perf_counter() - start
         ref_rows = (report["rows"].get(reference)
                     if config.temperature == 0 and reference != config.name else None)
@@ -501,6 +627,9 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
         stored[config.name] = summarize(config, rows, gpu, decoder.drafter.model_names,
                                         ref_rows)
         stored[config.name]["seconds"] = elapsed
+        stored[config.name]["counted_by"] = counted_by
+        if replay_equal is not None:
+            stored[config.name]["replay_equal_per_prompt"] = replay_equal
         shared.write_report(report, out)
     report["configs"] = {c.name: stored[c.name] for c in checked}
     shared.write_report(report, out)
