@@ -74,6 +74,19 @@ this way against 90 ms vectorised over rows).
 Under greedy decoding use ``greedy``: with one-hot laws the sampling
 verifiers only ever consider each node's first child (the others have
 probability 0 under their sequential laws).
+Deterministic drafters (Max-Gram trees: ``Tree.point_mass``): a node's
+children are a fixed set of distinct tokens chosen from the context, not
+draws, so the law each child "was drawn from" is the point mass on its own
+token, ``q_j = delta(c_j)``, whatever the order. RRS then accepts ``c_1``
+w.p. ``r(c_1)``, else removes it from the residual (``(r - delta(c_1))_+``
+zeroes ``c_1``) and accepts ``c_2`` w.p. ``r(c_2) / (1 - r(c_1))``, ...:
+the children are tested in turn against ``pi`` restricted to what is left,
+and the emitted token follows ``pi`` exactly (each step is a rejection step
+of the residual against the law its child really had, the argument of the
+general case). Traversal verification takes the same laws. Reading the
+context's one-hot ``q`` of the first child as every child's law instead
+(sequential laws from one one-hot) is exact too but never accepts a later
+sibling (its law has no mass), so a deterministic tree would act as a chain.
 Exactness needs the tree's shape to be fixed before its tokens are drawn, or
 at least never to depend on a node's own token or on tokens drafted after it
 in the verifier's visiting order (docs/algorithms.md, 'Token trees').
@@ -107,6 +120,9 @@ class Tree:
     parents: Array  # int32 [B, N]: parent node index, -1 = root
     tokens: Array  # int32 [B, N]: the drafted token of each node
     valid: Array  # bool [B, N]: the node exists
+    # True: the nodes are a deterministic function of their context (Max-Gram
+    # trees), each node's law is the point mass on its own token (``sibling_laws``).
+    point_mass: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def num_nodes(self) -> int:
@@ -223,8 +239,14 @@ def sibling_laws(tree: Tree, q_BxN1xV: Array, replacement: bool = False) -> Arra
     the tokens of the node's earlier siblings removed and renormalised, the
     ``q_j`` of sequential sampling without replacement (what
     ``sample_children`` reports). Example: q = [0.5, 0.3, 0.2], siblings drawn
-    1 then 0 -> laws [0.5, 0.3, 0.2] and [5/7, 0, 2/7].
+    1 then 0 -> laws [0.5, 0.3, 0.2] and [5/7, 0, 2/7]. A ``point_mass`` tree:
+    the one-hot of each node's own token (siblings 1, 0 -> [0, 1, 0], [1, 0, 0]).
     """
+    if tree.point_mass:
+        # Deterministic children are not draws from a law: each is its own
+        # point mass, whatever ``q`` and ``replacement`` say (module docstring).
+        return jax.nn.one_hot(tree.tokens, q_BxN1xV.shape[-1], dtype=jnp.float32) * \
+            tree.valid[..., None]
     q_BxNxV = gather_contexts(q_BxN1xV, tree.parents)
     if replacement:
         return q_BxNxV

@@ -171,9 +171,32 @@ def jitted(verifier):
     return jax.jit(verifier.__call__)
 
 
+def draft_deterministic(parents: np.ndarray, rows: int):
+    """The deterministic drafter's tree of a shape (``deterministic_children``),
+    the same on every row: tokens [R, N], context codes [R, N + 1]."""
+    tokens = np.zeros(len(parents), np.int64)
+    codes = np.zeros(len(parents) + 1, np.int64)
+    for node in range(ROOT, len(parents)):
+        kids = np.nonzero(parents == node)[0]
+        tokens[kids] = deterministic_children(codes[node + 1], len(kids))
+        codes[kids + 1] = extend(codes[node + 1], tokens[kids])
+    return np.broadcast_to(tokens, (rows, len(parents))), \
+        np.broadcast_to(codes, (rows, len(parents) + 1))
+
+
+def deterministic_children(code: int, k: int) -> np.ndarray:
+    """A Max-Gram-like drafter: ``k`` distinct tokens chosen from the context
+    alone (here the k largest entries of ``Q_TABLE``'s row, reversed for odd
+    contexts so that the first child is not always q's favourite)."""
+    order = np.argsort(-Q_TABLE[code], kind="stable")[:k]
+    return order[::-1].copy() if code % 2 else order
+
+
 def run_trees(verifier, target: str, replacement: bool = False, seed: int = 0,
-              shapes=tuple(SHAPES), rows: int = ROWS):
-    """One round per row for each shape (all shapes in one verifier call).
+              shapes=tuple(SHAPES), rows: int = ROWS, deterministic: bool = False):
+    """One round per row for each shape (all shapes in one verifier call);
+    ``deterministic``: the trees of ``draft_deterministic``, verified as
+    point-mass trees (``Tree.point_mass``).
 
     Returns {shape: (completed tokens [R, LENGTH], accepted counts [R])}.
     """
@@ -183,7 +206,8 @@ def run_trees(verifier, target: str, replacement: bool = False, seed: int = 0,
     parents, tokens, codes, valid = [], [], [], []
     for name in shapes:
         key, sub = jax.random.split(key)
-        t, c = draft(sub, SHAPES[name], rows, replacement)
+        t, c = (draft_deterministic(SHAPES[name], rows) if deterministic else
+                draft(sub, SHAPES[name], rows, replacement))
         tokens.append(t)
         codes.append(c)
         parents.append(np.broadcast_to(SHAPES[name], (rows, N)))
@@ -194,7 +218,7 @@ def run_trees(verifier, target: str, replacement: bool = False, seed: int = 0,
     parents, tokens, codes, valid = map(np.concatenate, (parents, tokens, codes, valid))
     validate_tree(parents, valid)
     tree = Tree(parents=jnp.asarray(parents, jnp.int32), tokens=jnp.asarray(tokens, jnp.int32),
-                valid=jnp.asarray(valid))
+                valid=jnp.asarray(valid), point_mass=deterministic)
     key, sub = jax.random.split(key)
     out = jitted(verifier)(sub, tree, jnp.asarray(Q_TABLE[codes]), jnp.asarray(pi[codes]))
     emitted = np.asarray(jax.jit(emitted_tokens)(tree, out.node, out.next_token))
@@ -288,14 +312,16 @@ def _positive(x):
     return np.maximum(x, 0.0)
 
 
-def _law_of_child(q, removed, replacement):
+def _law_of_child(q, removed, replacement, point_mass=None):
+    if point_mass is not None:  # a deterministic child: the point mass on its token
+        return np.eye(V)[point_mass]
     if replacement:
         return q
     kept = np.where(removed, 0.0, q)
     return kept / kept.sum()
 
 
-def reference_rrs(kids, tokens, codes, pi, replacement=False, update=True):
+def reference_rrs(kids, tokens, codes, pi, replacement=False, update=True, point_mass=False):
     """{node: (probability the round ends there, law of the next token)} for one tree.
 
     ``replacement``: the laws the verifier assumes; the known-wrong variants
@@ -309,7 +335,7 @@ def reference_rrs(kids, tokens, codes, pi, replacement=False, update=True):
         removed = np.zeros(V, bool)
         for child in kids[node]:
             x = tokens[child]
-            law = _law_of_child(q, removed, replacement)
+            law = _law_of_child(q, removed, replacement, x if point_mass else None)
             accept = min(1.0, r[x] / law[x]) if law[x] > 0 else 0.0
             if accept > 0:
                 visit(child, mass * accept)
@@ -324,7 +350,7 @@ def reference_rrs(kids, tokens, codes, pi, replacement=False, update=True):
     return out
 
 
-def reference_traversal(kids, tokens, codes, pi, replacement=False):
+def reference_traversal(kids, tokens, codes, pi, replacement=False, point_mass=False):
     """Traversal verification on one tree, as ``reference_rrs``: post-order,
     each node accepted w.p. its alpha once its children are all rejected."""
     out = {}
@@ -336,7 +362,7 @@ def reference_traversal(kids, tokens, codes, pi, replacement=False):
         reach = 1.0  # every earlier child's subtree rejected
         for child in kids[node]:
             x = tokens[child]
-            law = _law_of_child(q, removed, replacement)
+            law = _law_of_child(q, removed, replacement, x if point_mass else None)
             alpha_child = min(1.0, alpha * p[x] / law[x]) if law[x] > 0 else 0.0
             reach *= 1.0 - visit(child, alpha_child, mass * reach)
             diff = alpha * p - law
@@ -385,10 +411,17 @@ def enumerate_trees(parents, replacement):
 def exact_round_law(reference, shape: str, target: str, drawn_with_replacement: bool,
                     **kwargs):
     """The law of the emitted prefix completed from pi ([V ** LENGTH]) and the
-    expected number of accepted drafts, over every drafted tree of ``shape``."""
+    expected number of accepted drafts, over every drafted tree of ``shape``
+    (``point_mass=True``: the one tree of ``draft_deterministic``)."""
     parents = SHAPES[shape]
     pi = float64_laws(pi_table(target))
-    kids, trees = enumerate_trees(parents, drawn_with_replacement)
+    if kwargs.get("point_mass"):
+        kids = {node: [int(i) for i in np.nonzero(parents == node)[0]]
+                for node in range(ROOT, len(parents))}
+        tokens, codes = draft_deterministic(parents, 1)
+        trees = [(tokens[0], codes[0], 1.0)]
+    else:
+        kids, trees = enumerate_trees(parents, drawn_with_replacement)
     depth = {ROOT: 0}
     for node in range(N):
         depth[node] = depth[int(parents[node])] + 1
@@ -450,6 +483,50 @@ def test_exact_laws_by_enumeration(target):
     no_update, _ = exact_round_law(reference_rrs, "widths-3-1", target, False, update=False)
     assert 0.5 * np.abs(wrong_q - want).sum() > 1e-3
     assert 0.5 * np.abs(no_update - want).sum() > 1e-3
+
+
+@pytest.mark.parametrize("target", ["specdecode", "token-v3"])
+def test_point_mass_trees_are_exact(target):
+    """Deterministic children (Max-Gram trees: ``Tree.point_mass``) verified
+    with each node's point mass at T = 1: RRS and traversal emit
+    autoregressive pi, by enumeration (float64, TV < 1e-12) and by chi-square
+    on 15k rounds per shape; later siblings are accepted (the old one-hot law
+    of the first child never accepted them). Dropping the residual update
+    between siblings is wrong: TV 0.21 by enumeration on widths (3, 1) under
+    p (measured), and its chi-square p-values must fall below 1e-9."""
+    want = exact_law(float64_laws(pi_table(target)))
+    for shape in SHAPES:
+        for reference in (reference_rrs, reference_traversal):
+            law, _ = exact_round_law(reference, shape, target, False, point_mass=True)
+            assert 0.5 * np.abs(law - want).sum() < 1e-12, (reference.__name__, shape)
+    for verifier in (RecursiveRejectionVerifier(), TraversalVerifier()):
+        results = run_trees(verifier, target, seed=5, deterministic=True)
+        for shape, (p_first, p_seq) in pvalues(results, target).items():
+            assert p_first > P_MIN and p_seq > P_MIN, (verifier.name, shape, p_first, p_seq)
+        seqs, accepted = results["widths-3-1"]
+        second = int(draft_deterministic(SHAPES["widths-3-1"], 1)[0][0, 1])
+        # The second root child is accepted as a draft (pi(second) is 0.22 / 0.14 here).
+        assert np.mean((seqs[:, 0] == second) & (accepted >= 1)) > 0.05
+    if target == "specdecode":
+        wrong, _ = exact_round_law(reference_rrs, "widths-3-1", target, False,
+                                   point_mass=True, update=False)
+        assert 0.5 * np.abs(wrong - want).sum() > 1e-2
+        seqs, _ = run_trees(RRSWithoutSiblingUpdate(), target, seed=6,
+                            deterministic=True)["widths-3-1"]
+        law = exact_law(pi_table(target))
+        assert chi_square_pvalue(seqs[:, :1], law.reshape(V, -1).sum(-1)) < P_WRONG
+        assert chi_square_pvalue(seqs, law) < P_WRONG
+
+
+def test_point_mass_sibling_laws():
+    tree = Tree(parents=jnp.asarray([[-1, -1, 0]]), tokens=jnp.asarray([[1, 0, 3]]),
+                valid=jnp.asarray([[True, True, False]]), point_mass=True)
+    q = jnp.full((1, 4, V), 0.25)
+    law = np.asarray(sibling_laws(tree, q))
+    np.testing.assert_array_equal(law[0], [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    # The one-hot of the first child read as every sibling's law: never the second.
+    one_hot = jnp.zeros((1, 4, V)).at[0, 0, 1].set(1.0)
+    assert float(sibling_laws(tree.replace(point_mass=False), one_hot)[0, 1].sum()) == 0
 
 
 # ---------------------------------------------------------------------------
