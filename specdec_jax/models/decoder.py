@@ -307,8 +307,9 @@ class _DecoderNet(nn.Module):
         h32 = hidden.astype(jnp.float32)
         if head is not None:  # (token ids [N], their head rows [N, D])
             ids_N, rows_NxD = head
-            scores = jnp.matmul(h32, rows_NxD.astype(jnp.float32).T,
-                                precision=cfg.compute_precision)
+            # Rows stored narrower (bf16) are widened in registers by the CPU
+            # kernel, not copied to float32 first.
+            scores = matmul_out_in(h32, rows_NxD, cfg.compute_precision)
             logits = jnp.full(scores.shape[:-1] + (cfg.vocab_size,), -jnp.inf,
                               jnp.float32).at[..., ids_N].set(scores)
         elif cfg.tie_embeddings:
