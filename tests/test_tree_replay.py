@@ -51,7 +51,9 @@ def test_replay_equals_the_real_loop(drafter, eos):
         assert row["histogram"] == hist[b].tolist(), f"row {b}"
         assert row["tokens"] == np.asarray(out.tokens[b, :int(out.lengths[b])]).tolist()
         assert row["target_calls"] == int(out.stats.target_calls[b])
-    assert sum(r["accepted"] for r in rows) > 0  # the toy repeats itself: drafts pay
+    if not eos:  # full-length rows: the toy repeats itself, drafts pay (an EOS may cut
+        # the rows before any draft is accepted: 0 accepted on the static tree)
+        assert sum(r["accepted"] for r in rows) > 0
 
 
 def test_accepted_depth_is_the_deepest_matching_path():
