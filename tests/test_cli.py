@@ -350,3 +350,19 @@ def test_a_cascade_tree_scores_its_deepest_depth_and_max_gram_costs_nothing(monk
         batch_size=1)
     assert mag["round_s"] == pytest.approx(0.100 + 0.002 * 20)  # 4 + 8 + 8 nodes + the root
     assert "drafter calls" not in cli_generate.explain_tree(mag, None)
+
+
+@pytest.mark.long  # the toys' tree decoder, their autoregressive baseline and timers compiled
+def test_generate_with_a_tree_prints_its_prediction_and_cost_model(capsys):
+    """``specdec-jax generate --tree`` end to end on the byte-level toys: the
+    tree's prediction before the completions, its cost model after the
+    measured speedup, both from real in-loop timings (no values checked)."""
+    assert cli.main(["generate", "--target", "toy-bytes-large", "--drafter", "toy-bytes-small",
+                     "--drafter-head-vocab", "0", "--max-new-tokens", "6", "--prompt", "ab",
+                     "--tree", "dynamic:3,2,2", "--verifier", "traversal"]) == 0
+    out = capsys.readouterr().out
+    prediction = out.index("token tree dynamic:3,2,2 (10 nodes, depth 3), priced by the cost "
+                           "model: target step")
+    assert prediction < out.index("--- completion ---") < out.index("speedup over autoregressive")
+    assert "tree call, 11 nodes" in out[out.index("cost model (model steps"):]
+    assert "drafter calls per round" in out and "(the best chain on the same calls: G =" in out
