@@ -38,7 +38,8 @@ DECODER_RULES: tuple[tuple[str, PartitionSpec], ...] = (
 # and the fused projections ([H_kv, G + 2, D_head, D] q/k/v, [I, 2, D] gate/up)
 # sharded along their leading axis: whole kv groups with their query heads, and
 # gate/up column pairs, so a shard never holds part of a head (where the model
-# axis does not divide H_kv the kernel is replicated, ``_spec_fits``).
+# axis does not divide H_kv the kernel is replicated, ``_spec_fits``, and so is the
+# layer's attention output kernel, ``param_specs``).
 DECODER_RULES_OUT_IN: tuple[tuple[str, PartitionSpec], ...] = (
     (r"attention/qkv/kernel$", PartitionSpec(MODEL, None, None, None)),
     (r"attention/qkv/bias$", PartitionSpec(MODEL, None, None)),
@@ -97,16 +98,39 @@ def place(value, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+_FUSED_QKV = re.compile(r"attention/qkv/kernel$")
+_ATTENTION_OUT = re.compile(r"attention/out/kernel$")
+
+
+def _path_name(path) -> str:
+    return "/".join(str(getattr(k, "key", k)) for k in path)
+
+
 def param_specs(params, mesh: Mesh, rules=DECODER_RULES):
     """The ``NamedSharding`` of every parameter: the first matching rule,
-    replicated along axes the mesh does not divide."""
+    replicated along axes the mesh does not divide.
 
-    def spec_of(path, leaf):
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
-        spec = next(s for pattern, s in rules if re.search(pattern, name))
-        return NamedSharding(mesh, _spec_fits(spec, np.shape(leaf), mesh))
+    Where a layer's fused q/k/v kernel is replicated (the model axis does not
+    divide H_kv), its attention output kernel is replicated too, so the whole
+    attention runs on every chip of the model axis as q/k/v and the KV cache
+    do. Split by rows, the partitioner carried that split back into attention
+    against the replicated q/k/v and cache: the cache update ran split by KV
+    head and every layer's whole keys and values were all-gathered back every
+    step (both real models on 4 chips), and where the split is whole query
+    heads (1.5B: 12 heads over 4) q/k/v moved between chips by
+    collective-permutes and an extra all-reduce (docs/results.md, 'TPU
+    compiler estimates')."""
 
-    return jax.tree_util.tree_map_with_path(spec_of, params)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    names = [_path_name(path) for path, _ in leaves]
+    specs = [_spec_fits(next(s for pattern, s in rules if re.search(pattern, name)),
+                        np.shape(leaf), mesh) for name, (_, leaf) in zip(names, leaves)]
+    whole_attention = {name[:-len("qkv/kernel")] for name, spec in zip(names, specs)
+                       if _FUSED_QKV.search(name) and MODEL not in tuple(spec)}
+    specs = [PartitionSpec() if _ATTENTION_OUT.search(name)
+             and name[:-len("out/kernel")] in whole_attention else spec
+             for name, spec in zip(names, specs)]
+    return jax.tree_util.tree_unflatten(treedef, [NamedSharding(mesh, s) for s in specs])
 
 
 def abstract_params(params, mesh: Mesh, rules=DECODER_RULES):

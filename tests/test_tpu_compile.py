@@ -1,7 +1,8 @@
 """Ahead-of-time TPU compilation (jobs.tpu_aot, tpu_programs, tpu_compile) with
 libtpu on a CPU-only machine: tiny generate functions compile for one v5e chip
 with no host communication inside their loops, a Megatron-sharded toy runs two
-all-reduces per layer on 4 chips, and the job writes, resumes and refuses
+all-reduces per layer on 4 chips (one, and no other collective, where the model
+axis does not divide the KV heads), and the job writes, resumes and refuses
 mismatched settings. Skipped without libtpu (``pip install -e ".[tpu]"``)."""
 
 import json
@@ -52,10 +53,10 @@ def test_tiny_generate_functions_compile_with_no_host_ops_in_loops(name, family_
     assert record["hlo"]["host_ops_in_loops"] == []
 
 
-def sharded_step_all_reduces(layers: int) -> int:
-    """All-reduces of one step (K = 1) of a toy decoder sharded over 4 chips."""
+def sharded_step_collectives(layers: int, num_heads: int = 4, num_kv_heads: int = 4) -> dict:
+    """Collectives of one step (K = 1) of a toy decoder sharded over 4 chips."""
     config = DecoderConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                           num_layers=layers, num_heads=4, num_kv_heads=4,
+                           num_layers=layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                            dtype="bfloat16", param_dtype="bfloat16")
     model, params = tpu_programs.abstract_decoder(DecoderOnlyLM(config))
     shapes = tpu_programs.Shapes(target="toy", drafter="toy", cache_length=64, model=4)
@@ -63,7 +64,11 @@ def sharded_step_all_reduces(layers: int) -> int:
     program = tpu_programs.model_step(model, params, shapes, mesh, 1)
     compiled, _, _ = tpu_aot.compile_abstract(program.fn, program.args,
                                               donate_argnums=program.donate_argnums)
-    return hlo_stats.summarize(compiled.as_text())["collectives"]["all-reduce"]
+    return hlo_stats.summarize(compiled.as_text())["collectives"]
+
+
+def sharded_step_all_reduces(layers: int) -> int:
+    return sharded_step_collectives(layers)["all-reduce"]
 
 
 def test_megatron_sharding_runs_two_all_reduces_per_layer():
@@ -72,6 +77,20 @@ def test_megatron_sharding_runs_two_all_reduces_per_layer():
     from the table split by vocabulary."""
     assert sharded_step_all_reduces(1) == 2 * 1 + 1
     assert sharded_step_all_reduces(3) == 2 * 3 + 1
+
+
+def test_grouped_query_attention_stays_whole_where_the_model_axis_splits_kv_heads():
+    """2 KV heads over a model axis of 4 (the real pair's case): q/k/v and the
+    cache are replicated, and so is the attention output kernel, so attention
+    runs whole on every chip and only the MLP's partial sums are all-reduced.
+    With the output kernel split by rows into whole query heads (8 heads over
+    4), the partitioner split attention by heads against the replicated q/k/v
+    and cache: collective-permutes, an extra all-reduce and all-gathers of
+    each layer's whole cache every step (the 1.5B on v5e:4x4)."""
+    collectives = sharded_step_collectives(2, num_heads=8, num_kv_heads=2)
+    assert collectives["all-reduce"] == 2 * 1 + 1
+    assert collectives["collective-permute"] == 0
+    assert collectives["all-gather"] == 0
 
 
 def test_job_writes_resumes_and_refuses_other_settings(tmp_path, monkeypatch):
