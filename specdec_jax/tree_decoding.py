@@ -30,9 +30,11 @@ is over the path depth 0 .. depth), the loop (``run_rounds``).
 At temperature 0 every tree verifier's output is the target's argmax path (the
 laws are one-hot), but the sampling verifiers see only each node's first child
 (``verify_tree``); the round then runs the greedy tree verifier, so every
-branch counts. Under a deterministic drafter (Max-Gram trees) at T > 0 the
-later siblings have no mass under the reported sibling laws: they are never
-accepted (exact, but only the first child of each node can pay off).
+branch counts. Under a deterministic drafter (Max-Gram trees,
+``proposal.deterministic``) at T > 0 each node's law is the point mass on its
+own token (``verify_tree.Tree.point_mass``): the children of a node are tested
+in turn against ``pi`` restricted to the tokens not yet rejected, so any
+sibling can be accepted, and the verifiers stay exact.
 """
 
 from __future__ import annotations
@@ -337,7 +339,8 @@ class TreeDecoder:
         batch = pending_B.shape[0]
         tree = verify_tree.Tree(parents=proposal.parents.astype(jnp.int32),
                                 tokens=proposal.tokens.astype(jnp.int32),
-                                valid=jnp.ones((batch, n), bool))
+                                valid=jnp.ones((batch, n), bool),
+                                point_mass=proposal.deterministic)
 
         # One target call: the pending token (node 0) and the N drafted nodes.
         fed_tokens, fed_parents = tree_with_root(pending_B, tree.tokens, tree.parents)

@@ -196,6 +196,44 @@ def test_tree_decoding_follows_pi(verifier, method, alpha, tree):
     assert hist[:-1].sum() > 0 and hist[-1] > 0, hist  # short paths and full ones
 
 
+@pytest.mark.long
+@pytest.mark.parametrize("verifier", ["rrs", "traversal"])
+def test_max_gram_trees_at_t1_follow_pi_and_accept_later_siblings(verifier):
+    """A deterministic tree (Max-Gram, static widths (2, 1)) at T = 1: the
+    round verifies point-mass laws (``Tree.point_mass``), so the emitted
+    sequences follow p (chi-square, 20 000 rows), and the *second* root child
+    is accepted as a draft too. One round per row (``max_new_tokens = 1``,
+    whose histogram is that round's): both root children are accepted on some
+    rows, and a root child's token is never emitted without being accepted
+    (the residual after rejecting the children has no mass on them). Reading
+    the first child's one-hot ``q`` as every sibling's law (the loop before
+    point masses) accepts only the first child: 1 distinct accepted token."""
+    bigram = jax.numpy.asarray([2, 3, 0, 1], jax.numpy.int32)
+    prompt = make_prompt([list(exactness.PROMPT)] * ROWS)
+    sp = sampling_params(temperature=1.0)
+
+    def generate(max_new_tokens, key):
+        decoder = api.make_decoder(target=exactness.TARGET, drafter=MaxGramDrafter(exactness.V),
+                                   tree="2,1", verifier=verifier,
+                                   max_new_tokens=max_new_tokens)
+        return jax.jit(decoder.generate)(exactness.TARGET_PARAMS, bigram, prompt,
+                                         jax.random.PRNGKey(key), sp)
+
+    out = generate(exactness.LENGTH, 9)
+    assert np.all(np.asarray(out.lengths) == exactness.LENGTH)
+    p_dist = lambda context: np.asarray(  # noqa: E731
+        exactness.TARGET.next_probs(exactness.TARGET_PARAMS, context), np.float64)
+    expected = exactness.exact_sequence_probs(p_dist)
+    assert exactness.chi_square_pvalue(np.asarray(out.tokens), expected) > exactness.P_MIN
+    one = generate(1, 10)
+    first = np.asarray(one.tokens)[:, 0]
+    accepted = np.asarray(one.stats.accepted_histogram)[:, 1:].sum(-1) > 0
+    assert np.asarray(one.stats.target_calls).max() == 1
+    children = set(np.unique(first[accepted]).tolist())
+    assert len(children) == 2, children  # both root children pay
+    assert not np.any(np.isin(first, list(children)) & ~accepted)
+
+
 # --- token trees through the gin jobs (jobs.study, jobs.sweep) --------------------------------
 
 
