@@ -189,8 +189,17 @@ def test_a_drafter_stored_in_fewer_bytes_keeps_the_target_law(weight_format):
     from specdec_jax.decoding import SpeculativeDecoder
     from specdec_jax.drafting import ModelDrafter
     from specdec_jax.models.interface import make_prompt
-    from tests.exactness import (LENGTH, P_MIN, PROMPT, ROWS, TARGET, TARGET_PARAMS, V,
-                                 chi_square_pvalue, exact_sequence_probs)
+    from tests.exactness import (
+        LENGTH,
+        P_MIN,
+        PROMPT,
+        ROWS,
+        TARGET,
+        TARGET_PARAMS,
+        V,
+        chi_square_pvalue,
+        exact_sequence_probs,
+    )
 
     cfg = decoder.DecoderConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
                                 num_layers=1, num_heads=2, num_kv_heads=1, tie_embeddings=True)
