@@ -387,16 +387,23 @@ def tree_cost_model(*, tree: str, target, target_params, drafter, drafter_params
     return model
 
 
+def _cost_model_head(m: dict, measured: float | None) -> tuple[str, list[str]]:
+    """The measured-speedup note and the first lines shared by ``explain``
+    (chains) and ``explain_tree``."""
+    measured_text = (f" (measured {measured}x: prefill and the loop included)"
+                     if measured is not None else "")
+    return measured_text, [
+        "cost model (model steps timed inside jitted loops on this machine):",
+        f"  tokens per target call    {m['tokens_per_target_call']:.2f}",
+        f"  target step, 1 token      {1e3 * m['target_step_s']:.0f} ms"]
+
+
 def explain_tree(model: dict, measured: float | None) -> str:
     """The tree's cost model as a small table (as ``explain`` for chains)."""
     m = model
     step, n = m["target_step_s"], m["num_nodes"]
-    measured_text = (f" (measured {measured}x: prefill and the loop included)"
-                     if measured is not None else "")
-    lines = [
-        "cost model (model steps timed inside jitted loops on this machine):",
-        f"  tokens per target call    {m['tokens_per_target_call']:.2f}",
-        f"  target step, 1 token      {1e3 * step:.0f} ms",
+    measured_text, lines = _cost_model_head(m, measured)
+    lines += [
         f"  tree call, {n + 1} nodes{' ' * max(12 - len(str(n + 1)), 1)}"
         f"{1e3 * m['tree_call_s']:.0f} ms ({m['tree_call_s'] / step:.2f}x a step)"]
     if m["drafter_step_s"]:
@@ -491,12 +498,8 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
         catch_ups = "; catch-ups are 1-token calls"
     else:
         catch_ups = ""
-    measured_text = (f" (measured {measured}x: prefill and the loop included)"
-                     if measured is not None else "")
-    lines = [
-        "cost model (model steps timed inside jitted loops on this machine):",
-        f"  tokens per target call    {m['tokens_per_target_call']:.2f}",
-        f"  target step, 1 token      {1e3 * step:.0f} ms",
+    measured_text, lines = _cost_model_head(m, measured)
+    lines += [
         f"  scoring call, {gamma + 1} tokens    {1e3 * m['scoring_call_s']:.0f} ms "
         f"({m['scoring_call_s'] / step:.2f}x a step)",
         f"  drafter calls per round   {m['drafter_calls_per_round']:.2f}, a step "
