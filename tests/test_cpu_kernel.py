@@ -27,7 +27,7 @@ def _xla(x, w, scale=None):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("rows,k,n", [(1, 64, 8), (2, 37, 13), (6, 1000, 37), (7, 16, 5),
-                                      (9, 130, 66), (17, 48, 4)])
+                                      (9, 130, 66), (17, 48, 4), (40, 24, 9), (513, 8, 3)])
 def test_kernel_matches_the_product(kernel, dtype, rows, k, n):
     rng = np.random.default_rng(rows * 1000 + k + n)
     x = jnp.asarray(rng.standard_normal((rows, k)), jnp.float32)
@@ -38,7 +38,10 @@ def test_kernel_matches_the_product(kernel, dtype, rows, k, n):
         w, scale = jnp.asarray(rng.standard_normal((n, k)), jnp.float32).astype(dtype), None
     fn = jax.jit(lambda x, w, s: native_matmul.matmul_out_in(x, w, scale_N=s))
     text = fn.lower(x, w, scale).as_text()
-    assert ("SmallMMatmul" in text) == (rows > 1 or dtype != "float32")
+    # float32 weights: 2 .. 32 rows; narrow weights: 1 .. 512 rows (a prefill).
+    takes_kernel = (1 < rows <= native_matmul.MAX_ROWS if dtype == "float32"
+                    else rows <= native_matmul.MAX_ROWS_NARROW)
+    assert ("SmallMMatmul" in text) == takes_kernel
     np.testing.assert_allclose(fn(x, w, scale), _xla(x, w, scale), rtol=2e-5,
                                atol=2e-5 * np.sqrt(k) * (127 if dtype == "int8" else 1))
 

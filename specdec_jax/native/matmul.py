@@ -10,11 +10,17 @@ float32 accumulation.
 
 The kernel serves one CPU device. Everything else keeps XLA's dot: another
 platform (``lax.platform_dependent`` lowers only the branch of the platform
-compiled for, so TPU and GPU programs never see the custom call), more than
-``MAX_ROWS`` rows (a prefill is compute-bound, where XLA's blocked product is
-the right tool), several devices (no partitioning rule for the call), and
-float32 weights at one row, where XLA's matrix-vector product already reads at
-the memory's speed. Gradients go through XLA's formulation (``custom_jvp``).
+compiled for, so TPU and GPU programs never see the custom call), float32
+weights at more than ``MAX_ROWS`` rows (a prefill is compute-bound, where XLA's
+blocked product is the right tool), narrow weights at more than
+``MAX_ROWS_NARROW`` rows, several devices (no partitioning rule for the call),
+and float32 weights at one row, where XLA's matrix-vector product already reads
+at the memory's speed. Narrow weights take the kernel up to a longer prefill
+because XLA's dot needs them widened to a float32 copy first, written and read
+back on every call: a 0.5B drafter's int8 prefill of 96 / 166 / 512 rows took
+470 / 706 / 2,609 ms through the kernel against 1,071 / 1,107 / 2,709 ms
+widened (2-core x86_64, docs/results.md); past 512 rows it was not measured.
+Gradients go through XLA's formulation (``custom_jvp``).
 """
 
 from __future__ import annotations
@@ -34,8 +40,11 @@ SYMBOLS = {np.dtype(np.float32): "SmallMMatmulF32",
            np.dtype(np.int8): "SmallMMatmulI8"}
 TARGET_PREFIX = "specdec_jax_"
 # The products the kernel takes: rows of x (batch x positions). A scoring
-# call at batch 1 has G + 1 <= 17 rows; larger products are prefills.
+# call at batch 1 has G + 1 <= 17 rows; larger products are prefills, which
+# keep XLA's dot for float32 weights and take the kernel for bfloat16 / int8
+# weights up to the longest prefill measured faster that way (module docstring).
 MAX_ROWS = 32
+MAX_ROWS_NARROW = 512
 
 
 @dataclasses.dataclass
@@ -78,7 +87,9 @@ def active() -> bool:
 def _uses_kernel(rows: int, x: Array, w: Array) -> bool:
     if not active() or x.dtype != jnp.float32 or w.ndim != 2:
         return False
-    if np.dtype(w.dtype) not in SYMBOLS or not 1 <= rows <= MAX_ROWS:
+    if np.dtype(w.dtype) not in SYMBOLS:
+        return False
+    if not 1 <= rows <= (MAX_ROWS if w.dtype == jnp.float32 else MAX_ROWS_NARROW):
         return False
     if w.dtype == jnp.float32 and rows == 1:
         return False
