@@ -153,6 +153,16 @@ def test_bench_drafter_variants_end_to_end(tmp_path, byte_table, cpu_kernel):
     assert "| cut, bf16, kernel |" in (tmp_path / "drafter_variants.md").read_text()
 
 
+def test_drafter_variants_decode_each_prompt_at_its_own_width():
+    from specdec_jax.jobs.bench.drafter_variants import _prompts
+    encoded = [[5] * 40, [6] * 3, [7] * 33]
+    bucketed = _prompts(encoded, 32)
+    assert [p.tokens.shape for p in bucketed] == [(1, 64), (1, 32), (1, 64)]
+    assert [int(p.lengths[0]) for p in bucketed] == [40, 3, 33]
+    assert [int(p.tokens[0, 0]) for p in bucketed] == [5, 6, 7]  # the prompts' order
+    assert {p.tokens.shape for p in _prompts(encoded, 0)} == {(1, 40)}  # the longest
+
+
 def test_drafter_variants_refuse_incomplete_or_clashing_variants():
     from specdec_jax.jobs.bench.drafter_variants import check_variants
     good = {"name": "a", "gamma": 5, "head_vocab": 0, "catch_up_widths": [1],

@@ -15,8 +15,13 @@ from one run on one machine state. A variant (a dict in ``variants``) sets:
   XLA's dot, fixed when the variant is compiled (the target too).
 
 Prompts: the first command's three, or the first ``num_prompts`` of a task
-(``task = 'humaneval'``); the speedup of each variant over the target is the
-ratio of total seconds with a bootstrap 95% interval over prompts. The
+(``task = 'humaneval'``), each decoded alone (batch 1) at its own length
+rounded up to a multiple of ``width_bucket`` tokens (one compiled program per
+variant and width; 0 pads every prompt to the longest, one program per
+variant, which charges every prompt the longest prompt's prefill: twice on
+the speculative side, target and drafter). The speedup of each variant over
+the target is the ratio of total seconds with a bootstrap 95% interval over
+prompts. The
 outputs must equal the target's token for token (checked: every variant is
 exact; the job fails after writing its report if one is not).
 
@@ -74,7 +79,8 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
                                variants: Sequence[dict] = (), max_new_tokens: int = 64,
                                repeats: int = 2, task: str | None = None, num_prompts: int = 3,
                                out: str | None = None, markdown_path: str | None = None,
-                               bigram_table: str = "qwen2.5-coder") -> dict:
+                               bigram_table: str = "qwen2.5-coder",
+                               width_bucket: int = 32) -> dict:
     """Seconds, speedup over the target (95% CI over prompts) and tokens per
     target call of each drafter variant (module docstring); JSON at ``out`` if
     given, the Markdown printed (and written to ``markdown_path`` if given).
@@ -84,8 +90,10 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
     variants = check_variants(variants)
     shared.check_at_least(1, max_new_tokens=max_new_tokens, repeats=repeats,
                           num_prompts=num_prompts)
+    shared.check_at_least(0, width_bucket=width_bucket)
     settings = {"target": target, "drafter": drafter, "variants": variants, "task": task,
-                "max_new_tokens": max_new_tokens, "repeats": repeats, "out": out}
+                "max_new_tokens": max_new_tokens, "repeats": repeats, "out": out,
+                "width_bucket": width_bucket}
     if bigram_table != "qwen2.5-coder":
         settings["bigram_table"] = bigram_table
     texts = (list(DEFAULT_PROMPTS) if task is None
@@ -93,8 +101,7 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
     pair = load_pair(target=target, drafter=drafter)
     common = dict(target=pair.target, max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids)
     sp = api.sampling_params(temperature=0.0)
-    prompts = [p for _, p, _ in batching.fixed_shape_batches(
-        [pair.encode(text) for text in texts], 1)]
+    prompts = _prompts([pair.encode(text) for text in texts], width_bucket)
     key = jax.random.PRNGKey(0)
     target_params = pair.target_params
     kernel_built = any(v["kernel"] for v in variants) and cpu_kernels.enable()
@@ -114,10 +121,14 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
             drafter=ModelDrafter(model, catch_up_widths=v["catch_up_widths"]),
             method="specdecode", gamma=v["gamma"], **common)
         programs[v["name"]] = (fn, params, v["kernel"])
-    compiled = {}
+    compiled = {}  # (variant, prompt width) -> executable
     for name, (fn, params, kernel) in programs.items():
         native_matmul.set_enabled(kernel)  # fixed in the program when it is traced
-        compiled[name] = timing.Compiled(fn, target_params, params, prompts[0], key, sp)
+        for prompt in prompts:
+            width = prompt.tokens.shape[1]
+            if (name, width) not in compiled:
+                compiled[name, width] = timing.Compiled(fn, target_params, params, prompt,
+                                                        key, sp)
     native_matmul.set_enabled(True)
     seconds = {name: [0.0] * len(prompts) for name in programs}
     tokens = dict.fromkeys(programs, 0)
@@ -125,7 +136,8 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
     outputs: dict[str, list] = {name: [] for name in programs}
     passes = [(index, prompt) for _ in range(repeats) for index, prompt in enumerate(prompts)]
     for index, prompt in tqdm(passes, desc="prompts (every variant in turn)"):
-        for name, executable in compiled.items():
+        for name in programs:
+            executable = compiled[name, prompt.tokens.shape[1]]
             run = executable.time(target_params, programs[name][1], prompt, key, sp)
             seconds[name][index] += run.median_s
             tokens[name] += int(np.asarray(run.output.lengths).sum())
@@ -138,8 +150,10 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
                for name, per_prompt in seconds.items()}
     env = timing.environment()
     source = f"{len(prompts)} {task} prompts" if task else f"{len(prompts)} prompts"
+    widths = sorted({int(p.tokens.shape[1]) for p in prompts})
     lines = [f"{target} / {drafter}, greedy, {source} x {repeats}, {max_new_tokens} new tokens, "
-             f"{env['machine']}, {precision.resolve_dtype('auto')}, jax {env['jax']}"]
+             f"prompt widths {widths}, {env['machine']}, {precision.resolve_dtype('auto')}, "
+             f"jax {env['jax']}"]
     lines += tables.markdown_table(
         ("variant", "seconds", "speedup vs target (95% CI)", "tokens per target call",
          "same tokens"),
@@ -159,6 +173,15 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
                            "other tokens than the autoregressive target (every variant must be "
                            f"exact){'; report in ' + out if out else ''}.")
     return report
+
+
+def _prompts(encoded: Sequence[Sequence[int]], width_bucket: int) -> list:
+    """One batch-1 ``Prompt`` per text: at its own length rounded up to
+    ``width_bucket``, or (0) every one padded to the longest."""
+    if not width_bucket:
+        return [p for _, p, _ in batching.fixed_shape_batches(encoded, 1)]
+    return [batching.make_prompt([list(ids)], pad_to=batching.bucketed_width(
+        len(ids), width_bucket)) for ids in encoded]
 
 
 def _ratio_of_totals(pairs) -> float:
