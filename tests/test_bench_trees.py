@@ -33,9 +33,10 @@ MORE_CONFIGS = [  # the long test: the model's chain, a Max-Gram tree
 def byte_table(tmp_path_factory):
     unigram = np.zeros(ByteTokenizer.VOCAB_SIZE, np.int64)
     streams = [ByteTokenizer().encode(p) for p in humaneval.load_prompts(10)]
-    table, _ = bigram.build_table(streams, ByteTokenizer.VOCAB_SIZE, unigram=unigram)
+    top_k = np.zeros((ByteTokenizer.VOCAB_SIZE, bigram.TOP_K), np.int32)  # best-first trees
+    table, _ = bigram.build_table(streams, ByteTokenizer.VOCAB_SIZE, unigram=unigram, top_k=top_k)
     path = tmp_path_factory.mktemp("table") / "bytes.npz"
-    bigram.save_table(table, path, unigram=unigram)
+    bigram.save_table(table, path, unigram=unigram, top_k=top_k)
     return str(path)
 
 
@@ -126,6 +127,7 @@ def test_bench_trees_replays_max_gram_trees(tmp_path, byte_table):
     stored = json.loads(replay.read_text())
     assert len(stored["continuations"]) == 2 and len(stored["continuations"][0]) == 12 + 4
     assert report["configs"][names[1]]["num_nodes"] == 6
+    assert report["configs"][names[1]]["config"]["bigram_columns"] == bigram.TOP_K
     assert all(report["configs"][n]["counted_by"] == "replay" for n in names)
     (tmp_path / "check").mkdir()
     checked = run_job(tmp_path / "check", *bindings, "bench_trees.replay_check = True")

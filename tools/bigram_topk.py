@@ -1,19 +1,22 @@
 """A Max-Gram bigram table of K continuations per token (int32 [V, K], best
-first), for best-first Max-Gram trees (``drafting.tree.MaxGramTrieDrafter``
-reads every column; chains and static trees read column 0).
+first) as a bare .npy, for best-first Max-Gram trees
+(``drafting.tree.MaxGramTrieDrafter`` reads every column; chains and static
+trees read column 0). The packaged table already stores K = ``bigram.TOP_K``
+(its ``top_k`` array, built by ``python -m specdec_jax.data.bigram``); this
+tool builds other K, or tables for another model's tokenizer.
 
 Counted over the same corpus as the packaged table (``data.bigram``: the
-Python standard library's sources, file by file); column 0 is the packaged
-rule (most frequent continuation, ties to the smaller id, unseen tokens ->
-the corpus's most frequent token), columns 1.. the next most frequent
-continuations; a token with fewer than K seen continuations repeats its
-column 0 in the rest (repeated tokens vote once per distinct token in
-``count_candidates``, so the repeats only add bigram mass to column 0's
-token). Example::
+Python standard library's sources, file by file) by ``bigram.build_table``:
+column 0 is the packaged rule (most frequent continuation, ties to the
+smaller id, unseen tokens -> the corpus's most frequent token), columns 1..
+the next most frequent continuations; a token with fewer than K seen
+continuations repeats its column 0 in the rest (repeated tokens vote once per
+distinct token in ``count_candidates``, so the repeats only add bigram mass to
+column 0's token). Example::
 
     python tools/bigram_topk.py --k 4 --out /tmp/qwen2.5-coder.top4.npy
     python tools/maxgram_replay.py --reference ... --table /tmp/qwen2.5-coder.top4.npy \\
-        --tree trie:32,8
+        --bigram-columns 4 --tree trie:32,8
 """
 
 from __future__ import annotations
@@ -29,25 +32,8 @@ from specdec_jax.data import bigram
 
 def top_k_table(streams, vocab_size: int, k: int) -> np.ndarray:
     """int32 [V, k] (module docstring)."""
-    pair_chunks = []
-    unigram = np.zeros(vocab_size, np.int64)
-    for stream in streams:
-        ids = np.asarray(list(stream), np.int64)
-        unigram += np.bincount(ids, minlength=vocab_size)
-        if ids.size > 1:
-            pair_chunks.append(ids[:-1] * vocab_size + ids[1:])
-    pairs, counts = np.unique(np.concatenate(pair_chunks), return_counts=True)
-    first, second = pairs // vocab_size, pairs % vocab_size
-    table = np.full((vocab_size, k), int(np.argmax(unigram)), np.int32)
-    order = np.lexsort((second, -counts, first))  # by first, then count down, then id
-    first, second = first[order], second[order]
-    start = np.r_[0, np.nonzero(first[1:] != first[:-1])[0] + 1]
-    rank = np.arange(len(first)) - np.repeat(start, np.diff(np.r_[start, len(first)]))
-    keep = rank < k
-    table[first[keep], rank[keep]] = second[keep]
-    seen = np.bincount(first, minlength=vocab_size)
-    for j in range(1, k):  # fewer than k continuations: repeat column 0
-        table[seen <= j, j] = table[seen <= j, 0]
+    table = np.zeros((vocab_size, k), np.int32)
+    bigram.build_table(streams, vocab_size, top_k=table)
     return table
 
 
@@ -67,7 +53,8 @@ def main(argv=None) -> int:
     files = bigram.stdlib_sources()
     streams = (tok.encode(f.read_text(encoding="utf-8", errors="replace")) for f in files)
     table = top_k_table(streams, vocab, args.k)
-    packaged = bigram.load_table("qwen2.5-coder") if vocab == 151936 else None
+    spec = bigram.TABLES["qwen2.5-coder"]
+    packaged = bigram.load_table(spec.name) if vocab == spec.vocab_size else None
     if packaged is not None:
         same = float(np.mean(packaged == table[:, 0]))
         print(f"column 0 equals the packaged table on {same:.4%} of tokens")

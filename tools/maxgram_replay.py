@@ -4,9 +4,13 @@ Replays greedy tree decoding (``specdec_jax.jobs.bench.tree_replay``) against
 the target's greedy output stored by the trees benchmark (``bench_trees.replay``),
 for drafters given on the command line; no model is loaded, so a tree costs
 seconds. Exact at T = 0 (the benchmark's ``replay_check`` confirms it against
-the real loop). Example (the protocol of configs/bench/trees.gin)::
+the real loop). Best-first trees (``trie:``) read ``--bigram-columns``
+continuations per token (default ``bigram.TOP_K``, stored in the packaged
+table; 1: its one-column table), chains and static trees one. Example (the
+protocol of configs/bench/trees_maxgram.gin)::
 
-    python tools/maxgram_replay.py --reference eval/reports/greedy_humaneval_qwen1.5b.json \\
+    python tools/maxgram_replay.py \\
+        --reference eval/reports/greedy_humaneval_qwen2.5-coder-1.5b.json \\
         --num-prompts 40 --max-new-tokens 128 --tree chain:6 --tree trie:32,8 \\
         --set run_power=2 --set unseen_mass=1
 """
@@ -19,7 +23,6 @@ import json
 import sys
 
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax.data import bigram, metrics
 from specdec_jax.jobs.bench import tree_replay, trees
@@ -35,8 +38,11 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference", required=True, help="greedy reference JSON")
     parser.add_argument("--table", default="qwen2.5-coder",
-                        help="bigram table (name or path), or a .npy [V, K] table of K "
-                             "continuations per token (best-first trees; others read the first)")
+                        help="bigram table (name or path; a .npy [V, K] from "
+                             "tools/bigram_topk.py too): chains and static trees read its "
+                             "first column, best-first trees --bigram-columns")
+    parser.add_argument("--bigram-columns", type=int, default=bigram.TOP_K,
+                        help="continuations per token a best-first tree reads")
     parser.add_argument("--num-prompts", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--tree", action="append", required=True,
@@ -63,10 +69,8 @@ def main(argv=None) -> int:
                                        "verifiers": ["token" if tree.startswith("chain:")
                                                      else "greedy"]}])[0]
         drafter = trees.max_gram_tree_drafter(config, 0)
-        table = jnp.asarray(np.load(args.table) if args.table.endswith(".npy") else
-                            bigram.load_table(args.table))
-        if table.ndim == 2 and not config.is_trie:  # chains and static trees read column 0
-            table = table[:, 0]
+        columns = args.bigram_columns if config.is_trie else 1
+        table = jnp.asarray(bigram.load_table(args.table, columns=columns))
         drafter = dataclasses.replace(drafter, vocab_size=int(table.shape[0]),
                                       **(overrides if config.is_trie else {}))
         rows = tree_replay.replay_rows(drafter, table, prompts, continuations,

@@ -577,8 +577,10 @@ class MaxGramTrieDrafter:
     for target functions that read ``q``.
 
     Params: the bigram table, int32 [V] (or [V, K]: K continuations per token,
-    best first). Cost: ``num_nodes`` sequential steps, each a suffix match over
-    one text per row (no neural network).
+    best first; the packaged table stores K = 8:
+    ``data.bigram.load_table(name, columns=data.bigram.TOP_K)``). Cost:
+    ``num_nodes`` sequential steps, each a suffix match over one text per row
+    (no neural network).
     """
 
     vocab_size: int

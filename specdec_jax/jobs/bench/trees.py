@@ -8,7 +8,8 @@ trees; one compiled program per configuration, the prompts right-padded to
 one width). A configuration (a dict in ``configs``) is:
 
 * ``drafter``: ``'model'`` (the drafter model) or ``'mag'`` (Max-Gram over the
-  ``bigram_table``);
+  ``bigram_table``: chains and static trees read its one continuation per
+  token, best-first trees its ``bigram.TOP_K`` continuations, ``bigram.load_table``);
 * ``tree``: ``'chain:G'`` (the chain decoder, G drafts), static widths per
   depth (``'3,2,1,1'``), ``'dynamic:DEPTH,EXPAND,CHILDREN'`` (EAGLE-2's
   dynamic tree, model drafters only; ``tree_decoding.TreeSpec``), or
@@ -139,9 +140,18 @@ class Config:
             return "best-first"
         return "dynamic" if self.spec.dynamic is not None else "static"
 
+    @property
+    def bigram_columns(self) -> int:
+        """Continuations per token a Max-Gram configuration reads from the
+        table: ``bigram.TOP_K`` for a best-first tree, else 1."""
+        return bigram.TOP_K if self.is_trie else 1
+
     def as_dict(self) -> dict:
-        return {"name": self.name, "drafter": self.drafter, "tree": self.tree,
-                "temperature": self.temperature, "verifiers": list(self.verifiers)}
+        config = {"name": self.name, "drafter": self.drafter, "tree": self.tree,
+                  "temperature": self.temperature, "verifiers": list(self.verifiers)}
+        if self.is_trie:  # rows stored before the trees read K columns are counted again
+            config["bigram_columns"] = self.bigram_columns
+        return config
 
 
 def parse_trie(tree: str) -> tuple[int, int]:
@@ -162,6 +172,15 @@ def max_gram_tree_drafter(config: Config, vocab: int):
         return MaxGramTrieDrafter(vocab, num_nodes=nodes, depth=depth)
     widths = (1,) * config.gamma if config.is_chain else config.spec.widths
     return MaxGramTreeDrafter(vocab, TreeShape.from_widths(widths))
+
+
+def max_gram_tables(bigram_table: str, vocab: int, configs: Sequence[Config]) -> dict:
+    """The Max-Gram configurations' bigram tables by the columns they read
+    (``Config.bigram_columns``): int32 [V] for chains and static trees,
+    [V, ``bigram.TOP_K``] for best-first trees (``bigram.load_table``)."""
+    return {c.bigram_columns: jnp.asarray(bigram.load_table(bigram_table, vocab,
+                                                            columns=c.bigram_columns))
+            for c in configs if c.drafter == "mag"}
 
 
 def check_configs(configs: Sequence[dict]) -> list[Config]:
@@ -584,8 +603,7 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
     texts = [ex.prompt for ex in tasks.get_task(task).load("test", num_prompts)]
     prompts = [pair.encode(text) for text in texts]
     width = max(len(p) for p in prompts)
-    table = (jnp.asarray(bigram.load_table(bigram_table, vocab))
-             if any(c.drafter == "mag" for c in checked) else None)
+    tables = max_gram_tables(bigram_table, vocab, checked)
     drafter_name = "drafter"
     received: list = []
     sink = lambda accepted: received.append(np.asarray(accepted)[:, 0])  # noqa: E731 (batch 1)
@@ -604,6 +622,7 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
             continue
         decoder = build_decoder(config, pair=pair, drafter_name=drafter_name, vocab=vocab,
                                 max_new_tokens=max_new_tokens, sink=sink)
+        table = tables.get(config.bigram_columns)
         params = pair.drafter_params if config.drafter == "model" else table
         start = time.perf_counter()
         replay_equal = None
