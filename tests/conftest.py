@@ -38,3 +38,18 @@ def cpu_kernel():
     if not cpu_kernels.enable():
         pytest.skip("the CPU kernel could not be built here (no C++ compiler: apt-get install "
                     "g++ or set $CXX)")
+
+
+LONG_BY_DURATION = os.path.join(os.path.dirname(__file__), "long_by_duration.txt")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not long"` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Marks ``long`` the default-suite tests listed in ``long_by_duration.txt``
+    (the slowest by measured time; the file says when and how measured)."""
+    del config
+    with open(LONG_BY_DURATION) as listing:
+        node_ids = {line.split("#")[0].strip() for line in listing} - {""}
+    for item in items:
+        if item.nodeid in node_ids:
+            item.add_marker(pytest.mark.long)
