@@ -21,9 +21,8 @@ variant and width; 0 pads every prompt to the longest, one program per
 variant, which charges every prompt the longest prompt's prefill: twice on
 the speculative side, target and drafter). The speedup of each variant over
 the target is the ratio of total seconds with a bootstrap 95% interval over
-prompts. The
-outputs must equal the target's token for token (checked: every variant is
-exact; the job fails after writing its report if one is not).
+prompts. The outputs must equal the target's token for token (checked: every
+variant is exact; the job fails after writing its report if one is not).
 
     python -m eval.main --gin_file=configs/bench/drafter_variants.gin \\
         --gin_bindings="bench_drafter_variants.out = 'results/variants.json'"
