@@ -67,6 +67,17 @@ class Program:
     note: str = ""
 
 
+# libtpu's compile-only description of a v4 topology lists each TensorCore as a device
+# (8 for v4:2x2x1) unless asked for megacore chips, the one device per chip a v4 VM
+# shows JAX; v5p's default is already megacore (and v5e / v6e have one core per chip).
+CHIP_CONFIGS = {"v4": "megacore"}
+
+
+def chip_config(topology: str) -> str | None:
+    """The chip configuration a topology is described with (``CHIP_CONFIGS``)."""
+    return CHIP_CONFIGS.get(topology.partition(":")[0])
+
+
 class TpuUnavailable(RuntimeError):
     """libtpu is missing or cannot describe the topology."""
 
@@ -116,8 +127,10 @@ def captured_stderr():
 
 @functools.lru_cache(maxsize=None)
 def topology_devices(topology: str) -> tuple[jax.Device, ...]:
-    """The compile-only devices of a TPU topology, e.g. ``"v5e:2x2"`` (4 chips)."""
+    """The compile-only devices of a TPU topology, one per chip as on a TPU VM,
+    e.g. ``"v5e:2x2"`` (4 chips) or ``"v4:2x2x4"`` (16 megacore chips)."""
     chip_of(topology)
+    config = chip_config(topology)
     if libtpu_version() is None:
         raise TpuUnavailable(f"libtpu is not installed; {INSTALL_HINT}.")
     _allow_compile_only_load()
@@ -125,7 +138,9 @@ def topology_devices(topology: str) -> tuple[jax.Device, ...]:
 
     with captured_stderr() as log:
         try:
-            description = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+            description = topologies.get_topology_desc(
+                platform="tpu", topology_name=topology,
+                **({"chip_config_name": config} if config else {}))
         except Exception as error:  # noqa: BLE001 - any failure means: no such topology here
             raise TpuUnavailable(f"libtpu {libtpu_version()} cannot describe {topology!r}: "
                                  f"{type(error).__name__}: {error}") from error
