@@ -26,9 +26,11 @@ TINY = tpu_programs.Shapes(target="tiny-target", drafter="tiny-drafter", cache_l
 # token and block-seed verifiers, which share specdecode's loop): autoregressive
 # decoding, speculative rounds (block verification), a speculative cascade's target
 # function, CS Drafting's nested loops over Max-Gram, SpecDec++'s data-dependent draft
-# loop and the feature head's drafting on the target's hidden states.
+# loop, the feature head's drafting on the target's hidden states, and token trees (the
+# drafter's dynamic tree, Max-Gram's best-first tree).
 FAMILIES = ["generate_autoregressive", "generate_specdecode_block", "generate_cascade_token_v3",
-            "generate_csd_maxgram", "generate_specdecpp", "generate_feature"]
+            "generate_csd_maxgram", "generate_specdecpp", "generate_feature",
+            "generate_tree_dynamic", "generate_tree_maxgram"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +53,21 @@ def test_tiny_generate_functions_compile_with_no_host_ops_in_loops(name, family_
     assert record["fits"] and record["hbm_bytes"] > 0
     assert record["hlo"]["while_loops"] >= 1
     assert record["hlo"]["host_ops_in_loops"] == []
+
+
+def test_tree_calls_compile_with_the_cache_updated_in_place():
+    """The target's tree call (score the nodes, commit the accepted path), the
+    drafter's one-depth call and Max-Gram's best-first tree: compiled, the KV
+    cache donated and aliased (no copy of it per round), no host communication."""
+    names = ["target_tree_w17", "drafter_tree_w8", "maxgram_trie"]
+    assert set(names) <= set(tpu_programs.TREE_CALLS)
+    records = tpu_compile.compile_in_processes(names, TINY, TOPOLOGY,
+                                               workers=min(2, os.cpu_count() or 1))
+    for name, record in records.items():
+        assert record["status"] == "compiled", (name, record.get("error"))
+        assert record["hlo"]["host_ops_in_loops"] == []
+    for name in names[:2]:
+        assert records[name]["memory"]["alias"] > 0, name
 
 
 def sharded_step_collectives(layers: int, num_heads: int = 4, num_kv_heads: int = 4) -> dict:
@@ -114,6 +131,19 @@ def test_job_writes_resumes_and_refuses_other_settings(tmp_path, monkeypatch):
     assert tpu_compile.run_tpu_compile(**args)["programs"] == report["programs"]
     with pytest.raises(ValueError, match="other settings"):
         tpu_compile.run_tpu_compile(**{**args, "cache_length": 128})
+
+
+def test_topologies_have_one_device_per_chip():
+    """As a TPU VM shows them: a v4 chip's two TensorCores are one (megacore)
+    device, and a v4 report records that it was compiled so."""
+    assert len(tpu_aot.topology_devices("v4:2x2x1")) == 4
+    assert len(tpu_aot.topology_devices("v4:2x2x4")) == 16
+    assert len(tpu_aot.topology_devices("v5p:2x2x1")) == 4
+    shapes = tpu_programs.Shapes(target="t", drafter="d")
+    settings = lambda topology: tpu_compile.settings_of(  # noqa: E731
+        topology=topology, target="t", drafter="d", shapes=shapes, compiler_options={})
+    assert settings("v4:2x2x1")["chip_config"] == "megacore"
+    assert "chip_config" not in settings("v5e:2x2")  # reports before it still resume
 
 
 def test_unknown_names_fail_before_compiling():

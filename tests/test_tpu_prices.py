@@ -11,7 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from specdec_jax.jobs import cost, tpu_prices
+from specdec_jax.jobs import cost, tpu_compile, tpu_prices
 
 REPORTS = pathlib.Path(__file__).resolve().parents[1] / "eval" / "reports"
 
@@ -140,7 +140,7 @@ def test_round_model_reproduces_the_stored_gpu_prediction():
     """From histograms alone, the counted G's GPU prediction lands within 5% of
     the one the benchmark priced from its per-row counts (the difference: the
     last, cut round of each prompt)."""
-    counted = tpu_prices._read(str(REPORTS / "bench_feature_drafter_cpu.json"))
+    counted = tpu_compile.read_report(str(REPORTS / "bench_feature_drafter_cpu.json"))
     acceptance = tpu_prices.counted_acceptance(counted, "0.0")
     checked = tpu_prices.check(acceptance, str(REPORTS / "bench_feature_steps_gpu_h100.json"),
                                counted["gpu_feature_variant"])

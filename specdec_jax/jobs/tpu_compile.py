@@ -31,7 +31,7 @@ import pathlib
 import platform
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 
@@ -61,7 +61,8 @@ def settings_of(*, topology: str, target: str, drafter: str, shapes: tpu_program
     shapes only where training programs are asked for, so reports without
     them resume as before)."""
     train = {"train_batch": shapes.train_batch, "train_length": shapes.train_length}
-    return {**(train if training else {}),
+    config = tpu_aot.chip_config(topology)  # v4: megacore (reports before it: one core)
+    return {**(train if training else {}), **({"chip_config": config} if config else {}),
             "topology": topology, "target": target, "drafter": drafter,
             "dtype": tpu_programs.DTYPE, "batch": shapes.batch,
             "cache_length": shapes.cache_length, "prompt_len": shapes.prompt_len,
@@ -222,6 +223,29 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
         print(f"[{i + 1}/{len(todo)}] {name}: {_summary(record)}", flush=True)
     _save(report, out, markdown_path)
     return report
+
+
+# --- reading reports (the prices read them) ---------------------------------------------------
+
+def read_report(path: str) -> dict:
+    """A JSON report with its ``path`` recorded (``program_seconds`` names it)."""
+    report = jsonio.read_json(jsonio.existing(path))
+    report["path"] = path
+    return report
+
+
+def program_seconds(reports: Sequence[Mapping], name: str) -> dict | None:
+    """The first usable record of program ``name`` in ``reports`` (compile
+    reports, in order of preference): compiled with a positive estimate.
+    Returns ``{"estimate_s", "floor_s", "source", "compiler_options"}``, or
+    None where no report has one."""
+    for report in reports:
+        record = report.get("programs", {}).get(name)
+        if record and record.get("status") == "compiled" and (record.get("optimal_s") or 0) > 0:
+            return {"estimate_s": float(record["optimal_s"]), "floor_s": float(record["floor_s"]),
+                    "source": report.get("path", "?"),
+                    "compiler_options": report.get("settings", {}).get("compiler_options", {})}
+    return None
 
 
 def _save(report: dict, out: str, markdown_path: str) -> None:

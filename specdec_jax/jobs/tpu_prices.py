@@ -54,6 +54,7 @@ import numpy as np
 
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import tables, tpu_aot
+from specdec_jax.jobs.tpu_compile import program_seconds, read_report
 from specdec_jax.runtime import jsonio
 
 ESTIMATE = tpu_aot.ESTIMATE
@@ -83,20 +84,6 @@ def default_reports(chip: str, root: str = REPORTS) -> list[str]:
 
 
 # --- per-call costs from compiled programs ------------------------------------------------
-
-def program_seconds(reports: Sequence[Mapping], name: str) -> dict | None:
-    """The first usable record of program ``name`` in ``reports`` (compile
-    reports, in order of preference): compiled with a positive estimate.
-    Returns ``{"estimate_s", "floor_s", "source", "compiler_options"}``, or
-    None where no report has one."""
-    for report in reports:
-        record = report.get("programs", {}).get(name)
-        if record and record.get("status") == "compiled" and (record.get("optimal_s") or 0) > 0:
-            return {"estimate_s": float(record["optimal_s"]), "floor_s": float(record["floor_s"]),
-                    "source": report.get("path", "?"),
-                    "compiler_options": report.get("settings", {}).get("compiler_options", {})}
-    return None
-
 
 def chip_programs(reports: Sequence[Mapping]) -> dict:
     """Program name -> ``program_seconds`` for the programs a prediction prices
@@ -247,12 +234,6 @@ def counted_acceptance(report: Mapping, temperature: str) -> dict:
     return out
 
 
-def _read(path: str) -> dict:
-    report = jsonio.read_json(jsonio.existing(path))
-    report["path"] = path
-    return report
-
-
 def run_tpu_prices(*, counted: str = f"{REPORTS}/bench_feature_drafter_cpu.json",
                    temperature: str = "0.0", chips: Sequence[str] = CHIP_ORDER,
                    gpu_steps: str | None = f"{REPORTS}/bench_feature_steps_gpu_h100.json",
@@ -263,13 +244,13 @@ def run_tpu_prices(*, counted: str = f"{REPORTS}/bench_feature_drafter_cpu.json"
     compiled programs (``reports_dir``'s compile reports) and, with
     ``gpu_steps``, on that accelerator's measured steps; writes ``out`` and its
     Markdown. Returns the report."""
-    counted_report = _read(counted)
+    counted_report = read_report(counted)
     acceptance = counted_acceptance(counted_report, temperature)
     devices: dict = {}
     for chip in chips:
         if chip not in TOPOLOGIES:
             raise ValueError(f"unknown chip {chip!r}; choose from {', '.join(TOPOLOGIES)}.")
-        reports = [_read(p) for p in default_reports(chip, reports_dir) if os.path.exists(p)]
+        reports = [read_report(p) for p in default_reports(chip, reports_dir) if os.path.exists(p)]
         programs = chip_programs(reports)
         devices[chip] = {"basis": ESTIMATE, "programs": programs,
                          "costs": {ESTIMATE: call_costs(programs, "estimate_s"),

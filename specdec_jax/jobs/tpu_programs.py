@@ -11,8 +11,14 @@ so no weight is ever made. Two kinds:
   autoregressive step, K = G + 1 a round's scoring call), ``drafter_k1``,
   ``feature_draft_step`` (the EAGLE-style head: step, logits, argmax),
   ``acceptance_head`` (SpecDec++'s head on one hidden state) and
-  ``maxgram_step`` (one Max-Gram proposal over the cache's room of text).
-  Calls that update a KV cache donate it, as a decoding loop's body does;
+  ``maxgram_step`` (one Max-Gram proposal over the cache's room of text);
+  the token-tree calls ``target_tree_w<W>`` (the target's ``score_tree`` of
+  W nodes, the pending token and a tree of W - 1, then ``commit_path`` of
+  the accepted path: one tree round's target work) and ``drafter_tree_w<W>``
+  (the drafter scoring one depth of W nodes), and ``maxgram_trie`` (Max-Gram's
+  best-first tree ``TREE_TRIE`` grown over the cache's room of text: its node
+  budget of sequential suffix matches). Calls that update a KV cache
+  donate it, as a decoding loop's body does;
 - *generate* programs, whole ``api.make_generate_fn`` functions (prefill and
   every round inside one program): ``generate_<name>`` in ``GENERATE``;
 - *training* programs, one optimizer step of each training recipe
@@ -39,18 +45,29 @@ from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
+from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tpu_aot, tpu_training
 from specdec_jax.jobs.tpu_aot import Program
 from specdec_jax.models import feature_head
 from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import Prompt
 from specdec_jax.models.layers import OUT_IN
+from specdec_jax.tree_decoding import make_tree_drafter
 
 DTYPE = "bfloat16"
 MAX_SCORING_WIDTH = 9  # K = G + 1 for G = 1..8
 FEATURE = "feature"
 ADAPTIVE_HEAD_DEPTH = 3  # SpecDec++'s recommended head
-CSD_K_MATRIX = ((2, 10), (0, 10))  # the seed's decoder-only CS Drafting setting
+CSD_K_MATRIX = ((2, 10), (0, 10))  # CS Drafting's decoder-only setting
+# Tree generate programs: the best trees of the CPU-counted benchmark (issue 44).
+TREE_DYNAMIC = "dynamic:5,2,3"  # 27 nodes
+TREE_TRIE = "trie:16,8"  # Max-Gram's best-first tree: 16 nodes, depth <= 8
+TRIE_COLUMNS = 8  # bigram continuations per token it reads
+# Tree call widths: the pending token and a tree of 16 / 32 / 64 nodes (target), one
+# depth of up to 8 nodes (drafter); a tree's commit moves a path of up to TREE_PATH.
+TREE_TARGET_WIDTHS = (17, 33, 65)
+TREE_DRAFTER_WIDTHS = (8,)
+TREE_PATH = 8
 # generate program -> make_generate_fn arguments (method, drafter kind, verifier).
 GENERATE = {
     "generate_autoregressive": ("autoregressive", None, "token"),
@@ -61,12 +78,18 @@ GENERATE = {
     "generate_csd_maxgram": ("specdecode", "csd", "token"),
     "generate_specdecpp": ("specdecode", "adaptive", "token"),
     "generate_feature": ("specdecode", FEATURE, "token"),
+    # Token trees: the 0.5B's dynamic (EAGLE-2) tree and Max-Gram's best-first trie.
+    "generate_tree_dynamic": ("specdecode", TREE_DYNAMIC, "token"),
+    "generate_tree_maxgram": ("specdecode", TREE_TRIE, "token"),
 }
 PER_CALL = (*(f"target_k{k}" for k in range(1, MAX_SCORING_WIDTH + 1)), "drafter_k1",
             "feature_draft_step", "acceptance_head", "maxgram_step")
+TREE_CALLS = (*(f"target_tree_w{w}" for w in TREE_TARGET_WIDTHS),
+              *(f"drafter_tree_w{w}" for w in TREE_DRAFTER_WIDTHS), "maxgram_trie")
 TRAINING = tpu_training.TRAINING
-PROGRAMS = (*PER_CALL, *GENERATE, *TRAINING)
-GROUPS = {"per_call": PER_CALL, "generate": tuple(GENERATE), "training": TRAINING}
+PROGRAMS = (*PER_CALL, *TREE_CALLS, *GENERATE, *TRAINING)
+GROUPS = {"per_call": PER_CALL, "tree_calls": TREE_CALLS, "generate": tuple(GENERATE),
+          "training": TRAINING}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +172,39 @@ def model_step(model, params, shapes: Shapes, mesh: Mesh, k: int) -> Program:
                    weight_bytes=tpu_aot.tree_bytes(params), cache_bytes=tpu_aot.tree_bytes(cache))
 
 
+def tree_step(model, params, shapes: Shapes, mesh: Mesh, width: int, *,
+              commit: bool) -> Program:
+    """One ``score_tree`` of ``width`` nodes at a cache of ``cache_length`` (the
+    parents are data: one program serves every tree of that size), then, with
+    ``commit``, ``commit_path`` of an accepted path of up to ``TREE_PATH``
+    nodes (the cache donated, as in the loop)."""
+    path = min(TREE_PATH, width)
+
+    def step(params, tokens_BxW, parents_BxW, path_BxA, count_B, cache):
+        out = model.score_tree(params, tokens_BxW, parents_BxW, cache)
+        cache = model.commit_path(out.cache, path_BxA, count_B) if commit else out.cache
+        return out.logits, cache
+
+    b = shapes.batch
+    cache = _cache(model, shapes, mesh, shapes.cache_length - width)
+    ints = lambda *shape: tpu_aot.batch_sharded(  # noqa: E731
+        jax.ShapeDtypeStruct(shape, jnp.int32), mesh)
+    args = (_params(model, params, mesh), ints(b, width), ints(b, width), ints(b, path), ints(b),
+            cache)
+    return Program(step, args, donate_argnums=(5,), weight_bytes=tpu_aot.tree_bytes(params),
+                   cache_bytes=tpu_aot.tree_bytes(cache),
+                   note=f"score_tree of {width} nodes" +
+                   (f", then commit_path of up to {path}" if commit else ""))
+
+
+def tree_drafter(kind: str, drafter, vocab_size: int):
+    """The tree drafter of a tree generate program (``GENERATE``'s kinds)."""
+    if kind == TREE_TRIE:
+        nodes, depth = (int(x) for x in TREE_TRIE[len("trie:"):].split(","))
+        return MaxGramTrieDrafter(vocab_size, num_nodes=nodes, depth=depth)
+    return make_tree_drafter(drafter, kind)
+
+
 def feature_head_of(target, target_params):
     """``(FeatureDrafter, abstract params)``: a head shaped like one target layer."""
     head = feature_head.FeatureHead(feature_head.FeatureHeadConfig.for_target(
@@ -221,6 +277,23 @@ def maxgram_step(vocab_size: int, shapes: Shapes, mesh: Mesh) -> Program:
                    note=f"max n-gram {DEFAULT_MAX_NGRAM}; the text counted as cache")
 
 
+def maxgram_trie(vocab_size: int, shapes: Shapes, mesh: Mesh) -> Program:
+    """One best-first Max-Gram tree (``TREE_TRIE``) over ``cache_length`` tokens
+    of text per row: its tokens and parents."""
+    drafter = tree_drafter(TREE_TRIE, None, vocab_size)
+
+    def grow(table_VxK, text_BxT, n_B):
+        return drafter.grow(table_VxK, text_BxT, n_B)[:2]
+
+    b = shapes.batch
+    args = (tpu_aot.replicated(jax.ShapeDtypeStruct((vocab_size, TRIE_COLUMNS), jnp.int32), mesh),
+            tpu_aot.batch_sharded(jax.ShapeDtypeStruct((b, shapes.cache_length), jnp.int32),
+                                  mesh),
+            tpu_aot.batch_sharded(jax.ShapeDtypeStruct((b,), jnp.int32), mesh))
+    return Program(grow, args, cache_bytes=b * shapes.cache_length * 4,
+                   note=f"{TREE_TRIE}, {TRIE_COLUMNS} bigram columns; the text counted as cache")
+
+
 def generate_program(name: str, models: dict, shapes: Shapes, mesh: Mesh) -> Program:
     """A whole ``make_generate_fn`` function: ``fn(target_params, drafter_params,
     prompt, key, sampling_params)``."""
@@ -244,7 +317,12 @@ def generate_program(name: str, models: dict, shapes: Shapes, mesh: Mesh) -> Pro
     elif kind == FEATURE:
         strategy, feature_params = feature_head_of(target, target_params)
         params = tpu_aot.replicated(feature_params, mesh)
-    gamma = None if kind == "csd" else shapes.gamma
+    elif kind in (TREE_DYNAMIC, TREE_TRIE):
+        strategy = tree_drafter(kind, drafter, target.vocab_size)
+        if kind == TREE_TRIE:
+            params = tpu_aot.replicated(
+                jax.ShapeDtypeStruct((target.vocab_size, TRIE_COLUMNS), jnp.int32), mesh)
+    gamma = None if kind in ("csd", TREE_DYNAMIC, TREE_TRIE) else shapes.gamma
     fn = api.make_generate_fn(target=target, drafter=strategy, method=method, gamma=gamma,
                               verifier=verifier, max_new_tokens=shapes.max_new_tokens)
     prompt = tpu_aot.batch_sharded(Prompt(
@@ -269,12 +347,20 @@ def build(name: str, shapes: Shapes, mesh: Mesh, models: dict) -> Program:
         return model_step(target, target_params, shapes, mesh, int(name[len("target_k"):]))
     if name == "drafter_k1":
         return model_step(drafter, drafter_params, shapes, mesh, 1)
+    if name.startswith("target_tree_w"):
+        return tree_step(target, target_params, shapes, mesh, int(name[len("target_tree_w"):]),
+                         commit=True)
+    if name.startswith("drafter_tree_w"):
+        return tree_step(drafter, drafter_params, shapes, mesh,
+                         int(name[len("drafter_tree_w"):]), commit=False)
     if name == "feature_draft_step":
         return feature_draft_step(target, target_params, shapes, mesh)
     if name == "acceptance_head":
         return acceptance_head_step(drafter, shapes, mesh)
     if name == "maxgram_step":
         return maxgram_step(target.vocab_size, shapes, mesh)
+    if name == "maxgram_trie":
+        return maxgram_trie(target.vocab_size, shapes, mesh)
     if name in GENERATE:
         return generate_program(name, models, shapes, mesh)
     if name in TRAINING:
