@@ -103,6 +103,62 @@ def test_bench_trees_end_to_end_and_resumes(tmp_path, byte_table, monkeypatch):
     again = run_job(tmp_path, *common)
     assert again["configs"] == report["configs"]
 
+    # TPU prices from compile reports reprice the stored rows; nothing loads.
+    monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
+    compiled = tmp_path / "compile.json"
+    compiled.write_text(json.dumps(synthetic_compile_report()))
+    priced = run_job(tmp_path, *common, f"bench_trees.tpu_reports = {{'v5e': ['{compiled}']}}")
+    chain = priced["configs"][names[0]]  # Max-Gram, G = 3: 3 lookups and a call of 4 per round
+    rows = priced["rows"][names[0]]
+    tokens = sum(r["accepted"] + r["rounds"] for r in rows)
+    expected = tokens * tpu_call_s(1) / sum(r["rounds"] * (tpu_call_s(4) + 3 * MAG_STEP_S)
+                                          for r in rows)
+    assert chain["predicted"]["v5e"]["speedup_ci95"][0] == pytest.approx(expected)
+    assert chain["predicted"]["v5e"]["max_gram_round_s"] == pytest.approx(3 * MAG_STEP_S)
+    assert chain["predicted"]["H100"]["max_gram_round_s"] == 0.0  # free on a GPU
+    tree = priced["configs"][names[1]]  # the 0.5B's tree: drafter programs price its calls
+    assert tree["predicted"]["v5e"]["drafter_priced"]
+    assert tree["predicted"]["v5e"]["speedup_ci95"][0] > 0
+    assert {k: v for k, v in priced["configs"][names[1]].items() if k != "predicted"} == \
+        {k: v for k, v in report["configs"][names[1]].items() if k != "predicted"}
+    assert "TPU compiler estimate" in (tmp_path / "trees.md").read_text()
+
+
+MAG_STEP_S = 0.002
+
+
+def tpu_call_s(width: int) -> float:
+    return 0.01 + 0.001 * width
+
+
+def synthetic_compile_report() -> dict:
+    """A compile report of the programs TPU prices read (``load_tpu_steps``)."""
+    record = lambda s: {"status": "compiled", "optimal_s": s, "floor_s": s / 2}  # noqa: E731
+    programs = {f"target_k{k}": record(tpu_call_s(k)) for k in range(1, 10)}
+    programs.update(drafter_k1=record(0.004), drafter_tree_w8=record(0.005),
+                    maxgram_step=record(MAG_STEP_S))
+    return {"settings": {"topology": "v5e:2x2"}, "programs": programs}
+
+
+def test_tpu_steps_refuse_a_report_without_the_one_token_steps(tmp_path):
+    compiled = tmp_path / "compile.json"
+    report = synthetic_compile_report()
+    report["programs"]["target_k1"]["optimal_s"] = -80.0  # sliced prefetches: unusable
+    compiled.write_text(json.dumps(report))
+    with pytest.raises(ValueError, match="one-token step"):
+        trees.load_tpu_steps([str(compiled)])
+    steps = trees.load_tpu_steps([str(compiled), str(write(tmp_path / "b.json",
+                                                            synthetic_compile_report()))])
+    assert steps["target"][1] == tpu_call_s(1) and steps["mag_trie_s"] == {}
+    trie = trees.check_configs([{"drafter": "mag", "tree": "trie:16,8", "temperature": 0.0,
+                                 "verifiers": ["greedy"]}])[0]
+    assert trees.max_gram_round_s(trie, steps) is None  # no compiled tree of that budget
+
+
+def write(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
 
 @pytest.mark.long
 def test_bench_trees_model_chain_and_maxgram_tree(tmp_path, byte_table):

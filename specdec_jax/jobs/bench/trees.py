@@ -48,8 +48,21 @@ Figures, per configuration (95% intervals: percentile bootstrap over prompts,
   chain, ``N + 1`` for a tree of N nodes). A width the report did not measure
   is priced by the least-squares line through its K >= 2 steps, labelled
   *fit* inside the measured range and *extrapolated* beyond it; drafter calls
-  wider than the widths measured likewise. Max-Gram is priced at zero.
-  Modelled, not measured.
+  wider than the widths measured likewise. Max-Gram is priced at zero on a
+  GPU (no GPU step of it is measured yet). Modelled, not measured;
+* the same on each TPU chip of ``tpu_reports`` (``jobs.tpu_compile``'s
+  reports, by chip: the compiler's ``optimal_seconds`` of the per-call
+  programs, read as ``tpu_compile.program_seconds`` reads them: **TPU compiler
+  estimates**, nothing ran on a TPU): the target's ``target_k<K>`` and
+  ``target_tree_w<W>`` programs, the drafter's ``drafter_k1`` and
+  ``drafter_tree_w<W>``; Max-Gram is priced there, one ``maxgram_step`` per
+  chain draft and one ``maxgram_trie`` per best-first tree of the compiled
+  budget (``tpu_programs.TREE_TRIE``); a Max-Gram tree without a program is
+  left unpriced.
+
+Prices are recomputed from the stored rows on every run, so a new step report
+reprices a finished run without decoding again (nothing is loaded when every
+configuration is stored).
 
     python -m eval.main --gin_file=configs/bench/trees.gin
 """
@@ -71,7 +84,7 @@ from specdec_jax.data import bigram, metrics, tasks
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTreeDrafter, MaxGramTrieDrafter, TreeShape
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import tables
+from specdec_jax.jobs import tables, tpu_aot, tpu_compile, tpu_programs
 from specdec_jax.jobs.bench import shared, tree_replay
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
@@ -84,6 +97,7 @@ DRAFTERS = ("model", "mag")
 CONFIG_FIELDS = ("drafter", "tree", "temperature", "verifiers")
 CHAIN_PREFIX = "chain:"
 TRIE_PREFIX = "trie:"  # Max-Gram's best-first tree: 'trie:NODES,DEPTH'
+DRAFTER_NAME = "drafter"  # the drafter model's name in the pair's params and counters
 DEFAULT_GPU_STEPS = {"H100": "eval/reports/bench_feature_steps_gpu_h100.json",
                      "H200": "eval/reports/bench_accelerator_gpu_h200.json"}
 
@@ -270,6 +284,46 @@ def load_gpu_steps(path: str) -> dict:
     return steps
 
 
+def load_tpu_steps(paths: Sequence[str]) -> dict:
+    """Per-call seconds from TPU compile reports of one chip (in order of
+    preference; module docstring), in ``load_gpu_steps``' form plus the
+    Max-Gram programs: ``{"target": {K: s}, "drafter": {K: s}, "mag_step_s":
+    s | None, "mag_trie_s": {tree: s}, "device": str, "estimate": True}``."""
+    reports = [tpu_compile.read_report(path) for path in paths]
+    seconds = lambda name: (tpu_compile.program_seconds(reports, name) or {}).get(  # noqa: E731
+        "estimate_s")
+    topology = reports[0].get("settings", {}).get("topology", "?")
+    steps: dict = {"target": {}, "drafter": {}, "estimate": True,
+                   "device": f"TPU {topology}, one chip ({tpu_aot.ESTIMATE})"}
+    widths = {"target": [(k, f"target_k{k}") for k in range(1, tpu_programs.MAX_SCORING_WIDTH + 1)]
+              + [(w, f"target_tree_w{w}") for w in tpu_programs.TREE_TARGET_WIDTHS],
+              "drafter": [(1, "drafter_k1")]
+              + [(w, f"drafter_tree_w{w}") for w in tpu_programs.TREE_DRAFTER_WIDTHS]}
+    for role, programs in widths.items():
+        for width, name in programs:
+            if (s := seconds(name)) is not None:
+                steps[role][width] = s
+        if 1 not in steps[role]:
+            raise ValueError(f"{', '.join(paths)}: no positive {tpu_aot.ESTIMATE} of the "
+                             f"{role}'s one-token step; compile the per-call programs "
+                             "(configs/bench/tpu_compile.gin).")
+    steps["mag_step_s"] = seconds("maxgram_step")
+    trie = seconds("maxgram_trie")
+    steps["mag_trie_s"] = {} if trie is None else {tpu_programs.TREE_TRIE: trie}
+    return steps
+
+
+def max_gram_round_s(config: Config, steps: dict) -> float | None:
+    """Seconds of one round's Max-Gram drafting: 0 on a GPU (module
+    docstring); on a TPU ``G`` lookups for a chain, the compiled best-first
+    tree for a trie of its budget, else None (not priced)."""
+    if config.drafter != "mag" or not steps.get("estimate"):
+        return 0.0
+    if config.is_chain and steps.get("mag_step_s") is not None:
+        return config.gamma * steps["mag_step_s"]
+    return steps.get("mag_trie_s", {}).get(config.tree)
+
+
 def width_status(steps_by_width: dict, width: int) -> str:
     """How a width is priced: measured, fit (inside the measured range) or
     extrapolated (beyond it)."""
@@ -401,9 +455,13 @@ def summarize(config: Config, rows: list[dict], gpu: dict, drafter_names: Sequen
     predicted = {}
     for label, steps in gpu.items():
         model = cost_model(steps, names)
+        mag_s = max_gram_round_s(config, steps)
+        if mag_s is None:
+            continue
         # Per prompt: (AR seconds of its tokens, priced seconds of its calls).
         priced = [((r["accepted"] + r["rounds"]) * model.target.call_s(1),
-                   model.price(r, drafters=names, widths={cost_lib.TARGET: width}))
+                   model.price(r, drafters=names, widths={cost_lib.TARGET: width})
+                   + r["rounds"] * mag_s)
                   for r in rows]
 
         drafter_widths = sorted({w for r in rows for w in _drafter_widths(r)})
@@ -411,7 +469,7 @@ def summarize(config: Config, rows: list[dict], gpu: dict, drafter_names: Sequen
             "speedup_ci95": metrics.bootstrap_ci(priced, _ratio_of_totals),
             "target_width_status": width_status(steps["target"], width),
             "target_call_s": model.target.call_s(width),
-            "drafter_priced": bool(names)}
+            "drafter_priced": bool(names), "max_gram_round_s": mag_s}
         if names:
             predicted[label]["drafter_extrapolated"] = any(
                 w > max(steps["drafter"]) for w in drafter_widths)
@@ -443,16 +501,17 @@ def _drafter_widths(row: dict) -> list[int]:
 def markdown(report: dict) -> str:
     proto = report["protocol"]
     gpu = report.get("gpu", {})
+    tpu = report.get("tpu", {})
     lines = [f"# Chains vs token trees: {proto['target']} / {proto['drafter']}, "
              f"{proto['task']} prompts 0-{proto['num_prompts'] - 1} x "
              f"{proto['max_new_tokens']} tokens, batch 1", ""]
     if report.get("note"):
         lines += [report["note"], ""]
-    lines += [f"Machine (counts): {report['environment'].get('machine', '?')}; precision "
+    lines += [f"Machine (counts): {report.get('environment', {}).get('machine', '?')}; precision "
               f"{report.get('precision')}; drafter weights {proto['draft_weights']}; "
               f"decoding: {report.get('decoding')}.", ""]
     configs = report.get("configs", {})
-    labels = list(gpu)
+    labels = [*gpu, *tpu]
     rows = []
     for s in configs.values():
         c = s["config"]
@@ -466,7 +525,7 @@ def markdown(report: dict) -> str:
         for label in labels:
             p = s["predicted"].get(label)
             if p is None:
-                cells.append("")
+                cells.append("not priced" if label in tpu else "")
                 continue
             note = "" if p["target_width_status"] == "measured" else \
                 f" ({p['target_width_status']})"
@@ -513,6 +572,18 @@ def markdown(report: dict) -> str:
               " (a drafter call of several nodes priced as the widest measured: "
               "extrapolated)") for label, g in
              gpu.items()])
+    if tpu:
+        lines += ["", "TPU columns: the same counted calls priced with the compiled per-call "
+                  "programs' `optimal_seconds` (TPU compiler estimates: nothing ran on a TPU), "
+                  "Max-Gram included (one lookup per chain draft, one compiled best-first tree "
+                  "per round; a Max-Gram tree without a compiled program is not priced); "
+                  "widths without a program are fit or extrapolated as above.", ""]
+        lines += tables.markdown_table(
+            ("chip", "compile reports", "device", "target widths compiled",
+             "drafter widths compiled", "Max-Gram programs"),
+            [(label, ", ".join(t["paths"]), t["device"], ", ".join(map(str, t["target_widths"])),
+              ", ".join(map(str, t["drafter_widths"])), ", ".join(t["max_gram"]) or "none")
+             for label, t in tpu.items()])
     return "\n".join(lines)
 
 
@@ -553,7 +624,8 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
                     configs: Sequence[dict] = (), task: str = "humaneval",
                     num_prompts: int = 40, max_new_tokens: int = 128,
                     bigram_table: str = "qwen2.5-coder", draft_weights: str = "f32",
-                    gpu_steps: dict | None = None, seed: int = 0, note: str = "",
+                    gpu_steps: dict | None = None, tpu_reports: dict | None = None,
+                    seed: int = 0, note: str = "",
                     replay: str | None = None, replay_check: bool = False,
                     replay_length: int = 32, out: str = "results/bench_trees.json",
                     markdown_path: str | None = None) -> dict:
@@ -561,7 +633,9 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
     the same protocol skips the configurations stored) and prints the tables.
     ``note`` (e.g. the command and how a run departs from the protocol) heads
     the Markdown. ``replay``: the greedy reference file (module docstring;
-    made when missing, ``replay_length`` tokens past ``max_new_tokens``)."""
+    made when missing, ``replay_length`` tokens past ``max_new_tokens``).
+    ``gpu_steps``: label -> a GPU step report; ``tpu_reports``: chip label ->
+    its compile reports, in order of preference (module docstring)."""
     checked = check_configs(configs)
     shared.check_at_least(1, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                           replay_length=replay_length)
@@ -576,6 +650,13 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
     tasks.get_task(task)  # raises on an unknown task
     gpu_steps = DEFAULT_GPU_STEPS if gpu_steps is None else dict(gpu_steps)
     gpu = {label: load_gpu_steps(path) for label, path in gpu_steps.items()}
+    tpu_reports = {label: [paths] if isinstance(paths, str) else list(paths)
+                   for label, paths in (tpu_reports or {}).items()}
+    tpu = {label: load_tpu_steps(paths) for label, paths in tpu_reports.items()}
+    if set(gpu) & set(tpu):
+        raise ValueError(f"labels {sorted(set(gpu) & set(tpu))} name both a GPU and a TPU; "
+                         "give each accelerator its own label.")
+    prices = {**gpu, **tpu}
     protocol = {"target": target, "drafter": drafter, "task": task, "num_prompts": num_prompts,
                 "max_new_tokens": max_new_tokens, "bigram_table": bigram_table,
                 "draft_weights": draft_weights, "seed": seed}
@@ -585,48 +666,89 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
         report = {}
     if report.get("protocol") != protocol:
         report = {}
-    report.update(protocol=protocol, note=note, environment=timing.environment(),
-                  precision=precision.resolve_dtype("auto"),
+    report.update(protocol=protocol, note=note, precision=precision.resolve_dtype("auto"),
                   decoding="the jitted loops (decoding / tree_decoding), batch 1",
                   gpu={label: {"path": gpu_steps[label], "device": g["device"],
                                "target_widths": sorted(g["target"]),
                                "drafter_widths": sorted(g["drafter"])}
-                       for label, g in gpu.items()})
+                       for label, g in gpu.items()},
+                  tpu={label: {"paths": tpu_reports[label], "device": t["device"],
+                               "target_widths": sorted(t["target"]),
+                               "drafter_widths": sorted(t["drafter"]),
+                               "max_gram": sorted(t["mag_trie_s"]) +
+                               (["chain lookups"] if t["mag_step_s"] is not None else [])}
+                       for label, t in tpu.items()})
     stored = report.setdefault("configs", {})
     for name in list(stored):
         if name not in {c.name for c in checked}:
             del stored[name]
     report.setdefault("rows", {})
+    reference = next((c.name for c in checked if c.temperature == 0), None)
+    report["reference"] = reference
 
+    def counted_by(config: Config) -> str:
+        if config.name not in replayed:
+            return "loop"
+        return "loop, replay checked" if replay_check else "replay"
+
+    def is_stored(config: Config) -> bool:
+        previous = stored.get(config.name)
+        return bool(previous and previous["config"] == config.as_dict() and
+                    config.name in report["rows"] and
+                    previous.get("counted_by") == counted_by(config))
+
+    def summarize_stored(config: Config) -> None:
+        """The configuration's figures from its stored rows, at today's prices."""
+        ref_rows = (report["rows"].get(reference)
+                    if config.temperature == 0 and reference != config.name else None)
+        kept = {k: stored[config.name][k] for k in ("seconds", "counted_by",
+                                                    "replay_equal_per_prompt")
+                if k in stored[config.name]}
+        stored[config.name] = {**summarize(config, report["rows"][config.name], prices,
+                                           (DRAFTER_NAME,), ref_rows), **kept}
+
+    todo = [c for c in checked if not is_stored(c)]
+    for config in checked:
+        if config not in todo:
+            summarize_stored(config)
+    if todo:
+        run_configs(todo, report, checked=checked, replayed=replayed, counted_by=counted_by,
+                    summarize_stored=summarize_stored, target=target, drafter=drafter,
+                    task=task, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                    bigram_table=bigram_table, draft_weights=draft_weights, seed=seed,
+                    replay=replay, replay_length=replay_length, out=out)
+    report["configs"] = {c.name: stored[c.name] for c in checked}
+    shared.write_report(report, out)
+    timing.print_markdown(markdown(report), markdown_path)
+    return report
+
+
+def run_configs(todo: Sequence[Config], report: dict, *, checked, replayed, counted_by,
+                summarize_stored, target, drafter, task, num_prompts, max_new_tokens,
+                bigram_table, draft_weights, seed, replay, replay_length, out) -> None:
+    """Decodes (or replays) the configurations ``todo``, storing each one's rows
+    and figures in ``report`` and writing it after each."""
+    stored = report["configs"]
+    report["environment"] = timing.environment()  # the machine that counts
     pair = load_pair(target=target, drafter=drafter, draft_weights=draft_weights)
     vocab = pair.target.vocab_size
     texts = [ex.prompt for ex in tasks.get_task(task).load("test", num_prompts)]
     prompts = [pair.encode(text) for text in texts]
     width = max(len(p) for p in prompts)
-    tables = max_gram_tables(bigram_table, vocab, checked)
-    drafter_name = "drafter"
+    bigram_tables = max_gram_tables(bigram_table, vocab, checked)
     received: list = []
     sink = lambda accepted: received.append(np.asarray(accepted)[:, 0])  # noqa: E731 (batch 1)
-    reference = next((c.name for c in checked if c.temperature == 0), None)
-    report["reference"] = reference
     references = (load_or_make_reference(replay, pair, target, task, prompts,
                                          max_new_tokens + replay_length)
                   if replayed else None)
-    for config in checked:
-        previous = stored.get(config.name)
-        counted_by = "replay" if config.name in replayed else "loop"
-        if replay_check and config.name in replayed:
-            counted_by = "loop, replay checked"
-        if previous and previous["config"] == config.as_dict() and \
-                config.name in report["rows"] and previous.get("counted_by") == counted_by:
-            continue
-        decoder = build_decoder(config, pair=pair, drafter_name=drafter_name, vocab=vocab,
+    for config in todo:
+        decoder = build_decoder(config, pair=pair, drafter_name=DRAFTER_NAME, vocab=vocab,
                                 max_new_tokens=max_new_tokens, sink=sink)
-        table = tables.get(config.bigram_columns)
+        table = bigram_tables.get(config.bigram_columns)
         params = pair.drafter_params if config.drafter == "model" else table
         start = time.perf_counter()
         replay_equal = None
-        if counted_by == "replay":
+        if counted_by(config) == "replay":
             rows = tree_replay.replay_rows(max_gram_tree_drafter(config, vocab), table, prompts,
                                            references, max_new_tokens=max_new_tokens,
                                            eos_ids=pair.eos_ids, progress=True)
@@ -639,18 +761,10 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
                     max_new_tokens=max_new_tokens, eos_ids=pair.eos_ids)
                 replay_equal = [a["histogram"] == b["histogram"] and a["tokens"] == b["tokens"]
                                 for a, b in zip(rows, again, strict=True)]
-        elapsed = time.perf_counter() - start
-        ref_rows = (report["rows"].get(reference)
-                    if config.temperature == 0 and reference != config.name else None)
         report["rows"][config.name] = rows
-        stored[config.name] = summarize(config, rows, gpu, decoder.drafter.model_names,
-                                        ref_rows)
-        stored[config.name]["seconds"] = elapsed
-        stored[config.name]["counted_by"] = counted_by
+        stored[config.name] = {"seconds": time.perf_counter() - start,
+                               "counted_by": counted_by(config)}
         if replay_equal is not None:
             stored[config.name]["replay_equal_per_prompt"] = replay_equal
+        summarize_stored(config)
         shared.write_report(report, out)
-    report["configs"] = {c.name: stored[c.name] for c in checked}
-    shared.write_report(report, out)
-    timing.print_markdown(markdown(report), markdown_path)
-    return report
