@@ -43,9 +43,10 @@ def byte_table(tmp_path_factory):
     the HumanEval prompts themselves."""
     unigram = np.zeros(ByteTokenizer.VOCAB_SIZE, np.int64)
     streams = [ByteTokenizer().encode(p) for p in humaneval.load_prompts(20)]
-    table, _ = bigram.build_table(streams, ByteTokenizer.VOCAB_SIZE, unigram=unigram)
+    top_k = np.zeros((ByteTokenizer.VOCAB_SIZE, bigram.TOP_K), np.int32)  # best-first trees
+    table, _ = bigram.build_table(streams, ByteTokenizer.VOCAB_SIZE, unigram=unigram, top_k=top_k)
     path = tmp_path_factory.mktemp("table") / "bytes.npz"
-    bigram.save_table(table, path, unigram=unigram)
+    bigram.save_table(table, path, unigram=unigram, top_k=top_k)
     return str(path)
 
 
@@ -153,6 +154,33 @@ def test_bench_drafter_variants_end_to_end(tmp_path, byte_table, cpu_kernel):
     assert "| cut, bf16, kernel |" in (tmp_path / "drafter_variants.md").read_text()
 
 
+@pytest.mark.long
+def test_bench_drafter_variants_times_trees_against_a_chain(tmp_path, byte_table):
+    """Tree variants (the drafter's dynamic tree, Max-Gram's best-first tree)
+    timed beside a chain, every one writing the target's tokens."""
+    variants = ("[{'name': 'chain', 'gamma': 2, 'head_vocab': 0, 'catch_up_widths': [1], "
+                "'draft_weights': 'f32', 'kernel': False}, "
+                "{'name': 'dynamic', 'gamma': 0, 'head_vocab': 0, 'catch_up_widths': [1], "
+                "'draft_weights': 'f32', 'kernel': False, 'tree': 'dynamic:2,1,2'}, "
+                "{'name': 'trie', 'gamma': 0, 'head_vocab': 0, 'catch_up_widths': [1], "
+                "'draft_weights': 'f32', 'kernel': False, 'tree': 'trie:4,3'}]")
+    report = run_job("drafter_variants", tmp_path, f"bench_drafter_variants.variants = {variants}",
+                     "bench_drafter_variants.task = None",
+                     f"bench_drafter_variants.bigram_table = '{byte_table}'",
+                     "bench_drafter_variants.max_new_tokens = 6",
+                     "bench_drafter_variants.repeats = 1")
+    names = ["autoregressive target", "chain", "dynamic", "trie"]
+    assert report["same_tokens_as_target"] == dict.fromkeys(names, True)
+    assert report["settings"]["variants"][2]["tree"] == "trie:4,3"
+    assert report["settings"]["variants"][0]["tree"] == ""  # a chain
+    # Three prompts x 6 tokens; a round emits at most depth + 1 of them (chain and
+    # dynamic tree: 3, trie: 4), at least one.
+    assert all(report["tokens"][n] == 18 for n in names)
+    assert report["target_calls"]["autoregressive target"] == 18
+    for name, most in (("chain", 3), ("dynamic", 3), ("trie", 4)):
+        assert 18 / most <= report["target_calls"][name] <= 18, name
+
+
 def test_drafter_variants_decode_each_prompt_at_its_own_width():
     from specdec_jax.jobs.bench.drafter_variants import _prompts
     encoded = [[5] * 40, [6] * 3, [7] * 33]
@@ -176,6 +204,12 @@ def test_drafter_variants_refuse_incomplete_or_clashing_variants():
         check_variants([{**good, "draft_weights": "int4"}])
     with pytest.raises(ValueError, match="empty"):
         check_variants([])
+    with pytest.raises(ValueError, match="gamma = 0"):
+        check_variants([{**good, "tree": "dynamic:3,1,2"}])
+    with pytest.raises(ValueError, match="head_vocab = 0"):
+        check_variants([{**good, "gamma": 0, "head_vocab": 64, "tree": "2,1"}])
+    with pytest.raises(ValueError, match="trie:NODES,DEPTH"):
+        check_variants([{**good, "gamma": 0, "tree": "trie:4"}])
 
 
 # --- bench_verifiers -------------------------------------------------------------------------

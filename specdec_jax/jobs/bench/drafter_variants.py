@@ -12,7 +12,13 @@ from one run on one machine state. A variant (a dict in ``variants``) sets:
   default), ``[1, 2]`` by one 2-token call;
 * ``draft_weights``: ``f32``, ``bf16`` or ``int8`` (``models.weight_storage``);
 * ``kernel``: few-row products through the CPU kernel (``native.matmul``) or
-  XLA's dot, fixed when the variant is compiled (the target too).
+  XLA's dot, fixed when the variant is compiled (the target too);
+* ``tree`` (optional): a token tree per round instead of a chain of
+  ``gamma`` drafts (``gamma = 0`` then): widths per depth or
+  ``'dynamic:DEPTH,EXPAND,CHILDREN'`` drafted by the drafter model
+  (``api.make_generate_fn(tree=...)``; the greedy tree verifier), or
+  ``'trie:NODES,DEPTH'``, Max-Gram's best-first tree over the ``bigram_table``'s
+  continuations (no drafter model: its weights fields are then unused).
 
 Prompts: the first command's three, or the first ``num_prompts`` of a task
 (``task = 'humaneval'``), each decoded alone (batch 1) at its own length
@@ -40,18 +46,23 @@ import numpy as np
 from specdec_jax import api, batching, precision
 from specdec_jax.data import bigram, metrics, tasks
 from specdec_jax.drafting import ModelDrafter
+from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
+from specdec_jax.jobs.bench.trees import parse_trie
 from specdec_jax.jobs.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels, timing
 from specdec_jax.runtime.progress import tqdm
+from specdec_jax.tree_decoding import TreeSpec
 
 TARGET_VARIANT = "autoregressive target"
 VARIANT_FIELDS = {"name": str, "gamma": int, "head_vocab": int, "catch_up_widths": list,
                   "draft_weights": str, "kernel": bool}
+OPTIONAL_FIELDS = {"tree": ""}
+TRIE_PREFIX = "trie:"
 
 
 def check_variants(variants: Sequence[dict]) -> list[dict]:
@@ -60,18 +71,37 @@ def check_variants(variants: Sequence[dict]) -> list[dict]:
         raise ValueError("variants is empty; give at least one drafter variant.")
     checked = []
     for variant in variants:
-        variant = dict(variant)
-        if sorted(variant) != sorted(VARIANT_FIELDS):
+        variant = {**OPTIONAL_FIELDS, **dict(variant)}
+        if sorted(variant) != sorted({**VARIANT_FIELDS, **OPTIONAL_FIELDS}):
             raise ValueError(f"variant {variant!r}: give exactly the fields "
-                             f"{sorted(VARIANT_FIELDS)}.")
+                             f"{sorted(VARIANT_FIELDS)} (and optionally "
+                             f"{sorted(OPTIONAL_FIELDS)}).")
         weight_storage.check_format(variant["draft_weights"])
-        shared.check_at_least(1, gamma=variant["gamma"])
+        if variant["tree"]:
+            check_tree(variant)
+        else:
+            shared.check_at_least(1, gamma=variant["gamma"])
         variant["catch_up_widths"] = tuple(variant["catch_up_widths"])
         checked.append(variant)
     names = [v["name"] for v in checked]
     if len(set(names)) != len(names) or TARGET_VARIANT in names:
         raise ValueError(f"variant names must be unique and not {TARGET_VARIANT!r}: {names}.")
     return checked
+
+
+def check_tree(variant: dict) -> None:
+    """A tree variant: a well-formed tree, ``gamma = 0``, the full drafter head."""
+    tree = variant["tree"]
+    if tree.startswith(TRIE_PREFIX):
+        parse_trie(tree)
+    else:
+        TreeSpec.parse(tree)  # raises on a malformed shape
+    if variant["gamma"] != 0:
+        raise ValueError(f"variant {variant['name']!r}: a tree sets its own size; give "
+                         f"gamma = 0 with tree = {tree!r}.")
+    if variant["head_vocab"]:
+        raise ValueError(f"variant {variant['name']!r}: tree variants draft with the full "
+                         "head; give head_vocab = 0.")
 
 
 def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = DEFAULT_DRAFTER,
@@ -116,9 +146,20 @@ def run_bench_drafter_variants(*, target: str = DEFAULT_TARGET, drafter: str = D
         if v["kernel"] and not kernel_built:
             raise RuntimeError(f"variant {v['name']!r} asks for the CPU kernel, which could not "
                                "be built here (see the warning above).")
-        fn = api.make_generate_fn(
-            drafter=ModelDrafter(model, catch_up_widths=v["catch_up_widths"]),
-            method="specdecode", gamma=v["gamma"], **common)
+        if v["tree"].startswith(TRIE_PREFIX):
+            nodes, depth = parse_trie(v["tree"])
+            fn = api.make_generate_fn(
+                drafter=MaxGramTrieDrafter(pair.target.vocab_size, num_nodes=nodes, depth=depth),
+                method="specdecode", verifier="greedy", **common)
+            params = np.asarray(bigram.load_table(
+                bigram_table, pair.target.vocab_size, columns=bigram.TOP_K))
+        elif v["tree"]:
+            fn = api.make_generate_fn(drafter=ModelDrafter(model), method="specdecode",
+                                      verifier="greedy", tree=v["tree"], **common)
+        else:
+            fn = api.make_generate_fn(
+                drafter=ModelDrafter(model, catch_up_widths=v["catch_up_widths"]),
+                method="specdecode", gamma=v["gamma"], **common)
         programs[v["name"]] = (fn, params, v["kernel"])
     compiled = {}  # (variant, prompt width) -> executable
     for name, (fn, params, kernel) in programs.items():
