@@ -102,6 +102,12 @@ def test_bench_trees_end_to_end_and_resumes(tmp_path, byte_table, monkeypatch):
     monkeypatch.setattr(trees, "run_config", lambda *a, **k: pytest.fail("measured again"))
     again = run_job(tmp_path, *common)
     assert again["configs"] == report["configs"]
+    # Nor does a report from before replays (no 'counted_by': every row was the loop's).
+    stored = json.loads((tmp_path / "trees.json").read_text())
+    for summary in stored["configs"].values():
+        del summary["counted_by"]
+    (tmp_path / "trees.json").write_text(json.dumps(stored))
+    assert run_job(tmp_path, *common)["configs"] == report["configs"]
 
     # TPU prices from compile reports reprice the stored rows; nothing loads.
     monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))

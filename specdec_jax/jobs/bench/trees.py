@@ -695,7 +695,8 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
         previous = stored.get(config.name)
         return bool(previous and previous["config"] == config.as_dict() and
                     config.name in report["rows"] and
-                    previous.get("counted_by") == counted_by(config))
+                    # reports from before replays were all counted by the loop
+                    previous.get("counted_by", "loop") == counted_by(config))
 
     def summarize_stored(config: Config) -> None:
         """The configuration's figures from its stored rows, at today's prices."""
@@ -705,7 +706,8 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
                                                     "replay_equal_per_prompt")
                 if k in stored[config.name]}
         stored[config.name] = {**summarize(config, report["rows"][config.name], prices,
-                                           (DRAFTER_NAME,), ref_rows), **kept}
+                                           (DRAFTER_NAME,), ref_rows),
+                               "counted_by": "loop", **kept}
 
     todo = [c for c in checked if not is_stored(c)]
     for config in checked:
