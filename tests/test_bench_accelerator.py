@@ -94,6 +94,10 @@ def test_bench_accelerator_end_to_end(tmp_path):
     # target_step_widths adds widths to the target's table only (4 = G + 1 already there).
     assert set(section["steps"]["target"]["2"]) == {"1", "2", "4"}
     assert set(section["steps"]["drafter"]["2"]) == {"1", "4"}
+    # Max-Gram's drafting, timed over the tiny config's 64 tokens of text.
+    max_gram = section["max_gram"]
+    assert max_gram["context"] == 64 and max_gram["lookup_s"] > 0
+    assert set(max_gram["trie_s"]) == {"trie:16,8"} and max_gram["trie_s"]["trie:16,8"] > 0
     rows = {row["name"]: row for row in section["decoding"]}
     assert len(rows) == 3
     for row in rows.values():
@@ -119,6 +123,7 @@ def test_bench_accelerator_end_to_end(tmp_path):
     text = (tmp_path / "accel.md").read_text()
     assert "round overhead" in text and "GPU: not measured" in text
     assert "none-accepted run: mean bias" in text
+    assert "Max-Gram drafting, batch 1, 64 tokens of text" in text
 
 
 def test_predictions_take_tokens_per_round_from_the_cost_model():
@@ -139,6 +144,8 @@ def test_predictions_take_tokens_per_round_from_the_cost_model():
     ("bench_accelerator.batch_sizes = []", "batch_sizes is empty"),
     ("bench_accelerator.target_step_widths = [0]", "target_step_widths"),
     ("bench_accelerator.prompt_len = 1", "prompt_len"),
+    ("bench_accelerator.max_gram_context = 8", "leaves no text"),
+    ("bench_accelerator.max_gram_context = -1", "max_gram_context"),
     ("bench_accelerator.acceptance = [1.0]", r"\[0, 1\)"),
     ("bench_accelerator.methods = ['nope']", "methods"),
     ("bench_accelerator.peers = ['nope']", "peers"),

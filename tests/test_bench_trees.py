@@ -233,3 +233,26 @@ def test_bench_trees_refuses_bad_arguments_before_loading(tmp_path, monkeypatch,
     monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
         run_job(tmp_path, binding)
+
+
+def test_gpu_reports_with_timed_max_gram_price_it(tmp_path):
+    """A bench_accelerator report that timed Max-Gram's drafting prices it (G
+    lookups per chain round, the timed best-first tree per trie round, other
+    Max-Gram trees not priced); one without it leaves Max-Gram free."""
+    steps_1 = {"1": {"step_s": 0.002}, "6": {"step_s": 0.0021}}
+    section = {"steps": {"target": {"1": steps_1}, "drafter": {"1": {"1": {"step_s": 0.001}}}},
+               "max_gram": {"context": 2048, "lookup_s": 0.0003, "trie_s": {"trie:16,8": 0.0007}}}
+    report = {"environment": {"device_kind": "test GPU"}, "by_dtype": {"bfloat16": section}}
+    timed = trees.load_gpu_steps(str(write(tmp_path / "timed.json", report)))
+    untimed = trees.load_gpu_steps(str(write(tmp_path / "untimed.json", {
+        **report, "by_dtype": {"bfloat16": {"steps": section["steps"]}}})))
+    config = lambda tree, drafter="mag": trees.check_configs([  # noqa: E731
+        {"drafter": drafter, "tree": tree, "temperature": 0.0,
+         "verifiers": ["token" if tree.startswith("chain") else "greedy"]}])[0]
+    assert trees.max_gram_round_s(config("chain:3"), timed) == pytest.approx(3 * 0.0003)
+    assert trees.max_gram_round_s(config("trie:16,8"), timed) == 0.0007
+    assert trees.max_gram_round_s(config("trie:32,8"), timed) is None
+    assert trees.max_gram_round_s(config("4,1,1"), timed) is None
+    assert trees.max_gram_round_s(config("2,1", "model"), timed) == 0.0
+    assert trees.max_gram_round_s(config("chain:3"), untimed) == 0.0
+

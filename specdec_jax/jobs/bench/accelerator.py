@@ -12,7 +12,10 @@ values. For each dtype, in one process:
    pays), with the effective bandwidth ``weight bytes / step`` against the
    measured copy rate (the reference on a GPU) and read rate (the reference
    on CPU, where writing a fresh 1 GiB output page-faults and the copy
-   measures far below what a step can read).
+   measures far below what a step can read). Beside them, **Max-Gram's
+   drafting** at batch 1 over ``max_gram_context`` tokens of text: one
+   lookup (a chain makes one per draft) and one best-first tree of each of
+   ``MAX_GRAM_TRIES`` (the token-tree benchmark prices Max-Gram with them).
 3. **Decoding**: the autoregressive target and ``specdecode`` / ``token-v3``
    at each G, greedy, in two regimes made explicit by the drafter:
    *all-accept* (the drafter is the target itself: every draft is accepted)
@@ -62,9 +65,12 @@ import time
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import api, precision
+from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
+from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import cost, resolver, tables
 from specdec_jax.jobs.bench import peers as peer_lib
 from specdec_jax.jobs.bench import shared
@@ -81,6 +87,9 @@ SPECULATIVE = ("specdecode", "token-v3")
 MEASURED_ACCEPTANCE = (0.87, 0.84)
 TOKEN_V3_ALPHA = 0.3
 PEERS = ("eager", "compiled", "assisted")
+# Max-Gram best-first trees whose drafting is timed: (nodes, depth), labelled 'trie:N,D'.
+MAX_GRAM_TRIES = ((16, 8),)
+MAX_GRAM_TABLE_COLUMNS = 8  # continuations per token of the tries' bigram table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +112,7 @@ class Settings:
     target_step_widths: list[int]
     acceptance: list[float]
     peers: list[str]
+    max_gram_context: int = 2048  # 0: Max-Gram's drafting is not timed
 
     @property
     def random_weights(self) -> bool:
@@ -128,7 +138,7 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
                           rounds_per_sync: Sequence[int] = (1,),
                           target_step_widths: Sequence[int] = (),
                           acceptance: Sequence[float] = MEASURED_ACCEPTANCE,
-                          peers: Sequence[str] = PEERS,
+                          peers: Sequence[str] = PEERS, max_gram_context: int = 2048,
                           out: str = "results/bench_accelerator.json",
                           markdown_path: str | None = None) -> dict:
     """The benchmark (module docstring) for ``target`` and ``drafter`` (resolver
@@ -148,7 +158,8 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
     target's in-loop step table (decoding runs only at ``gammas``): SpecDec++'s
     compiled target widths, say, whose costs ``configs/bench/specdecpp_device.gin``
     turns into tokens/s. ``peers``: the ``transformers`` variants to time
-    (empty: none). Writes ``out`` (JSON) after every section and prints the
+    (empty: none). ``max_gram_context``: tokens of text Max-Gram's timed
+    drafting searches (0: not timed). Writes ``out`` (JSON) after every section and prints the
     Markdown summary (also to ``markdown_path`` if given)."""
     settings = check_settings(
         target=target, drafter=drafter, dtypes=list(dtypes), batch_sizes=list(batch_sizes),
@@ -157,7 +168,7 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
         kernel_layout=kernel_layout, fused_projections=fused_projections,
         rounds_per_sync=list(rounds_per_sync),
         target_step_widths=list(target_step_widths), acceptance=list(acceptance),
-        peers=list(peers))
+        peers=list(peers), max_gram_context=max_gram_context)
     report = {"environment": timing.environment(), "backend": jax.default_backend(),
               "settings": settings.to_json(), "by_dtype": {}}
     for dtype in settings.dtypes:
@@ -166,6 +177,8 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
         models = build_models(settings, dtype)
         section["weight_bytes"] = {role: weight_bytes(p) for role, (_, p) in models.items()}
         section["steps"] = measure_steps(models, settings, section["limits"])
+        if settings.max_gram_context:
+            section["max_gram"] = measure_max_gram(models["target"][0].vocab_size, settings)
         shared.write_report(report, out)
         rows = section["decoding"] = []
         jobs = [(b, c) for b in settings.batch_sizes for c in decode_configs(settings)]
@@ -196,6 +209,11 @@ def check_settings(**arguments) -> Settings:
     if s["target_step_widths"]:
         shared.check_at_least(1, target_step_widths=s["target_step_widths"])
     shared.check_at_least(2, prompt_len=s["prompt_len"])
+    shared.check_at_least(0, max_gram_context=s["max_gram_context"])
+    if 0 < s["max_gram_context"] <= max(d for _, d in MAX_GRAM_TRIES):
+        raise ValueError(f"max_gram_context={s['max_gram_context']} leaves no text before a "
+                         f"tree of depth {max(d for _, d in MAX_GRAM_TRIES)}; give more tokens "
+                         "(2048, the TPU programs' room) or 0 to skip Max-Gram.")
     shared.check_choices("methods", s["methods"], SPECULATIVE)
     shared.check_choices("peers", s["peers"], PEERS, allow_empty=True)
     shared.check_choices("kernel_layout", s["kernel_layout"], KERNEL_LAYOUTS)
@@ -262,6 +280,38 @@ def measure_steps(models: dict, settings: Settings, limits: dict) -> dict:
             "weight_gb_s": gb_s, "of_copy_bandwidth": gb_s / limits["copy_gb_s"],
             "of_read_rate": gb_s / limits["read_gb_s"]}
     return steps
+
+
+def measure_max_gram(vocab_size: int, settings: Settings) -> dict:
+    """Seconds of Max-Gram's drafting at batch 1 over ``max_gram_context``
+    tokens of random text (in-loop: each step writes its proposal back into
+    the text at a fixed position, so every step searches the same length):
+    ``{"context", "lookup_s", "trie_s": {"trie:N,D": s}}``. Random text matches
+    rarely; the search, not the matches, is what a step costs."""
+    context = settings.max_gram_context
+    key_text, key_table = jax.random.split(jax.random.PRNGKey(0))
+    text = jax.random.randint(key_text, (1, context), 0, vocab_size, jnp.int32)
+    table = jax.random.randint(key_table, (vocab_size, MAX_GRAM_TABLE_COLUMNS), 0, vocab_size,
+                               jnp.int32)
+
+    def timed(propose, depth: int) -> float:
+        n = jnp.full((1,), context - depth - 1, jnp.int32)
+
+        def body(table, text):
+            return text.at[0, n[0]].set(propose(table, text, n)[0])
+
+        return timing.in_loop(body, table, text, steps=settings.steps,
+                              repeats=settings.repeats).median_s
+
+    out = {"context": context,
+           "lookup_s": timed(lambda t, x, n: longest_match_next(x, n, t[:, 0], DEFAULT_MAX_NGRAM),
+                             1),
+           "trie_s": {}}
+    for nodes, depth in MAX_GRAM_TRIES:
+        trie = MaxGramTrieDrafter(vocab_size, num_nodes=nodes, depth=depth)
+        out["trie_s"][f"trie:{nodes},{depth}"] = timed(
+            lambda t, x, n, trie=trie: trie.grow(t, x, n)[0][:, 0], depth)
+    return out
 
 
 # -- decoding ------------------------------------------------------------------------------
@@ -466,6 +516,12 @@ def markdown(report: dict) -> str:
               f"{st['of_copy_bandwidth']:.2f}", f"{st.get('of_read_rate', float('nan')):.2f}")
              for role, by_b in sec["steps"].items() for b, by_k in by_b.items()
              for k, st in by_k.items()])
+        if "max_gram" in sec:
+            mg = sec["max_gram"]
+            tries = "; ".join(f"{name} {1e3 * seconds:.3f} ms"
+                              for name, seconds in mg["trie_s"].items())
+            lines += ["", f"Max-Gram drafting, batch 1, {mg['context']} tokens of text (in-loop): "
+                      f"one lookup {1e3 * mg['lookup_s']:.3f} ms; {tries}."]
         lines += [""] + tables.markdown_table(
             ("batch", "configuration", "tokens/s", "vs AR", "round ms", "tokens/round",
              "acceptance", "round overhead", "first call s", "recompiles"),

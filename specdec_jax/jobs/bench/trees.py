@@ -48,8 +48,11 @@ Figures, per configuration (95% intervals: percentile bootstrap over prompts,
   chain, ``N + 1`` for a tree of N nodes). A width the report did not measure
   is priced by the least-squares line through its K >= 2 steps, labelled
   *fit* inside the measured range and *extrapolated* beyond it; drafter calls
-  wider than the widths measured likewise. Max-Gram is priced at zero on a
-  GPU (no GPU step of it is measured yet). Modelled, not measured;
+  wider than the widths measured likewise. Max-Gram is priced by the
+  report's timed drafting where it has it (``bench_accelerator``'s
+  ``max_gram``: one lookup per chain draft, one best-first tree per trie
+  round of a timed budget, other Max-Gram trees unpriced), else at zero (the
+  H100 / H200 reports so far). Modelled, not measured;
 * the same on each TPU chip of ``tpu_reports`` (``jobs.tpu_compile``'s
   reports, by chip: the compiler's ``optimal_seconds`` of the per-call
   programs, read as ``tpu_compile.program_seconds`` reads them: **TPU compiler
@@ -260,7 +263,9 @@ def load_gpu_steps(path: str) -> dict:
     """In-loop step seconds by width, ``{"target": {K: s}, "drafter": {K: s},
     "device": str}``, from a ``bench_feature_steps`` report (``steps``: rows
     named ``target K=..`` / ``drafter model K=..``) or a ``bench_accelerator``
-    report (``by_dtype[dtype].steps[role][batch 1][K]``; the first dtype)."""
+    report (``by_dtype[dtype].steps[role][batch 1][K]``; the first dtype), with
+    Max-Gram's timed drafting (``mag_step_s``, ``mag_trie_s``) where the
+    report has it (``bench_accelerator``'s ``max_gram``)."""
     data = json.loads(pathlib.Path(path).read_text())
     env = data.get("environment", {})
     device = env.get("device_kind") or env.get("machine", "?")
@@ -273,10 +278,13 @@ def load_gpu_steps(path: str) -> dict:
             if role:
                 steps[role][int(row["k"])] = row["step_ms"] / 1e3
     elif "by_dtype" in data:
-        block = next(iter(data["by_dtype"].values()))["steps"]
+        section = next(iter(data["by_dtype"].values()))
         for role in ("target", "drafter"):
-            for k, row in block.get(role, {}).get("1", {}).items():
+            for k, row in section["steps"].get(role, {}).get("1", {}).items():
                 steps[role][int(k)] = row["step_s"]
+        if "max_gram" in section:  # reports since Max-Gram's drafting is timed there
+            steps.update(mag_step_s=section["max_gram"]["lookup_s"],
+                         mag_trie_s=dict(section["max_gram"]["trie_s"]))
     for role in ("target", "drafter"):
         if 1 not in steps[role]:
             raise ValueError(f"{path}: no one-token {role} step at batch 1; give a "
@@ -314,10 +322,11 @@ def load_tpu_steps(paths: Sequence[str]) -> dict:
 
 
 def max_gram_round_s(config: Config, steps: dict) -> float | None:
-    """Seconds of one round's Max-Gram drafting: 0 on a GPU (module
-    docstring); on a TPU ``G`` lookups for a chain, the compiled best-first
-    tree for a trie of its budget, else None (not priced)."""
-    if config.drafter != "mag" or not steps.get("estimate"):
+    """Seconds of one round's Max-Gram drafting: ``G`` lookups for a chain,
+    the timed (or compiled) best-first tree for a trie of its budget, else
+    None (not priced); 0 where the steps have no Max-Gram figures at all (a
+    GPU report from before they were timed: Max-Gram free, module docstring)."""
+    if config.drafter != "mag" or "mag_step_s" not in steps:
         return 0.0
     if config.is_chain and steps.get("mag_step_s") is not None:
         return config.gamma * steps["mag_step_s"]
@@ -562,16 +571,18 @@ def markdown(report: dict) -> str:
         lines += ["", "Predicted speedup: the counted calls priced at batch 1 with in-loop "
                   "steps measured on a GPU from random weights of the same shapes (modelled, "
                   "not measured); the target call of a tree of N nodes at width N + 1, of a "
-                  "chain at G + 1; Max-Gram free. Widths the report lacks: *fit* (least-squares "
+                  "chain at G + 1; Max-Gram at its timed drafting where the report has it, else "
+                  "free. Widths the report lacks: *fit* (least-squares "
                   "line through the K >= 2 steps, inside the measured range) or *extrapolated* "
                   "(beyond it).", ""]
         lines += tables.markdown_table(
-            ("GPU", "report", "device", "target widths measured", "drafter widths measured"),
+            ("GPU", "report", "device", "target widths measured", "drafter widths measured",
+             "Max-Gram"),
             [(label, g["path"], g["device"], ", ".join(map(str, g["target_widths"])),
               ", ".join(map(str, g["drafter_widths"])) +
               " (a drafter call of several nodes priced as the widest measured: "
-              "extrapolated)") for label, g in
-             gpu.items()])
+              "extrapolated)", "timed" if g.get("max_gram_timed") else "not timed: free")
+             for label, g in gpu.items()])
     if tpu:
         lines += ["", "TPU columns: the same counted calls priced with the compiled per-call "
                   "programs' `optimal_seconds` (TPU compiler estimates: nothing ran on a TPU), "
@@ -670,7 +681,8 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
                   decoding="the jitted loops (decoding / tree_decoding), batch 1",
                   gpu={label: {"path": gpu_steps[label], "device": g["device"],
                                "target_widths": sorted(g["target"]),
-                               "drafter_widths": sorted(g["drafter"])}
+                               "drafter_widths": sorted(g["drafter"]),
+                               "max_gram_timed": "mag_step_s" in g}
                        for label, g in gpu.items()},
                   tpu={label: {"paths": tpu_reports[label], "device": t["device"],
                                "target_widths": sorted(t["target"]),
