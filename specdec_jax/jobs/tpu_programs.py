@@ -61,7 +61,8 @@ ADAPTIVE_HEAD_DEPTH = 3  # SpecDec++'s recommended head
 CSD_K_MATRIX = ((2, 10), (0, 10))  # CS Drafting's decoder-only setting
 # Tree generate programs: the best trees of the CPU-counted benchmark (issue 44).
 TREE_DYNAMIC = "dynamic:5,2,3"  # 27 nodes
-TREE_TRIE = "trie:16,8"  # Max-Gram's best-first tree: 16 nodes, depth <= 8
+TREE_TRIE_NODES, TREE_TRIE_DEPTH = 16, 8  # Max-Gram's best-first tree ...
+TREE_TRIE = f"trie:{TREE_TRIE_NODES},{TREE_TRIE_DEPTH}"  # ... as the benchmarks name it
 TRIE_COLUMNS = 8  # bigram continuations per token it reads
 # Tree call widths: the pending token and a tree of 16 / 32 / 64 nodes (target), one
 # depth of up to 8 nodes (drafter); a tree's commit moves a path of up to TREE_PATH.
@@ -200,8 +201,7 @@ def tree_step(model, params, shapes: Shapes, mesh: Mesh, width: int, *,
 def tree_drafter(kind: str, drafter, vocab_size: int):
     """The tree drafter of a tree generate program (``GENERATE``'s kinds)."""
     if kind == TREE_TRIE:
-        nodes, depth = (int(x) for x in TREE_TRIE[len("trie:"):].split(","))
-        return MaxGramTrieDrafter(vocab_size, num_nodes=nodes, depth=depth)
+        return MaxGramTrieDrafter(vocab_size, num_nodes=TREE_TRIE_NODES, depth=TREE_TRIE_DEPTH)
     return make_tree_drafter(drafter, kind)
 
 
