@@ -49,7 +49,7 @@ from specdec_jax.drafting import ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.bench import shared
-from specdec_jax.jobs.bench.trees import parse_trie
+from specdec_jax.jobs.bench.trees import TRIE_PREFIX, parse_trie
 from specdec_jax.jobs.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
@@ -62,7 +62,6 @@ TARGET_VARIANT = "autoregressive target"
 VARIANT_FIELDS = {"name": str, "gamma": int, "head_vocab": int, "catch_up_widths": list,
                   "draft_weights": str, "kernel": bool}
 OPTIONAL_FIELDS = {"tree": ""}
-TRIE_PREFIX = "trie:"
 
 
 def check_variants(variants: Sequence[dict]) -> list[dict]:

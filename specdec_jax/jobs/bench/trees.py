@@ -726,7 +726,7 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
         if config not in todo:
             summarize_stored(config)
     if todo:
-        run_configs(todo, report, checked=checked, replayed=replayed, counted_by=counted_by,
+        run_configs(todo, report, replayed=replayed, counted_by=counted_by,
                     summarize_stored=summarize_stored, target=target, drafter=drafter,
                     task=task, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                     bigram_table=bigram_table, draft_weights=draft_weights, seed=seed,
@@ -737,7 +737,7 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
     return report
 
 
-def run_configs(todo: Sequence[Config], report: dict, *, checked, replayed, counted_by,
+def run_configs(todo: Sequence[Config], report: dict, *, replayed, counted_by,
                 summarize_stored, target, drafter, task, num_prompts, max_new_tokens,
                 bigram_table, draft_weights, seed, replay, replay_length, out) -> None:
     """Decodes (or replays) the configurations ``todo``, storing each one's rows
@@ -749,7 +749,7 @@ def run_configs(todo: Sequence[Config], report: dict, *, checked, replayed, coun
     texts = [ex.prompt for ex in tasks.get_task(task).load("test", num_prompts)]
     prompts = [pair.encode(text) for text in texts]
     width = max(len(p) for p in prompts)
-    bigram_tables = max_gram_tables(bigram_table, vocab, checked)
+    bigram_tables = max_gram_tables(bigram_table, vocab, todo)
     received: list = []
     sink = lambda accepted: received.append(np.asarray(accepted)[:, 0])  # noqa: E731 (batch 1)
     references = (load_or_make_reference(replay, pair, target, task, prompts,
