@@ -78,3 +78,23 @@ def test_the_tiny_flow_runs_the_suite_stage_and_writes_summaries(tmp_path):
     assert "| tests/test_precision.py | 1 | 0 |" in (out / "gpu_check.md").read_text()
     assert (out / "junit.xml").is_file() and "GPU check summary (tiny)" in result.stdout
     assert not list(tmp_path.glob("gpu_check_work.*")), "the work folder is removed"
+
+
+def test_the_other_kernel_paths_are_timed_on_tiny_models(tmp_path):
+    """The check's second benchmark stage (tools/gpu_check_bench.py), on CPU with
+    tiny random models: every kernel path gives in-loop step times (it once
+    stopped at a setting the job gained, max_gram_context, and timed nothing)."""
+    out = tmp_path / "paths.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gpu_check_bench.py"), "--out", str(out),
+         "--paths", "out_in:separate", "in_out", "--dtype", "float32", "--batch", "1",
+         "--gamma", "5", "--target", "random:tiny-target:0", "--drafter",
+         "random:tiny-drafter:1", "--prompt-len", "8", "--steps", "2", "--repeats", "2"],
+        cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    for path in ("out_in:separate", "in_out"):
+        entry = report["paths"][path]
+        assert not entry.get("error"), entry
+        assert entry["steps"], entry
