@@ -4,6 +4,7 @@ Import is cheap: no model is built and nothing is compiled at import time.
 """
 
 from specdec_jax.api import (
+    TREE_VERIFIERS,
     VERIFIERS,
     decode_layout,
     generate,
@@ -21,6 +22,7 @@ from specdec_jax.drafting import (
     cs_drafter,
     make_drafter,
 )
+from specdec_jax.drafting.tree import DynamicTreeDrafter, StaticTreeDrafter, TreeShape
 from specdec_jax.models import (
                                 DecoderCache,
                                 DecoderConfig,
@@ -34,14 +36,16 @@ from specdec_jax.models import (
 )
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.target_functions import METHODS
+from specdec_jax.tree_decoding import TreeSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "METHODS", "VERIFIERS", "DecoderCache", "DecoderConfig", "DecoderOnlyLM",
-    "GenerationOutput", "GenerationStats", "HorizontalCascade", "LanguageModel",
-    "MaxGramDrafter", "ModelDrafter", "Prompt", "SamplingParams", "StepOutput", "T5Config",
-    "T5EncoderDecoderLM", "VerticalCascade", "cs_drafter", "decode_layout", "generate",
+    "METHODS", "TREE_VERIFIERS", "VERIFIERS", "DecoderCache", "DecoderConfig",
+    "DecoderOnlyLM", "DynamicTreeDrafter", "GenerationOutput", "GenerationStats",
+    "HorizontalCascade", "LanguageModel", "MaxGramDrafter", "ModelDrafter", "Prompt",
+    "SamplingParams", "StaticTreeDrafter", "StepOutput", "T5Config", "T5EncoderDecoderLM",
+    "TreeShape", "TreeSpec", "VerticalCascade", "cs_drafter", "decode_layout", "generate",
     "get_verifier", "make_decoder", "make_drafter", "make_generate_fn", "make_prompt",
     "sampling_params",
 ]

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import sampling, target_functions, verify_block
+from specdec_jax import sampling, target_functions, verify_block, verify_tree
 from specdec_jax.cascade_baselines import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
 from specdec_jax.decoding import (
     AutoregressiveDecoder,
@@ -39,13 +39,19 @@ from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
 from specdec_jax.models.layers import OUT_IN
 from specdec_jax.sampling import SamplingParams
-from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, make_tree_drafter, tree_verifier
+from specdec_jax.tree_decoding import (
+    TreeDecoder,
+    TreeSpec,
+    check_greedy_temperature,
+    make_tree_drafter,
+    tree_verifier,
+)
 from specdec_jax.verify import TokenVerifier
 from specdec_jax.verify_tree import TREE_VERIFIERS
 
-VERIFIERS = ("token", "block", "block-seed")
-# With a token tree (tree=...): the tree verifiers; 'token' and 'block' name
-# their tree forms (recursive rejection sampling, traversal verification).
+VERIFIERS = ("token", "block", "block-seed")  # chains; the default first
+# With a token tree (tree=...): the tree verifiers (the default, traversal,
+# first); 'token' and 'block' name their tree forms (rrs, traversal).
 ALL_VERIFIERS = VERIFIERS + tuple(v for v in TREE_VERIFIERS if v not in VERIFIERS)
 DEFAULT_GAMMA = 5
 
@@ -96,11 +102,10 @@ def _check_same_kind(target: LanguageModel, drafter: LanguageModel) -> None:
                          "encoder-decoder models.")
 
 
-@functools.lru_cache(maxsize=64)
 def make_decoder(*, target: LanguageModel, drafter: Any = None,
-                 method: str = "specdecode", gamma: int | None = None, verifier: str = "token",
-                 max_new_tokens: int = 64, top_k: int = 0, eos_ids: tuple[int, ...] = (),
-                 pad_id: int = 0, fallback_alpha: float = 0.5,
+                 method: str = "specdecode", gamma: int | None = None,
+                 verifier: str | None = None, max_new_tokens: int = 64, top_k: int = 0,
+                 eos_ids: Sequence[int] = (), pad_id: int = 0, fallback_alpha: float = 0.5,
                  stop_rule: EndOfBlockStop | None = None, rounds_per_sync: int = 1,
                  tree: Any = None
                  ) -> SpeculativeDecoder | AutoregressiveDecoder | DraftUntilDecoder | TreeDecoder:
@@ -134,14 +139,34 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     host round trip, a few (4-8) save that wait per round. Outputs are
     identical for every value.
 
+    ``verifier``: chains ``token`` (the default), ``block`` or ``block-seed``.
+
     ``tree`` drafts a token tree per round instead of a chain
-    (``tree_decoding``): widths per depth (``(3, 2, 1, 1)`` or ``"3,2,1,1"``,
-    a static tree) or ``"dynamic:DEPTH,EXPAND,CHILDREN"`` (EAGLE-2's dynamic
-    tree), from a decoder-only drafter model or Max-Gram; or pass a tree
-    drafter (``drafting.tree``) as ``drafter`` with ``tree=None``. The
-    verifier is then a tree verifier (``verify_tree.TREE_VERIFIERS``;
-    ``token`` = ``rrs``, ``block`` = ``traversal``); ``gamma`` does not apply.
+    (``tree_decoding``): widths per depth (``(3, 2, 1, 1)``, ``[3, 2, 1, 1]``
+    or ``"3,2,1,1"``, a static tree), ``"dynamic:DEPTH,EXPAND,CHILDREN"``
+    (EAGLE-2's dynamic tree), or any static shape by its parents
+    (``"parents:-1,-1,0"``, a ``TreeShape`` or ``TreeSpec``), from a
+    decoder-only drafter model or Max-Gram; or pass a tree drafter
+    (``drafting.tree``) as ``drafter`` with ``tree=None``. The verifier is
+    then a tree verifier (``TREE_VERIFIERS``): ``traversal`` (the default;
+    ``block`` names it too), ``rrs`` (``token``), ``rrs-replacement`` (RRS
+    over children drawn with replacement, SpecInfer's trees: the drafter
+    draws so) or ``greedy``, which decodes the target's argmax path whatever
+    the temperature (T = 0 only; ``generate`` and the CLI refuse it above).
+    ``gamma`` does not apply. Every pairing accepted here is exact at T > 0.
     """
+    return _make_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
+                         verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
+                         eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
+                         fallback_alpha=fallback_alpha, stop_rule=stop_rule,
+                         rounds_per_sync=rounds_per_sync,
+                         tree=None if tree is None else TreeSpec.parse(tree))
+
+
+@functools.lru_cache(maxsize=64)
+def _make_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, top_k, eos_ids,
+                  pad_id, fallback_alpha, stop_rule, rounds_per_sync, tree):
+    """``make_decoder`` once its arguments are hashable (``tree`` a ``TreeSpec``)."""
     if method not in target_functions.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
                          f"{', '.join(target_functions.METHODS)}.")
@@ -149,6 +174,9 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     config = sampling.SamplingConfig(top_k=top_k)
     if method == "autoregressive":
+        if tree is not None:
+            raise ValueError("method 'autoregressive' drafts nothing, so it takes no tree; "
+                             "drop tree= or pick a speculative method (e.g. 'specdecode').")
         return AutoregressiveDecoder(target=target, max_new_tokens=max_new_tokens,
                                      sampling_config=config, eos_ids=tuple(eos_ids),
                                      pad_id=pad_id, stop_rule=stop_rule,
@@ -160,6 +188,7 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
                              verifier=verifier, max_new_tokens=max_new_tokens, config=config,
                              eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
                              rounds_per_sync=rounds_per_sync, tree=tree)
+    verifier = VERIFIERS[0] if verifier is None else verifier
     if verifier in TREE_VERIFIERS and verifier not in VERIFIERS:
         raise ValueError(f"verifier {verifier!r} verifies token trees; pass tree=... (e.g. "
                          f"(3, 2, 1, 1)) or a chain verifier: {', '.join(VERIFIERS)}.")
@@ -198,10 +227,11 @@ def _tree_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, c
         raise ValueError("gamma is a chain's draft length; a tree's size is its shape "
                          "(tree=...). Drop gamma.")
     _check_pair(target, drafter)
-    drafter = make_tree_drafter(drafter, tree)
+    checked = tree_verifier(verifier)
+    drafter = make_tree_drafter(drafter, tree, draws=verify_tree.requested_draws(checked))
     return TreeDecoder(target=target, drafter=drafter,
                        target_fn=target_functions.get_target(method),
-                       max_new_tokens=max_new_tokens, verifier=tree_verifier(verifier),
+                       max_new_tokens=max_new_tokens, verifier=checked,
                        sampling_config=config, eos_ids=eos_ids, pad_id=pad_id,
                        stop_rule=stop_rule, rounds_per_sync=rounds_per_sync)
 
@@ -231,12 +261,11 @@ def resolve_gamma(drafter, gamma: int | None) -> int:
     return fixed
 
 
-@functools.lru_cache(maxsize=64)
 def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
                      method: str = "specdecode", gamma: int | None = None,
-                     verifier: str = "token",
+                     verifier: str | None = None,
                      max_new_tokens: int = 64, top_k: int = 0,
-                     eos_ids: tuple[int, ...] = (), pad_id: int = 0,
+                     eos_ids: Sequence[int] = (), pad_id: int = 0,
                      fallback_alpha: float = 0.5, stop_rule: EndOfBlockStop | None = None,
                      rounds_per_sync: int = 1, tree: Any = None) -> Callable:
     """Returns ``fn(target_params, drafter_params, prompt, key, sampling_params)``, jitted.
@@ -244,13 +273,18 @@ def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
     Everything here is static (a new value compiles a new program); the
     ``SamplingParams`` (temperature, top_p, alpha, beta) are traced, so a sweep
     over them reuses one compilation. ``method="autoregressive"`` ignores the
-    drafter. ``tree`` drafts token trees (see ``make_decoder``).
+    drafter. ``tree`` drafts token trees (see ``make_decoder``, which also
+    lists the verifiers; ``greedy`` is for temperature 0 only).
     """
-    decoder = make_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
-                           verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
-                           eos_ids=tuple(eos_ids), pad_id=pad_id,
-                           fallback_alpha=fallback_alpha, stop_rule=stop_rule,
-                           rounds_per_sync=rounds_per_sync, tree=tree)
+    return _jitted_generate(make_decoder(
+        target=target, drafter=drafter, method=method, gamma=gamma, verifier=verifier,
+        max_new_tokens=max_new_tokens, top_k=top_k, eos_ids=eos_ids, pad_id=pad_id,
+        fallback_alpha=fallback_alpha, stop_rule=stop_rule, rounds_per_sync=rounds_per_sync,
+        tree=tree))
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_generate(decoder) -> Callable:
     return jax.jit(decoder.generate)
 
 
@@ -284,7 +318,8 @@ def sampling_params(*, temperature: float = 0.0, top_p: float = 1.0, alpha: floa
 def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Sequence[int]] |
              Prompt, drafter: LanguageModel | None = None, drafter_params: Any = None,
              method: str = "specdecode", alpha: float = 0.0, beta: float = 1.0,
-             gamma: int | None = None, verifier: str = "token", temperature: float = 0.0,
+             gamma: int | None = None, verifier: str | None = None,
+             temperature: float = 0.0,
              lenience: float = 1.0, stop_threshold: float = 0.7,
              top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
              eos_ids: Sequence[int] = (), seed: int = 0, max_cache_length: int | None = None,
@@ -300,10 +335,12 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
       method: one of ``target_functions.METHODS``.
       alpha, beta: lenience of the method (see ``target_functions.py`` for each range).
       gamma: draft block length G (default 5; a K-matrix drafter fixes its own).
-      verifier: ``token`` | ``block`` | ``block-seed``; with ``tree``, a tree
-        verifier (``greedy`` | ``rrs`` | ``rrs-replacement`` | ``traversal``).
+      verifier: ``token`` (default) | ``block`` | ``block-seed``; with ``tree``,
+        a tree verifier: ``traversal`` (default) | ``rrs`` | ``rrs-replacement``
+        | ``greedy`` (temperature 0 only).
       tree: a token tree per round instead of a chain: widths per depth, e.g.
-        ``(3, 2, 1, 1)``, or ``"dynamic:DEPTH,EXPAND,CHILDREN"`` (see ``make_decoder``).
+        ``(3, 2, 1, 1)``, ``"dynamic:DEPTH,EXPAND,CHILDREN"``, or a shape by its
+        parents, ``"parents:-1,-1,0"`` (see ``make_decoder``).
       lenience: CS Drafting lenience between drafters (>= 1; never the target).
       stop_threshold: SpecDec++'s ``h`` for an ``AdaptiveDrafter``: a row stops
         drafting once the predicted chance that a draft is rejected exceeds it.
@@ -324,22 +361,26 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     target_functions.validate_alpha(method, alpha, beta)
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
-    room = TreeSpec.parse(tree).num_nodes if tree is not None else \
-        drafter.num_nodes if hasattr(drafter, "propose_tree") else \
-        effective_gamma(method, drafter, gamma)
+    sp = sampling_params(temperature=temperature, top_p=top_p, alpha=alpha, beta=beta,
+                         lenience=lenience, stop_threshold=stop_threshold)
+    decoder = make_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
+                           verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
+                           eos_ids=eos_ids, pad_id=pad_id, rounds_per_sync=rounds_per_sync,
+                           tree=tree)
+    if isinstance(decoder, TreeDecoder):
+        check_greedy_temperature(verifier, temperature)
+        room, what = decoder.gamma, f"{decoder.num_nodes} tree nodes"
+    else:
+        room = effective_gamma(method, drafter, gamma)
+        what = f"gamma {room}"
     needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens, room)
     if max_cache_length is not None and needed > max_cache_length:
         raise ValueError(
             f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "
-            f"gamma + 1 needs a cache of {needed} positions, beyond max_cache_length "
-            f"{max_cache_length}; lower max_new_tokens or shorten the prompts.")
-    sp = sampling_params(temperature=temperature, top_p=top_p, alpha=alpha, beta=beta,
-                         lenience=lenience, stop_threshold=stop_threshold)
-    fn = make_generate_fn(target=target, drafter=drafter, method=method, gamma=gamma,
-                          verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
-                          eos_ids=tuple(int(e) for e in eos_ids), pad_id=pad_id,
-                          rounds_per_sync=rounds_per_sync,
-                          tree=tuple(tree) if isinstance(tree, list) else tree)
+            f"{what} + 1 needs a cache of {needed} positions, beyond max_cache_length "
+            f"{max_cache_length}; lower max_new_tokens, shorten the prompts"
+            f"{' or draft a smaller tree' if isinstance(decoder, TreeDecoder) else ''}.")
+    fn = _jitted_generate(decoder)
     out = fn(target_params, drafter_params, prompt, jax.random.PRNGKey(seed), sp)
     nan_calls = int(np.asarray(out.stats.nan_logits).sum())
     if nan_calls:

@@ -239,6 +239,8 @@ class DraftUntilDecoder:
                 accepted_B, m + 1, dtype=jnp.int32),
             rejections=s.rejections + active * rolled_back_B,
             drafted=s.drafted + active * k_B,
+            drafted_nodes=s.drafted_nodes + active * k_B,
+            accepted_by_rank=s.accepted_by_rank + (active * accepted_B)[:, None],
             deferred_mass=s.deferred_mass + jnp.where(active_B & y_emitted_B, defer_B, 0.0),
             emitted=num_generated,
             nan_logits=s.nan_logits + active * (d.nan + has_nan(logits)))

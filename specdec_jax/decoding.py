@@ -70,7 +70,13 @@ class GenerationStats:
     accepted_histogram: Array  # int32 [B, G + 1]: rounds that accepted j drafts
     rejections: Array  # int32 [B]: rounds that rejected a draft (j < the drafts offered)
     drafted: Array  # int32 [B]: drafts offered for verification (G per round, or fewer
-    #                 when an adaptive drafter stops early); discarded = drafted - accepted
+    #                 when an adaptive drafter stops early; a tree's deepest path, the
+    #                 most drafts its round can accept); discarded = drafted - accepted
+    drafted_nodes: Array  # int32 [B]: tokens drafted for verification (= drafted for
+    #                 chains; every node of a tree, N per round)
+    # int32 [B, K]: accepted drafts by their rank among their siblings (0 = their
+    # parent's first-drawn child; a chain's drafts are all rank 0, K = 1)
+    accepted_by_rank: Array
     deferred_mass: Array  # float32 [B]: sum over emitted positions of the deferral indicator
     emitted: Array  # int32 [B]: tokens emitted (== lengths)
     nan_logits: Array  # int32 [B]: model calls whose logits held NaN (must stay 0)
@@ -210,9 +216,11 @@ def emit_round(decoder, state, drafts_BxG, accepted_B, next_B, pending_B):
     return candidates, tokens, num_generated, done, keep_B
 
 
-def zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
-    """All-zero statistics for ``batch`` rows, ``gamma`` drafts a round and
-    ``num_models`` drafters: where every decoding loop starts counting."""
+def zero_stats(batch: int, gamma: int, num_models: int = 0,
+               ranks: int = 1) -> GenerationStats:
+    """All-zero statistics for ``batch`` rows, ``gamma`` drafts a round (a
+    tree's depth), ``num_models`` drafters and ``ranks`` sibling ranks (a
+    tree's widest node; 1 for chains): where every decoding loop starts counting."""
     zeros = jnp.zeros((batch,), jnp.int32)
     by_model = jnp.zeros((batch, num_models), jnp.int32)
     return GenerationStats(target_calls=zeros, target_fed=zeros, target_single_calls=zeros,
@@ -220,7 +228,8 @@ def zero_stats(batch: int, gamma: int, num_models: int = 0) -> GenerationStats:
                            drafter_calls_by_model=by_model, drafter_tokens_by_model=by_model,
                            drafter_single_calls_by_model=by_model,
                            accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
-                           rejections=zeros, drafted=zeros,
+                           rejections=zeros, drafted=zeros, drafted_nodes=zeros,
+                           accepted_by_rank=jnp.zeros((batch, ranks), jnp.int32),
                            deferred_mass=jnp.zeros((batch,), jnp.float32),
                            emitted=zeros, nan_logits=zeros,
                            sequence_logprob=jnp.zeros((batch,), jnp.float32))
@@ -393,6 +402,8 @@ class SpeculativeDecoder:
                 accepted_B, g + 1, dtype=jnp.int32),
             rejections=stats.rejections + active * (accepted_B < offered_B),
             drafted=stats.drafted + active * offered_B,
+            drafted_nodes=stats.drafted_nodes + active * offered_B,
+            accepted_by_rank=stats.accepted_by_rank + (active * accepted_B)[:, None],
             deferred_mass=stats.deferred_mass + jnp.sum(
                 jnp.where(emitted_pos_BxG1, defer_BxG1, 0.0), axis=-1),
             emitted=num_generated,

@@ -21,6 +21,21 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
+# How a token tree's children were drawn at one node (``verify_tree.Tree.draws``,
+# ``drafting.tree.TreeProposal.draws``): the law a verifier tests each child
+# against follows from it (``verify_tree.sibling_laws``).
+WITHOUT_REPLACEMENT = "without-replacement"  # child j ~ q without the earlier siblings
+WITH_REPLACEMENT = "with-replacement"  # every child ~ q, independently
+POINT_MASS = "point-mass"  # deterministic children (Max-Gram): each its own point mass
+TREE_DRAWS = (WITHOUT_REPLACEMENT, WITH_REPLACEMENT, POINT_MASS)
+
+
+def check_tree_draws(draws: str) -> str:
+    if draws not in TREE_DRAWS:
+        raise ValueError(f"unknown tree drawing {draws!r}; a tree's children are drawn "
+                         f"{', '.join(TREE_DRAWS)}.")
+    return draws
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:

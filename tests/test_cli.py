@@ -184,6 +184,12 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     (["--tree", "2,1", "--verifier", "block-seed"], "has no tree form"),
     (["--tree", "2,1", "--method", "lossy", "--verifier", "traversal"],
      "needs a normalised pi"),
+    (["--tree", "2,1", "--method", "autoregressive"], "drafts nothing, so it takes no --tree"),
+    (["--tree", "2,1", "--verifier", "greedy", "--temperature", "1"],
+     "'greedy' verifies the target's argmax path whatever the temperature"),
+    (["--tree", "2,1", "--draft", "mag", "--verifier", "rrs-replacement"],
+     "chosen, not drawn (point masses); verify with 'traversal'"),
+    (["--tree", "parents:-1,3"], "'parents:P0,P1,...' lists each node's parent"),
 ])
 def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message, capsys,
                                                                   monkeypatch, tmp_path):

@@ -104,7 +104,14 @@ def test_greedy_max_gram_tree_through_generate_is_the_targets():
                        drafter_params=bigram, prompts=prompts, tree=(3, 1),
                        max_new_tokens=MAX_NEW, max_cache_length=64)
     _check_same_as_autoregressive(out, want)
-    assert np.asarray(out.stats.drafted).sum() == 6 * np.asarray(out.stats.target_calls).sum()
+    stats = out.stats
+    calls = np.asarray(stats.target_calls)
+    # A round drafts 6 nodes and offers a path of at most 2 (as a chain's G = 2).
+    np.testing.assert_array_equal(np.asarray(stats.drafted_nodes), 6 * calls)
+    np.testing.assert_array_equal(np.asarray(stats.drafted), 2 * calls)
+    by_rank = np.asarray(stats.accepted_by_rank)
+    assert by_rank.shape == (2, 3)  # the root's 3 children are the widest node
+    np.testing.assert_array_equal(by_rank.sum(-1), np.asarray(stats.accepted()))
     assert np.asarray(out.stats.accepted()).sum() > 0
 
 

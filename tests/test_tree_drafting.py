@@ -25,7 +25,7 @@ from specdec_jax.drafting.tree import (
 )
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
 from specdec_jax.models.toy import TableLM
-from specdec_jax.sampling import SamplingConfig
+from specdec_jax.sampling import POINT_MASS, SamplingConfig
 
 V = 16
 MAX_LENGTH = 48
@@ -210,7 +210,7 @@ def test_max_gram_trees():
     got = _jitted(one, True)(bigram, state, context, key, sp)[0]
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     np.testing.assert_array_equal(np.asarray(got.q), np.asarray(want.q))
-    assert got.deterministic
+    assert got.draws == POINT_MASS
     wide = MaxGramTreeDrafter(V, TreeShape.from_widths((3, 2)))
     got = _jitted(wide, False)(bigram, state, context, key, sp)[0]
     tok = np.asarray(got.tokens)
@@ -276,7 +276,7 @@ def test_max_gram_trie_grows_best_first():
     state, context = _start(drafter, bigram, [prompt, [7, 2, 4]])
     proposal = _jitted(drafter, True)(bigram, state, context, jax.random.PRNGKey(0),
                                       sampling_params())[0]
-    assert proposal.deterministic and proposal.tokens.shape == (2, 9)
+    assert proposal.draws == POINT_MASS and proposal.tokens.shape == (2, 9)
     par = np.asarray(proposal.parents)
     assert (par < np.arange(9)).all() and (par >= -1).all()  # topological
     paths, values, left_out = _trie_values(drafter, bigram, prompt, proposal)

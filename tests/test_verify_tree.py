@@ -1,6 +1,7 @@
 """Token-tree verification (docs/algorithms.md, 'Token trees'): exactness of recursive
-rejection sampling (children drawn with and without replacement) and traversal
-verification against ``p`` and two cascade targets ``pi``, on two static trees
+rejection sampling and traversal verification, each over children drawn with and
+without replacement (the tree says which: ``Tree.draws``), against ``p`` and two
+cascade targets ``pi``, on two static trees
 and an irregular one, by Monte Carlo (chi-square) and by exact enumeration;
 known-wrong variants rejected by the same statistic; traversal = block
 verification on chains; greedy against a brute-force reference; traversal's
@@ -35,6 +36,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from specdec_jax.sampling import POINT_MASS, WITH_REPLACEMENT, WITHOUT_REPLACEMENT
 from specdec_jax.target_functions import get_target
 from specdec_jax.verify import TokenVerifier
 from specdec_jax.verify_block import BlockVerifier
@@ -193,10 +195,13 @@ def deterministic_children(code: int, k: int) -> np.ndarray:
 
 
 def run_trees(verifier, target: str, replacement: bool = False, seed: int = 0,
-              shapes=tuple(SHAPES), rows: int = ROWS, deterministic: bool = False):
+              shapes=tuple(SHAPES), rows: int = ROWS, deterministic: bool = False,
+              label: str | None = None):
     """One round per row for each shape (all shapes in one verifier call);
     ``deterministic``: the trees of ``draft_deterministic``, verified as
-    point-mass trees (``Tree.point_mass``).
+    point-mass trees (``Tree.draws = POINT_MASS``); ``label``: the drawing the
+    tree *states* (default: the one it was drawn with; another one is the
+    known-wrong pairing of a drafter and a law it did not draw from).
 
     Returns {shape: (completed tokens [R, LENGTH], accepted counts [R])}.
     """
@@ -218,7 +223,9 @@ def run_trees(verifier, target: str, replacement: bool = False, seed: int = 0,
     parents, tokens, codes, valid = map(np.concatenate, (parents, tokens, codes, valid))
     validate_tree(parents, valid)
     tree = Tree(parents=jnp.asarray(parents, jnp.int32), tokens=jnp.asarray(tokens, jnp.int32),
-                valid=jnp.asarray(valid), point_mass=deterministic)
+                valid=jnp.asarray(valid),
+                draws=label or (POINT_MASS if deterministic else
+                                WITH_REPLACEMENT if replacement else WITHOUT_REPLACEMENT))
     key, sub = jax.random.split(key)
     out = jitted(verifier)(sub, tree, jnp.asarray(Q_TABLE[codes]), jnp.asarray(pi[codes]))
     emitted = np.asarray(jax.jit(emitted_tokens)(tree, out.node, out.next_token))
@@ -243,10 +250,12 @@ def pvalues(results, target: str):
             for name, (seqs, _) in results.items()}
 
 
+# name -> (verifier, children drawn with replacement); the laws come from the tree.
 VERIFIERS = {
     "rrs": (RecursiveRejectionVerifier(), False),
-    "rrs-replacement": (RecursiveRejectionVerifier(replacement=True), True),
+    "rrs-replacement": (RecursiveRejectionVerifier(), True),
     "traversal": (TraversalVerifier(), False),
+    "traversal-replacement": (TraversalVerifier(), True),
 }
 
 
@@ -279,14 +288,14 @@ class RRSWithoutSiblingUpdate(RecursiveRejectionVerifier):
 
 
 def test_known_wrong_variants_fail():
-    """Children drawn without replacement but verified as if drawn with it
-    (q_j = q): first-token p-value 6e-13, 4-token 1e-23 on widths (2, 2) at
-    15k rows. Residual not updated between siblings: 2e-136 / 1e-149 on
-    widths (3, 1)."""
+    """Children drawn without replacement in a tree that says they were drawn
+    with it (verified with q_j = q, the pairing the API once accepted):
+    first-token p-value 6e-13, 4-token 1e-23 on widths (2, 2) at 15k rows.
+    Residual not updated between siblings: 2e-136 / 1e-149 on widths (3, 1)."""
     law = exact_law(pi_table("specdecode"))
     first = law.reshape(V, -1).sum(-1)
-    wrong_q = run_trees(RecursiveRejectionVerifier(replacement=True), "specdecode",
-                        replacement=False, seed=2)
+    wrong_q = run_trees(RecursiveRejectionVerifier(), "specdecode", replacement=False, seed=2,
+                        label=WITH_REPLACEMENT)
     seqs, _ = wrong_q["widths-2-2"]
     assert chi_square_pvalue(seqs[:, :1], first) < P_WRONG
     assert chi_square_pvalue(seqs, law) < P_WRONG
@@ -456,20 +465,23 @@ REFERENCES = {
     "rrs": (reference_rrs, False, {}),
     "rrs-replacement": (reference_rrs, True, {"replacement": True}),
     "traversal": (reference_traversal, False, {}),
+    "traversal-replacement": (reference_traversal, True, {"replacement": True}),
 }
 
 
 @pytest.mark.parametrize("target", ["specdecode", "token-v3"])
 def test_exact_laws_by_enumeration(target):
     """Every drafted tree of every shape (the irregular one with all 6 nodes):
-    the references of RRS (both drawings) and traversal emit autoregressive pi
-    to float64 precision (measured total variation below 5e-16), the
-    known-wrong variants do not (TV 0.054 / 0.102 under p, 0.013 / 0.062 under
-    token-v3). Exact E[accepted drafts] under p on widths (2, 2), (3, 1),
-    irregular: traversal 1.8127 / 1.6118 / 2.1769, RRS without replacement
-    1.7692 / 1.5545 / 2.0625, with replacement 1.6743 / 1.5331 / 1.9693
-    (token-v3: 1.7553 / 1.6964 / 2.0216, 1.7364 / 1.6175 / 1.9063, 1.5198 /
-    1.4740 / 1.7314): traversal gains 2.5%, 3.7%, 5.5% over RRS under p."""
+    the references of RRS and traversal, each over both drawings, emit
+    autoregressive pi to float64 precision (measured total variation below
+    5e-16), the known-wrong variants do not (TV 0.054 / 0.102 under p, 0.013 /
+    0.062 under token-v3). Exact E[accepted drafts] under p on widths (2, 2),
+    (3, 1), irregular: traversal 1.8127 / 1.6118 / 2.1769, RRS without
+    replacement 1.7692 / 1.5545 / 2.0625; with replacement traversal 1.7308 /
+    1.5779 / 2.0944, RRS 1.6743 / 1.5331 / 1.9693 (token-v3: 1.7553 / 1.6964 /
+    2.0216, 1.7364 / 1.6175 / 1.9063; 1.5616 / 1.5504 / 1.8695, 1.5198 /
+    1.4740 / 1.7314): traversal gains 2.5%, 3.7%, 5.5% over RRS under p
+    without replacement, 3.4%, 2.9%, 6.4% with it."""
     want = exact_law(float64_laws(pi_table(target)))
     for shape in SHAPES:
         accepted = {}
@@ -479,6 +491,8 @@ def test_exact_laws_by_enumeration(target):
             assert 0.5 * np.abs(law - want).sum() < 1e-12, (name, shape)
         assert accepted["traversal"] >= accepted["rrs"] - 1e-12, (shape, accepted)
         assert accepted["rrs"] >= accepted["rrs-replacement"] - 1e-12, (shape, accepted)
+        assert accepted["traversal-replacement"] >= accepted["rrs-replacement"] - 1e-12, \
+            (shape, accepted)
     wrong_q, _ = exact_round_law(reference_rrs, "widths-2-2", target, False, replacement=True)
     no_update, _ = exact_round_law(reference_rrs, "widths-3-1", target, False, update=False)
     assert 0.5 * np.abs(wrong_q - want).sum() > 1e-3
@@ -487,7 +501,7 @@ def test_exact_laws_by_enumeration(target):
 
 @pytest.mark.parametrize("target", ["specdecode", "token-v3"])
 def test_point_mass_trees_are_exact(target):
-    """Deterministic children (Max-Gram trees: ``Tree.point_mass``) verified
+    """Deterministic children (Max-Gram trees: ``Tree.draws = POINT_MASS``) verified
     with each node's point mass at T = 1: RRS and traversal emit
     autoregressive pi, by enumeration (float64, TV < 1e-12) and by chi-square
     on 15k rounds per shape; later siblings are accepted (the old one-hot law
@@ -523,13 +537,16 @@ def test_point_mass_trees_are_exact(target):
 
 def test_point_mass_sibling_laws():
     tree = Tree(parents=jnp.asarray([[-1, -1, 0]]), tokens=jnp.asarray([[1, 0, 3]]),
-                valid=jnp.asarray([[True, True, False]]), point_mass=True)
+                valid=jnp.asarray([[True, True, False]]), draws=POINT_MASS)
     q = jnp.full((1, 4, V), 0.25)
     law = np.asarray(sibling_laws(tree, q))
     np.testing.assert_array_equal(law[0], [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
     # The one-hot of the first child read as every sibling's law: never the second.
     one_hot = jnp.zeros((1, 4, V)).at[0, 0, 1].set(1.0)
-    assert float(sibling_laws(tree.replace(point_mass=False), one_hot)[0, 1].sum()) == 0
+    assert float(sibling_laws(tree.replace(draws=WITHOUT_REPLACEMENT),
+                              one_hot)[0, 1].sum()) == 0
+    with pytest.raises(ValueError, match="unknown tree drawing"):
+        tree.replace(draws="sometimes")
 
 
 # ---------------------------------------------------------------------------
@@ -580,8 +597,9 @@ def test_rrs_equals_token_verification_on_chains():
     key = jax.random.PRNGKey(8)
     g = drafts.shape[1]
     token = jitted(TokenVerifier())(key, drafts, q[:, :g], pi[:, :g], pi[:, g])
-    for verifier in (RecursiveRejectionVerifier(), RecursiveRejectionVerifier(replacement=True)):
-        tree = jitted(verifier)(key, chain(drafts), q, pi)
+    verifier = RecursiveRejectionVerifier()
+    for draws in (WITHOUT_REPLACEMENT, WITH_REPLACEMENT):
+        tree = jitted(verifier)(key, chain(drafts).replace(draws=draws), q, pi)
         np.testing.assert_array_equal(tree.num_accepted, token.num_accepted)
         np.testing.assert_array_equal(tree.next_token, token.next_token)
 

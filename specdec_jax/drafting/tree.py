@@ -1,4 +1,4 @@
-"""Token-tree drafters (ALGORITHMS.md §10): several continuations per round.
+"""Token-tree drafters (docs/algorithms.md, 'Token trees'): several continuations per round.
 
 A tree drafter proposes ``N`` nodes instead of a chain of ``G`` tokens::
 
@@ -11,14 +11,19 @@ Nodes are in topological order, depth by depth, and siblings are contiguous
 (``parents`` is non-decreasing), so a verifier walks children as slices.
 ``q[:, 1 + i]`` is the law node i's children were drawn from, *before* the
 without-replacement renormalisation (the verifier removes earlier siblings
-itself, ALGORITHMS.md §10); a node without children (a leaf) gets its law
+itself, ``verify_tree.sibling_laws``); a node without children (a leaf) gets its law
 only with ``with_next`` (one more drafter call: cascade targets need it for
 the bonus token), else a zero row, as a chain's ``q[:, G]``.
 
 Drawing children: at T > 0 the ``k`` children of a node are ``k`` draws
 *without replacement* from ``q`` (Gumbel-top-k: the ``k`` largest of ``log q
 + Gumbel`` in decreasing order are, in that order, sequential draws without
-replacement); at T = 0 the ``k`` largest logits. Where ``q`` keeps fewer than
+replacement), or, for a drafter built with ``replacement=True`` (SpecInfer's
+trees), ``k`` independent draws from ``q`` (repeats allowed); at T = 0 the
+``k`` largest logits either way (a greedy round tests the target's argmax
+path, no law). ``proposal.draws`` says which (``sampling.TREE_DRAWS``): the
+verifiers take each child's law from it, so no pairing of a drafter and a
+verifier can test a child against a law it was not drawn from. Where ``q`` keeps fewer than
 ``k`` tokens (top-p / top-k truncation), the children past its support are
 distinct tokens with ``q = 0``: a verifier must never accept them (their
 without-replacement law is undefined), and should stop there. One drafter call per depth
@@ -39,7 +44,7 @@ longer be exact at T > 0). Its node budget is fixed by construction instead:
 ``N = k + (depth - 1) * m * k``.
 
 Max-Gram trees are deterministic (children are a function of the context):
-``proposal.deterministic`` says so, and child j's drafting law is then the
+``proposal.draws == POINT_MASS`` says so, and child j's drafting law is then the
 point mass on it (``q`` holds the one-hot of a node's first child, Max-Gram's
 own chain proposal, for target functions that read ``q``).
 """
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import flax.struct
 import jax
@@ -59,6 +65,7 @@ from specdec_jax.drafting.base import Context, extend_from_history, start_token_
 from specdec_jax.drafting.maxgram import MaxGramDrafter, MaxGramState, match_runs
 from specdec_jax.drafting.model import SingleModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt, supports_trees
+from specdec_jax.sampling import POINT_MASS, WITH_REPLACEMENT, WITHOUT_REPLACEMENT
 
 Array = jax.Array
 
@@ -75,9 +82,10 @@ class TreeProposal:
     fed: Array  # int32 [B, M]: tokens (nodes) fed by those calls
     single: Array  # int32 [B, M]: of those calls, the ones that fed one token
     nan: Array  # int32 [B]: calls whose logits held NaN (must stay 0)
-    # True: children are a deterministic function of the context (Max-Gram);
-    # child j's law is then the point mass on it, whatever q says.
-    deterministic: bool = flax.struct.field(pytree_node=False, default=False)
+    # How each node's children were drawn (``sampling.TREE_DRAWS``): without
+    # replacement, with it, or chosen deterministically (Max-Gram: child j's law
+    # is then the point mass on it, whatever q says).
+    draws: str = flax.struct.field(pytree_node=False, default=WITHOUT_REPLACEMENT)
 
     @property
     def num_nodes(self) -> int:
@@ -135,6 +143,11 @@ class TreeShape:
     def depth(self) -> int:
         return max(self.depths)
 
+    @property
+    def max_children(self) -> int:
+        """The most children any node (the root included) has."""
+        return max(self.parents.count(p) for p in set(self.parents))
+
     @functools.cached_property
     def levels(self) -> tuple[tuple[int, int], ...]:
         """``(start, stop)`` node range of each depth 1 .. depth."""
@@ -157,18 +170,26 @@ class TreeShape:
 
 
 def draw_children(key: Array, probs_BxWxV: Array, logits_BxWxV: Array, k: int,
-                  temperature: Array) -> Array:
-    """int32 [B, W, k]: ``k`` distinct children of each of W nodes, in draw
-    order. T > 0: Gumbel-top-k on ``log q`` (sequential draws without
-    replacement); T = 0: the k largest logits. With ``k = 1`` and ``W = 1``
-    it is ``verify.sample_from_weights`` draw for draw (the same noise)."""
+                  temperature: Array, replacement: bool = False) -> Array:
+    """int32 [B, W, k]: ``k`` children of each of W nodes, in draw order.
+
+    T > 0: Gumbel-top-k on ``log q`` (``k`` distinct tokens, sequential draws
+    without replacement), or with ``replacement`` ``k`` independent Gumbel-max
+    draws (tokens may repeat); T = 0: the k largest logits. With ``k = 1`` and
+    ``W = 1`` both are ``verify.sample_from_weights`` draw for draw (the same
+    noise)."""
     batch, width, vocab = probs_BxWxV.shape
     log_q = jnp.where(probs_BxWxV > 0, jnp.log(jnp.maximum(probs_BxWxV, 1e-38)), -jnp.inf)
-    # Drawn flat, [B, W * V]: for W = 1 exactly the chain's [B, V] noise.
-    noise = jax.random.gumbel(key, (batch, width * vocab), jnp.float32).reshape(
-        batch, width, vocab)
-    scores = jnp.where(temperature > 0, log_q + noise, logits_BxWxV.astype(jnp.float32))
-    return jax.lax.top_k(scores, k)[1].astype(jnp.int32)
+    greedy_BxWxk = jax.lax.top_k(logits_BxWxV.astype(jnp.float32), k)[1]
+    per_node = k if replacement else 1  # noise rows per node
+    # Drawn flat, [B, W * per_node * V]: for W = 1 and one row, exactly the chain's [B, V] noise.
+    noise = jax.random.gumbel(key, (batch, width * per_node * vocab), jnp.float32).reshape(
+        batch, width, per_node, vocab)
+    if replacement:
+        sampled_BxWxk = jnp.argmax(log_q[:, :, None, :] + noise, axis=-1)
+    else:
+        sampled_BxWxk = jax.lax.top_k(log_q + noise[:, :, 0], k)[1]
+    return jnp.where(temperature > 0, sampled_BxWxk, greedy_BxWxk).astype(jnp.int32)
 
 
 @flax.struct.dataclass
@@ -196,6 +217,11 @@ class _ModelTreeDrafter(SingleModelDrafter):
 
     def select_params(self, named: dict):
         return named[self.name]
+
+    @property
+    def draws(self) -> str:
+        """How this drafter draws a node's children (``sampling.TREE_DRAWS``)."""
+        return WITH_REPLACEMENT if self.replacement else WITHOUT_REPLACEMENT
 
     def _check_model(self):
         if not supports_trees(self.model):
@@ -238,12 +264,15 @@ class _ModelTreeDrafter(SingleModelDrafter):
 class StaticTreeDrafter(_ModelTreeDrafter):
     """A fixed tree shape drafted from ``model`` (module docstring): depth d's
     nodes are drawn from the laws at depth d - 1 (keys ``split(key, depth +
-    1)[d - 1]``, as ``ModelDrafter`` draws its chain) and scored in one call."""
+    1)[d - 1]``, as ``ModelDrafter`` draws its chain) and scored in one call.
+    ``replacement``: a node's children are independent draws (SpecInfer's
+    trees; siblings may repeat) instead of draws without replacement."""
 
     model: LanguageModel
     shape: TreeShape
     name: str = "drafter"
     catch_up_widths: tuple[int, ...] | None = None
+    replacement: bool = False
 
     @property
     def depth(self) -> int:
@@ -252,6 +281,10 @@ class StaticTreeDrafter(_ModelTreeDrafter):
     @property
     def num_nodes(self) -> int:
         return self.shape.num_nodes
+
+    @property
+    def max_children(self) -> int:
+        return self.shape.max_children
 
     def propose_tree(self, params, state: TreeDrafterState, context: Context, with_next: bool,
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
@@ -268,7 +301,8 @@ class StaticTreeDrafter(_ModelTreeDrafter):
         level_tokens = []
         for level, (start, stop) in enumerate(shape.levels):
             local, rank, k = shape.level_slots(level)
-            children_BxWxk = draw_children(keys[level], qs[-1], logits, k, sp.temperature)
+            children_BxWxk = draw_children(keys[level], qs[-1], logits, k, sp.temperature,
+                                           self.replacement)
             tokens_BxW = children_BxWxk[:, local, rank]
             level_tokens.append(tokens_BxW)
             width = stop - start
@@ -288,7 +322,7 @@ class StaticTreeDrafter(_ModelTreeDrafter):
         proposal = TreeProposal(tokens=jnp.concatenate(level_tokens, axis=1),
                                 parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
                                 q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
-                                single=single, nan=nan_B)
+                                single=single, nan=nan_B, draws=self.draws)
         scored = shape.depth if with_next else shape.depth - 1
         return proposal, TreeDrafterState(cache=cache,
                                           scored_depth=jnp.full_like(cache.lengths, scored))
@@ -304,6 +338,7 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
     children`` nodes, one drafter call per depth over all that depth's nodes
     (every node's law is reported; the last depth's only with ``with_next``).
     No final re-ranking (module docstring: it would break exactness at T > 0).
+    ``replacement`` as ``StaticTreeDrafter``'s.
     """
 
     model: LanguageModel
@@ -312,6 +347,7 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
     children: int = 2
     name: str = "drafter"
     catch_up_widths: tuple[int, ...] | None = None
+    replacement: bool = False
 
     def __post_init__(self):
         if self.depth < 1 or self.children < 1 or not 1 <= self.expand <= self.children:
@@ -327,6 +363,10 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
     def num_nodes(self) -> int:
         return sum(self.level_sizes)
 
+    @property
+    def max_children(self) -> int:
+        return self.children
+
     def propose_tree(self, params, state: TreeDrafterState, context: Context, with_next: bool,
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
                      ) -> tuple[TreeProposal, TreeDrafterState]:
@@ -337,7 +377,8 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
         nan_B = has_nan(logits)
         dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
         qs, q_stats = [dist.probs], [dist.stats]
-        kids_BxWxk = draw_children(keys[0], dist.probs, logits, k, sp.temperature)  # W = 1
+        kids_BxWxk = draw_children(keys[0], dist.probs, logits, k, sp.temperature,
+                                   self.replacement)  # W = 1
         tokens_BxW = kids_BxWxk[:, 0]
         value_BxW = jnp.take_along_axis(dist.stats[:, 0], tokens_BxW, axis=1)
         parents_BxN = jnp.full((batch, n), -1, jnp.int32)  # later levels filled as drawn
@@ -364,7 +405,7 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
             pick = functools.partial(_pick, index_BxM=chosen_BxM)
             probs_BxMxV, stats_BxMxV = pick(dist.probs), pick(dist.stats)
             kids_BxMxk = draw_children(keys[level + 1], probs_BxMxV, pick(logits), k,
-                                       sp.temperature)
+                                       sp.temperature, self.replacement)
             child_value = _pick(value_BxW, chosen_BxM)[..., None] * jnp.take_along_axis(
                 stats_BxMxV, kids_BxMxk, axis=2)  # [B, M, k]
             start += width
@@ -377,7 +418,7 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
         proposal = TreeProposal(tokens=jnp.concatenate(level_tokens, axis=1),
                                 parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
                                 q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
-                                single=single, nan=nan_B)
+                                single=single, nan=nan_B, draws=self.draws)
         scored = self.depth if with_next else self.depth - 1
         return proposal, TreeDrafterState(cache=cache,
                                           scored_depth=jnp.full_like(cache.lengths, scored))
@@ -431,6 +472,7 @@ class MaxGramTreeDrafter:
     max_ngram: int = 32
     name: str = "mag"
     model_names: tuple[str, ...] = ()
+    draws: ClassVar[str] = POINT_MASS  # children chosen, not drawn
 
     @property
     def _chain(self) -> MaxGramDrafter:
@@ -439,6 +481,10 @@ class MaxGramTreeDrafter:
     @property
     def num_nodes(self) -> int:
         return self.shape.num_nodes
+
+    @property
+    def max_children(self) -> int:
+        return self.shape.max_children
 
     def select_params(self, named: dict):
         return named[self.name]
@@ -488,7 +534,7 @@ class MaxGramTreeDrafter:
             parents=jnp.broadcast_to(jnp.asarray(shape.parents, jnp.int32),
                                      (batch, shape.num_nodes)),
             q=q, q_stat=q, calls=zeros, fed=zeros, single=zeros,
-            nan=jnp.zeros((batch,), jnp.int32), deterministic=True)
+            nan=jnp.zeros((batch,), jnp.int32), draws=POINT_MASS)
         return proposal, state
 
 
@@ -571,7 +617,7 @@ class MaxGramTrieDrafter:
     Parents are data (one compiled program per budget); nodes are numbered
     in the order they were added: topological (``parents[i] < i``), siblings
     in decreasing probability, not contiguous. Deterministic: a node's law at
-    T > 0 is the point mass on its own token (``proposal.deterministic``;
+    T > 0 is the point mass on its own token (``proposal.draws``;
     ``verify_tree``'s point-mass laws), and ``q`` at a context holds the one-hot
     of its likeliest candidate (its first child; Max-Gram's chain proposal)
     for target functions that read ``q``.
@@ -594,6 +640,7 @@ class MaxGramTrieDrafter:
     unseen_mass: float = 1.0
     name: str = "mag"
     model_names: tuple[str, ...] = ()
+    draws: ClassVar[str] = POINT_MASS  # children chosen, not drawn
 
     def __post_init__(self):
         if self.num_nodes < 1 or self.depth < 1 or self.children < 1 or self.matches < 1:
@@ -607,6 +654,10 @@ class MaxGramTrieDrafter:
     @property
     def _chain(self) -> MaxGramDrafter:
         return MaxGramDrafter(self.vocab_size, self.max_ngram, self.name)
+
+    @property
+    def max_children(self) -> int:
+        return self.children
 
     def select_params(self, named: dict):
         return named[self.name]
@@ -693,5 +744,5 @@ class MaxGramTrieDrafter:
         zeros = jnp.zeros((batch, 0), jnp.int32)
         proposal = TreeProposal(tokens=tokens_BxN, parents=parents_BxN, q=q, q_stat=q,
                                 calls=zeros, fed=zeros, single=zeros,
-                                nan=jnp.zeros((batch,), jnp.int32), deterministic=True)
+                                nan=jnp.zeros((batch,), jnp.int32), draws=POINT_MASS)
         return proposal, state

@@ -11,7 +11,7 @@ Drafting strategies (``--draft``, default: the --drafter model alone):
     --draft feature:<dir>+mag --k-matrix "[[3,4],[0,0]]"    and composed like a model
 
 Token trees (``--tree``: several continuations per round, one target call):
-    --tree 3,2,1,1 --verifier traversal       a static tree from the drafter model
+    --tree 3,2,1,1 --verifier rrs             a static tree from the drafter model
     --tree dynamic:5,2,2                      EAGLE-2's dynamic tree (2 + 4 * 4 nodes)
     --draft mag --tree 4,2,1                  a Max-Gram tree
 With the cost model (no --no-cost-model) a tree's round is priced before the
@@ -96,14 +96,16 @@ def add_parser(subparsers) -> None:
                    help="draft block length G (default: for one drafter model, the G the "
                         "cost model predicts fastest from steps timed here, else 5 (also "
                         "with --no-cost-model); a K-matrix fixes its own)")
-    p.add_argument("--verifier", default="token", choices=api.ALL_VERIFIERS,
-                   help="chains: token, block, block-seed; trees (--tree): greedy, rrs, "
-                        "rrs-replacement, traversal (token = rrs, block = traversal); at "
-                        "temperature 0 a tree is verified greedily")
+    p.add_argument("--verifier", default=None, choices=api.ALL_VERIFIERS,
+                   help="chains: token (default), block, block-seed; trees (--tree): "
+                        "traversal (default), rrs, rrs-replacement (children drawn with "
+                        "replacement), greedy (temperature 0 only); token = rrs, block = "
+                        "traversal. At temperature 0 every tree is verified greedily")
     p.add_argument("--tree", default=None,
                    help="draft a token tree per round instead of a chain: widths per depth "
-                        "('3,2,1,1': 3 + 6 + 6 + 6 nodes) or 'dynamic:DEPTH,EXPAND,CHILDREN' "
-                        "(EAGLE-2's expansion); from one drafter model or --draft mag")
+                        "('3,2,1,1': 3 + 6 + 6 + 6 nodes), 'dynamic:DEPTH,EXPAND,CHILDREN' "
+                        "(EAGLE-2's expansion) or any shape by its parents "
+                        "('parents:-1,-1,0,0'); from one drafter model or --draft mag")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -243,7 +245,7 @@ def tree_parents(tree, alpha: float) -> tuple[int, ...]:
     spec = tree_decoding.TreeSpec.parse(tree)
     if spec.dynamic is not None:
         return cost.expected_dynamic_tree(*spec.dynamic, alpha=alpha)
-    return TreeShape.from_widths(spec.widths).parents
+    return spec.shape.parents
 
 
 def measure_tree_call(measured: dict, role: str, model, params, parents, batch_size: int,
@@ -644,21 +646,23 @@ def check_args(args) -> None:
             raise ValueError(f"{flag} must be >= {low}, got {value}.")
     if args.gamma is not None and args.gamma < 1:
         raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
+    spec = args.draft or args.drafter
     if args.tree is not None:
-        tree_decoding.TreeSpec.parse(args.tree)
-        if args.method != "autoregressive":
-            tree_decoding.check_tree_request(args.tree, method=args.method,
-                                             verifier=args.verifier, where="--tree")
+        if args.method == "autoregressive":
+            raise ValueError("--method autoregressive drafts nothing, so it takes no --tree; "
+                             "drop --tree or pick a speculative method (e.g. specdecode).")
+        tree_decoding.check_tree_request(args.tree, method=args.method,
+                                         verifier=args.verifier, temperature=args.temperature,
+                                         max_gram=spec == drafting.spec.MAG, where="--tree")
         if args.gamma is not None or args.k_matrix is not None:
             raise ValueError("--tree sets the round's drafts by its shape; drop --gamma and "
                              "--k-matrix.")
-    elif args.verifier not in api.VERIFIERS:
+    elif args.verifier not in (None, *api.VERIFIERS):
         raise ValueError(f"--verifier {args.verifier} verifies token trees; add --tree (e.g. "
                          "--tree 3,2,1,1) or use token, block or block-seed.")
     target_functions.validate_alpha(args.method, args.alpha, args.beta)
     api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
                         beta=args.beta, lenience=args.lenience)
-    spec = args.draft or args.drafter
     check_spec(spec, args.k_matrix, args.target)
     head_vocab.check_size(args.drafter_head_vocab,
                           f"--drafter-head-vocab {args.drafter_head_vocab}")
@@ -677,7 +681,7 @@ def check_args(args) -> None:
                            or drafting.feature_path(names[0]) is not None):
         raise ValueError(f"--method {args.method} runs one drafter model token by token; "
                          f"--draft {spec!r} is a drafting strategy. Pass one model name.")
-    if (token_by_token or args.method == "autoregressive") and args.verifier != "token":
+    if (token_by_token or args.method == "autoregressive") and args.verifier is not None:
         raise ValueError(f"--verifier {args.verifier} does not apply to --method "
                          f"{args.method}, which verifies no drafted block; drop --verifier.")
     if args.method != "autoregressive":
@@ -780,7 +784,9 @@ def run(args) -> int:
     texts_out = texts_out[: len(prompts)]
     report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
               "lenience": args.lenience, "method": args.method,
-              "alpha": args.alpha, "gamma": gamma, "verifier": args.verifier, "tree": tree,
+              "alpha": args.alpha, "gamma": gamma, "tree": tree,
+              "verifier": args.verifier or (tree_decoding.DEFAULT_TREE_VERIFIER if tree
+                                            else api.VERIFIERS[0]),
               "temperature": args.temperature, "kernel_layout": args.kernel_layout,
               "drafter_head_vocab": args.drafter_head_vocab,
               "draft_weights": args.draft_weights, "cpu_kernel": kernel,

@@ -42,7 +42,7 @@ from specdec_jax.jobs.cost import CostModel
 from specdec_jax.models.interface import make_prompt, supports_trees
 from specdec_jax.runtime import distributed, jsonio, resume, timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.tree_decoding import check_tree_request
+from specdec_jax.tree_decoding import check_greedy_temperature, check_tree_request
 
 AUTOREGRESSIVE = ("drafter", "target")
 # Derived from the drafter's and the target's runs; recomputed on every pass.
@@ -156,6 +156,8 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
     for temperature in temperatures:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}.")
+        if trees:
+            check_greedy_temperature(verifier, temperature, where=f"{where}: verifier")
     points = []
     for temperature in temperatures:
         points += [Point(m, None, None, temperature) for m in AUTOREGRESSIVE]
