@@ -149,6 +149,12 @@ def test_quantize_rows_round_trip():
 
 
 def test_unbuildable_kernel_falls_back_with_a_warning(tmp_path, monkeypatch):
+    """Where the kernel cannot be built, enable() warns and XLA's dot stays.
+    Only the CPU backend is served: elsewhere enable() builds nothing and
+    warns nothing (it failed on the H200 GPU check of 2026-11-28 for that)."""
+    if jax.default_backend() != "cpu":
+        assert not cpu_kernels.enable(build_dir=tmp_path)  # nothing to build, nothing to warn
+        return
     monkeypatch.setenv("CXX", "/bin/false")
     monkeypatch.setattr(cpu_kernels, "_LOADED", {})
     registered = native_matmul._STATE.registered
