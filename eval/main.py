@@ -3,13 +3,12 @@
 
 The jobs are ``run_study`` (the default: a quality-vs-latency sweep),
 ``run_generate`` (one method, outputs printed), ``run_benchmark`` (wall-clock
-speed ratios at batch 1) and the benchmarks ``bench_*`` (``configs/bench/``);
-a config picks one with ``run.job`` (``specdec_jax.jobs.launch.JOBS`` lists
-them). Examples::
+speed ratios at batch 1), the training and data jobs and ``tpu_compile``; a
+config picks one with ``run.job`` (``specdec_jax.jobs.launch.JOBS`` lists
+them). The lab's benchmarks run from ``python -m benchmarks.main``. Example::
 
     python -m eval.main --gin_file=configs/runs/cascades_humaneval.gin \\
         --gin_bindings="run_study.num_examples = 5"
-    python -m eval.main --gin_file=configs/bench/speculative.gin
 """
 
 from __future__ import annotations

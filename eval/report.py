@@ -1,6 +1,6 @@
 """Reports from a stored sweep, without generating anything.
 
-    python -m eval.report eval/reports/cascades_humaneval.json
+    python -m eval.report benchmarks/reports/cascades_humaneval.json
 
 Writes ``<stem>.md`` and the two trade-off PNGs next to the JSON, plain or
 gzip-compressed (``<stem>.json.gz``): useful while a long sweep is still

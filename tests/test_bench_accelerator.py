@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eval import main as eval_main
+from benchmarks import accelerator
+from benchmarks import main as bench_main
 from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.jobs import cost, resolver
-from specdec_jax.jobs.bench import accelerator
 from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
@@ -24,7 +24,7 @@ from specdec_jax.runtime import timing
 PUBLISHED = {"smollm2-135m": 134_515_008, "qwen2.5-coder-0.5b": 494_032_768,
              "qwen2.5-coder-1.5b": 1_543_714_304, "qwen2.5-coder-7b": 7_615_616_512}
 
-TINY_CONFIG = "configs/bench/accelerator_tiny.gin"
+TINY_CONFIG = "benchmarks/configs/accelerator_tiny.gin"
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -77,7 +77,7 @@ def run_tiny(tmp_path, *bindings):
             "--gin_bindings", "bench_accelerator.dtypes = ['float32']"]
     for binding in bindings:
         args += ["--gin_bindings", binding]
-    assert eval_main.main(args) == 0
+    assert bench_main.main(args) == 0
     return json.loads((tmp_path / "accel.json").read_text())
 
 

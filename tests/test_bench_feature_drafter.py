@@ -1,4 +1,4 @@
-"""The feature-drafter benchmark (configs/bench/feature_drafter.gin) end to
+"""The feature-drafter benchmark (benchmarks/configs/feature_drafter.gin) end to
 end on the byte-level toys (``toy-bytes-large`` as target, a random feature
 head saved for it, ``toy-bytes-small`` as the model drafter), its pricing of
 counted calls with GPU step costs, and its refusals before any model loads.
@@ -9,13 +9,13 @@ from __future__ import annotations
 import jax
 import pytest
 
+from benchmarks import feature_drafter
 from specdec_jax.checkpoints.feature_heads import save_feature_head, target_fingerprint
 from specdec_jax.jobs import cost, resolver
-from specdec_jax.jobs.bench import feature_drafter
 from specdec_jax.models import feature_head
 from tests.test_bench_pair_jobs import byte_table, run_job  # noqa: F401 (fixture)
 
-H100_STEPS = "eval/reports/bench_feature_steps_gpu_h100.json"
+H100_STEPS = "benchmarks/reports/bench_feature_steps_gpu_h100.json"
 
 
 @pytest.fixture(scope="module")

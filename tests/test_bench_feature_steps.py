@@ -1,4 +1,4 @@
-"""The feature-head step benchmark (jobs/bench/feature_steps.py): the job on tiny
+"""The feature-head step benchmark (benchmarks/feature_steps.py): the job on tiny
 random shapes through the launcher, its argument checks, a failing step recorded
 while the others run, and its predicted speedup against a hand computation."""
 
@@ -9,12 +9,12 @@ import json
 import jax
 import pytest
 
-from eval import main as eval_main
+from benchmarks import feature_steps
+from benchmarks import main as bench_main
 from specdec_jax import precision
 from specdec_jax.jobs import cost
-from specdec_jax.jobs.bench import feature_steps
 
-TINY_CONFIG = "configs/bench/feature_steps_tiny.gin"
+TINY_CONFIG = "benchmarks/configs/feature_steps_tiny.gin"
 
 
 def test_the_tiny_job_writes_every_step_and_prediction(tmp_path):
@@ -25,7 +25,7 @@ def test_the_tiny_job_writes_every_step_and_prediction(tmp_path):
             # one restricted head (the config's two cost two more compilations)
             "--gin_bindings", "bench_feature_steps.head_vocab_sizes = [64]",
             "--gin_bindings", "bench_feature_steps.acceptance = [0.7, [0.9, 0.8, 0.7, 0.6, 0.5]]"]
-    assert eval_main.main(args) == 0
+    assert bench_main.main(args) == 0
     report = json.loads((tmp_path / "feature_steps.json").read_text())
     steps = {s["name"]: s for s in report["steps"]}
     expected = {"target K=1", "target K=6", "drafter model K=1",

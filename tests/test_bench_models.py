@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from eval import main as eval_main
+from benchmarks import child, peers
+from benchmarks import main as bench_main
 from specdec_jax.checkpoints import registry
 from specdec_jax.jobs import resolver
-from specdec_jax.jobs.bench import child, peers
 
 
 @pytest.mark.parametrize("binding, message", [
@@ -24,7 +24,7 @@ def test_bench_models_refuses_bad_arguments_before_loading(tmp_path, monkeypatch
     monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
     monkeypatch.setattr(registry, "local_path", lambda *a, **k: pytest.fail("fetched"))
     with pytest.raises(ValueError, match=message):
-        eval_main.main(["--gin_file", "configs/bench/models.gin",
+        bench_main.main(["--gin_file", "benchmarks/configs/models.gin",
                         "--gin_bindings", f"OUT_PATH = '{tmp_path / 'models.json'}'",
                         "--gin_bindings", binding])
 
@@ -46,7 +46,7 @@ def test_bench_models_end_to_end(tmp_path):
         registry.local_path(name)
     except (ConnectionError, PermissionError) as err:
         pytest.skip(f"weights of {name} cannot be fetched here: {err}")
-    assert eval_main.main(["--gin_file", "configs/bench/models.gin",
+    assert bench_main.main(["--gin_file", "benchmarks/configs/models.gin",
                            "--gin_bindings", f"bench_models.models = ['{name}']",
                            "--gin_bindings", f"OUT_PATH = '{tmp_path / 'models.json'}'",
                            "--gin_bindings", f"MARKDOWN_PATH = '{tmp_path / 'models.md'}'"]) == 0

@@ -1,4 +1,4 @@
-"""The pair benchmarks as gin jobs (configs/bench/{drafting,drafter_variants,
+"""The pair benchmarks as gin jobs (benchmarks/configs/{drafting,drafter_variants,
 verifiers,speculative,batch}.gin), end to end on the byte-level toys
 (``toy-bytes-large`` drafted by ``toy-bytes-small``, HumanEval prompts as
 bytes), their pieces, and their refusals of bad arguments before any model
@@ -13,12 +13,12 @@ import math
 import numpy as np
 import pytest
 
-from eval import main as eval_main
+from benchmarks import drafting, speculative
+from benchmarks import main as bench_main
 from specdec_jax import api
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram, humaneval
 from specdec_jax.jobs import cost, resolver
-from specdec_jax.jobs.bench import drafting, speculative
 from specdec_jax.runtime import timing
 
 TOYS = ["TARGET = 'toy-bytes-large'", "DRAFTER = 'toy-bytes-small'"]
@@ -26,11 +26,11 @@ TOYS = ["TARGET = 'toy-bytes-large'", "DRAFTER = 'toy-bytes-small'"]
 
 def run_job(name: str, tmp_path, *bindings, out: str = "out.json") -> dict:
     out_path = tmp_path / out
-    args = ["--gin_file", f"configs/bench/{name}.gin"]
+    args = ["--gin_file", f"benchmarks/configs/{name}.gin"]
     for binding in (*TOYS, f"OUT_PATH = '{out_path}'",
                     f"MARKDOWN_PATH = '{tmp_path / (name + '.md')}'", *bindings):
         args += ["--gin_bindings", binding]
-    assert eval_main.main(args) == 0
+    assert bench_main.main(args) == 0
     if out.endswith(".gz"):
         with gzip.open(out_path, "rt") as f:
             return json.load(f)
@@ -182,7 +182,7 @@ def test_bench_drafter_variants_times_trees_against_a_chain(tmp_path, byte_table
 
 
 def test_drafter_variants_decode_each_prompt_at_its_own_width():
-    from specdec_jax.jobs.bench.drafter_variants import _prompts
+    from benchmarks.drafter_variants import _prompts
     encoded = [[5] * 40, [6] * 3, [7] * 33]
     bucketed = _prompts(encoded, 32)
     assert [p.tokens.shape for p in bucketed] == [(1, 64), (1, 32), (1, 64)]
@@ -192,7 +192,7 @@ def test_drafter_variants_decode_each_prompt_at_its_own_width():
 
 
 def test_drafter_variants_refuse_incomplete_or_clashing_variants():
-    from specdec_jax.jobs.bench.drafter_variants import check_variants
+    from benchmarks.drafter_variants import check_variants
     good = {"name": "a", "gamma": 5, "head_vocab": 0, "catch_up_widths": [1],
             "draft_weights": "int8", "kernel": True}
     assert check_variants([good])[0]["catch_up_widths"] == (1,)

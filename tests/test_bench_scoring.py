@@ -1,5 +1,5 @@
 """The scoring benchmark: each K in each kernel layout against the machine's
-limits, one fresh process per XLA flag set (``jobs.bench.child``)."""
+limits, one fresh process per XLA flag set (``benchmarks.child``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from eval import main as eval_main
+from benchmarks import child, scoring
+from benchmarks import main as bench_main
 from specdec_jax.jobs import resolver
-from specdec_jax.jobs.bench import child, scoring
 
 
 @pytest.mark.long  # heavy (whole job or many programs): CI runs it with -m long
@@ -32,7 +32,7 @@ def test_bench_scoring_times_both_kernel_layouts_in_one_process(cpu_kernel):
 
 
 def scoring_args(tmp_path, *bindings):
-    args = ["--gin_file", "configs/bench/scoring.gin",
+    args = ["--gin_file", "benchmarks/configs/scoring.gin",
             "--gin_bindings", "MODEL = 'random:tiny-drafter'",
             "--gin_bindings", f"OUT_PATH = '{tmp_path / 'scoring.json'}'",
             "--gin_bindings", f"MARKDOWN_PATH = '{tmp_path / 'scoring.md'}'"]
@@ -46,7 +46,7 @@ def test_bench_scoring_job_runs_each_flag_set_in_its_own_process(tmp_path):
     """The defaults first, then each variant; a variant's flags are in its
     process's XLA_FLAGS (``measure`` refuses to run otherwise)."""
     flags = "--xla_force_host_platform_device_count=1"
-    assert eval_main.main(scoring_args(
+    assert bench_main.main(scoring_args(
         tmp_path, "bench_scoring.ks = [1, 3]", "bench_scoring.kernel_layouts = ['out_in']",
         "bench_scoring.products = ['xla']", f"bench_scoring.variants = ['{flags}']")) == 0
     report = json.loads((tmp_path / "scoring.json").read_text())
@@ -72,7 +72,7 @@ def test_bench_scoring_refuses_bad_arguments_before_loading(tmp_path, monkeypatc
     monkeypatch.setattr(child, "run_in_child", lambda *a, **k: pytest.fail("a process started"))
     monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=message):
-        eval_main.main(scoring_args(tmp_path, binding))
+        bench_main.main(scoring_args(tmp_path, binding))
 
 
 def test_measure_refuses_flags_its_process_was_not_started_with(monkeypatch):
@@ -83,7 +83,7 @@ def test_measure_refuses_flags_its_process_was_not_started_with(monkeypatch):
 
 
 def test_a_child_runs_only_benchmark_functions_and_reports_its_failure():
-    with pytest.raises(ValueError, match="specdec_jax.jobs.bench"):
+    with pytest.raises(ValueError, match="benchmarks"):
         child.run_in_child("os:system", {"command": "true"})
     with pytest.raises(RuntimeError, match="failed in its own process"):
-        child.run_in_child("specdec_jax.jobs.bench.scoring:measure", {"model": "nope"})
+        child.run_in_child("benchmarks.scoring:measure", {"model": "nope"})

@@ -1,4 +1,4 @@
-"""The trees benchmark (configs/bench/trees.gin) end to end on the byte-level
+"""The trees benchmark (benchmarks/configs/trees.gin) end to end on the byte-level
 toys (``toy-bytes-large`` drafted by ``toy-bytes-small``, HumanEval prompts as
 bytes), and its refusals of bad arguments before any model loads. The toys'
 figures mean nothing: this pins the pipeline, not the speed."""
@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from eval import main as eval_main
+from benchmarks import main as bench_main
+from benchmarks import trees
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram, humaneval
 from specdec_jax.jobs import resolver
-from specdec_jax.jobs.bench import trees
 
 TOYS = ["TARGET = 'toy-bytes-large'", "DRAFTER = 'toy-bytes-small'"]
 CONFIGS = [  # the reference (first T = 0) is a chain; a model tree; verifiers paired at T = 1
@@ -42,11 +42,11 @@ def byte_table(tmp_path_factory):
 
 def run_job(tmp_path, *bindings) -> dict:
     out = tmp_path / "trees.json"
-    args = ["--gin_file", "configs/bench/trees.gin"]
+    args = ["--gin_file", "benchmarks/configs/trees.gin"]
     for binding in (*TOYS, f"OUT_PATH = '{out}'", f"MARKDOWN_PATH = '{tmp_path / 'trees.md'}'",
                     *bindings):
         args += ["--gin_bindings", binding]
-    assert eval_main.main(args) == 0
+    assert bench_main.main(args) == 0
     return json.loads(out.read_text())
 
 
@@ -226,7 +226,7 @@ def test_bench_trees_replays_max_gram_trees(tmp_path, byte_table):
     ("bench_trees.num_prompts = 0", "num_prompts"),
     ("bench_trees.draft_weights = 'int4'", "int4"),
     ("bench_trees.task = 'nope'", "unknown task"),
-    ("bench_trees.gpu_steps = {'X': 'eval/reports/bench_scoring_cpu.json'}", "one-token"),
+    ("bench_trees.gpu_steps = {'X': 'benchmarks/reports/bench_scoring_cpu.json'}", "one-token"),
 ])
 def test_bench_trees_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, binding,
                                                           message):

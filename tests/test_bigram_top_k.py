@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks import trees
 from specdec_jax.data import bigram
-from specdec_jax.jobs.bench import trees
 
 V = 7
 STREAMS = [[1, 2, 1, 3, 1, 2, 1, 4], [2, 5, 2, 5, 2, 6], [0]]
@@ -94,7 +94,7 @@ def test_bare_top_k_npy_serves_chains_and_trees(tmp_path):
 
 
 def test_best_first_trees_read_top_k_from_the_registry_name():
-    """The trees benchmark (and tools/maxgram_replay.py) load the packaged table
+    """The trees benchmark (and benchmarks/scripts/maxgram_replay.py) load the packaged table
     by name: best-first trees get [V, TOP_K], chains and static trees [V]."""
     spec = bigram.TABLES["qwen2.5-coder"]
     configs = trees.check_configs([

@@ -15,6 +15,7 @@ def test_ruff_is_clean():
     ruff = shutil.which("ruff", path=venv_bin) or shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed (it is in the dev extra: pip install -e '.[dev]')")
-    folders = [d for d in ("specdec_jax", "tests", "eval", "train", "tools") if (ROOT / d).is_dir()]
+    folders = [d for d in ("specdec_jax", "benchmarks", "tests", "eval", "train", "tools")
+               if (ROOT / d).is_dir()]
     result = subprocess.run([ruff, "check", *folders], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

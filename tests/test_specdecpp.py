@@ -400,11 +400,11 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     from specdec_jax.training.specdecpp.train import evaluate_head  # noqa: PLC0415
 
     assert evaluate_head(str(head_dir / "head"), str(tmp_path / "corpus"), 1)["binary_kl"] >= 0
-    # The heads benchmark (configs/bench/specdecpp_heads.gin): that head on both builds.
-    from eval import main as eval_main  # noqa: PLC0415
+    # The heads benchmark (benchmarks/configs/specdecpp_heads.gin): that head on both builds.
+    from benchmarks import main as bench_main  # noqa: PLC0415
 
-    assert eval_main.main([
-        "--gin_file", "configs/bench/specdecpp_heads.gin",
+    assert bench_main.main([
+        "--gin_file", "benchmarks/configs/specdecpp_heads.gin",
         f"--gin.DATA=['{tmp_path / 'corpus'}', '{tmp_path / 'target'}']",
         f"--gin.HEADS=['{head_dir / 'head'}']", "--gin.HELD_OUT_SHARDS=1",
         f"--gin.OUT_PATH='{tmp_path / 'heads.json'}'",
@@ -431,20 +431,20 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
                          f"--gin.DATA_DIR='{tmp_path / 'target'}'", f"--gin.WORKDIR='{head_dir}'",
                          "--gin.run_specdecpp_train.progress=False"])
 
-    # The benchmark on the toy pair (configs/bench/specdecpp.gin): greedy SpecDec++
+    # The benchmark on the toy pair (benchmarks/configs/specdecpp.gin): greedy SpecDec++
     # and greedy SpecDec reproduce the greedy target; the rates and the cost
     # model's agreement with the timed runs are sane.
-    from specdec_jax.jobs.bench import specdecpp as bench_specdecpp  # noqa: PLC0415
+    from benchmarks import specdecpp as bench_specdecpp  # noqa: PLC0415
 
     report_path = tmp_path / "bench.json"
-    argv = ["--gin_file", "configs/bench/specdecpp.gin", *toys,
+    argv = ["--gin_file", "benchmarks/configs/specdecpp.gin", *toys,
             f"--gin.HEAD='{head_dir / 'head'}'", "--gin.bench_specdecpp.num_prompts=3",
             "--gin.bench_specdecpp.max_new_tokens=12", "--gin.bench_specdecpp.timed_prompts=2",
             "--gin.bench_specdecpp.thresholds=[0.3, 0.8]", "--gin.bench_specdecpp.ks=[3]",
             "--gin.bench_specdecpp.k_max=6", "--gin.bench_specdecpp.target_widths=[3, 7]",
             "--gin.bench_specdecpp.batch_size=2", "--gin.bench_specdecpp.calibration_repeats=1",
             f"--gin.OUT_PATH='{report_path}'"]
-    assert eval_main.main([*argv, f"--gin.MARKDOWN_PATH='{tmp_path / 'bench.md'}'"]) == 0
+    assert bench_main.main([*argv, f"--gin.MARKDOWN_PATH='{tmp_path / 'bench.md'}'"]) == 0
     report = json.loads(report_path.read_text())
     # Phase 1 is logged per (configuration, batch); a rerun reads it back, runs nothing.
     log_lines = (tmp_path / "bench.counts.jsonl").read_text().splitlines()
@@ -453,7 +453,7 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     from specdec_jax.runtime.resume import ResumeLog  # noqa: PLC0415
 
     # counts_only: phase 1 alone (its own log here) and a Markdown of the rates only.
-    assert eval_main.main([*argv, "--gin.bench_specdecpp.counts_only=True",
+    assert bench_main.main([*argv, "--gin.bench_specdecpp.counts_only=True",
                            f"--gin.OUT_PATH='{tmp_path / 'counts.json'}'",
                            f"--gin.MARKDOWN_PATH='{tmp_path / 'counts.md'}'"]) == 0
     counts_md = (tmp_path / "counts.md").read_text()
@@ -510,7 +510,7 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
         "steps": {"target": {"1": {str(w): {"step_s": 0.001 * w} for w in (1, 4, 7)}},
                   "drafter": {"1": {"1": {"step_s": 0.0005}}}}}}}
     (tmp_path / "steps.json").write_text(json.dumps(steps))
-    assert eval_main.main(["--gin_file", "configs/bench/specdecpp_device.gin",
+    assert bench_main.main(["--gin_file", "benchmarks/configs/specdecpp_device.gin",
                            f"--gin.OUT_PATH='{report_path}'",
                            f"--gin.MARKDOWN_PATH='{tmp_path / 'bench.md'}'",
                            f"--gin.DEVICE_STEPS='{tmp_path / 'steps.json'}'"]) == 0
@@ -530,8 +530,8 @@ def test_cost_model_prices_counts_at_their_widths_and_agrees_with_itself():
     mean draft per round + 1 rounded up to a compiled width (SpecDec++), or at
     width 1 (autoregressive), plus the round overhead for speculative rounds.
     Timed runs that take exactly the modelled time agree perfectly."""
+    from benchmarks import specdecpp as bench  # noqa: PLC0415
     from specdec_jax.jobs import cost as cost_lib  # noqa: PLC0415
-    from specdec_jax.jobs.bench import specdecpp as bench  # noqa: PLC0415
 
     cost = cost_lib.CostModel(
         target=cost_lib.CallCost.from_steps({1: 0.2, 2: 0.25, 3: 0.3, 4: 0.35, 7: 0.5}),
@@ -575,7 +575,7 @@ def test_cost_model_prices_counts_at_their_widths_and_agrees_with_itself():
 
 
 def test_device_predictions_price_rounds_at_the_device_steps():
-    from specdec_jax.jobs.bench import specdecpp as bench  # noqa: PLC0415
+    from benchmarks import specdecpp as bench  # noqa: PLC0415
 
     counts = {"SpecDec K=2": {"config": {"kind": "fixed", "k": 2},
                               "rows": [{"tokens": 10, "target_calls": 4, "drafted": 8}]},
@@ -603,8 +603,8 @@ def test_device_predictions_price_rounds_at_the_device_steps():
 
 
 def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
+    from benchmarks import specdecpp_head_sources  # noqa: PLC0415
     from specdec_jax.jobs import cost as cost_lib  # noqa: PLC0415
-    from specdec_jax.jobs.bench import specdecpp_head_sources  # noqa: PLC0415
 
     fixed = [{"tokens": 10, "target_calls": 4, "drafted": 8, "accepted": 6, "discarded": 2}]
 
@@ -641,12 +641,12 @@ def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
     with pytest.raises(ValueError, match="pick batches both cover"):
         specdecpp_head_sources.compare(logs, {0, 1}, cost, None)  # batch 1: corpus only
 
-    # The job (configs/bench/specdecpp_head_sources.gin), priced by a report's cost model.
-    from eval import main as eval_main  # noqa: PLC0415
+    # The job (benchmarks/configs/specdecpp_head_sources.gin), priced by a report's cost model.
+    from benchmarks import main as bench_main  # noqa: PLC0415
 
     (tmp_path / "report.json").write_text(json.dumps({"cost_model": cost.to_json()}))
-    assert eval_main.main([
-        "--gin_file", "configs/bench/specdecpp_head_sources.gin",
+    assert bench_main.main([
+        "--gin_file", "benchmarks/configs/specdecpp_head_sources.gin",
         f"--gin.LOGS={{'corpus': '{logs['corpus']}', 'target': '{tmp_path / 'b.jsonl'}'}}",
         "--gin.BATCHES=[0]", f"--gin.COST_REPORT='{tmp_path / 'report.json'}'",
         "--gin.DEVICE_STEPS=None", f"--gin.OUT_PATH='{tmp_path / 'sources.json'}'",
@@ -656,13 +656,13 @@ def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
 
 
 def test_head_sources_job_runs_as_shipped(tmp_path):
-    """configs/bench/specdecpp_head_sources.gin as is: the shipped counts logs
+    """benchmarks/configs/specdecpp_head_sources.gin as is: the shipped counts logs
     (plain or gzipped) on the 16 prompts both cover, priced by the shipped CPU
     report and the H200 steps; fixed K agrees between the logs."""
-    from eval import main as eval_main  # noqa: PLC0415
+    from benchmarks import main as bench_main  # noqa: PLC0415
 
-    assert eval_main.main([
-        "--gin_file", "configs/bench/specdecpp_head_sources.gin",
+    assert bench_main.main([
+        "--gin_file", "benchmarks/configs/specdecpp_head_sources.gin",
         f"--gin.OUT_PATH='{tmp_path / 'sources.json'}'",
         f"--gin.MARKDOWN_PATH='{tmp_path / 'sources.md'}'"]) == 0
     result = json.loads((tmp_path / "sources.json").read_text())
@@ -696,7 +696,7 @@ def test_head_sources_job_runs_as_shipped(tmp_path):
 ])
 def test_bad_benchmark_settings_are_refused_before_loading(monkeypatch, tmp_path, gin_file,
                                                            bindings, error, message):
-    from eval import main as eval_main  # noqa: PLC0415
+    from benchmarks import main as bench_main  # noqa: PLC0415
     from specdec_jax.jobs import resolver  # noqa: PLC0415
 
     monkeypatch.setattr(resolver, "resolve", lambda *a, **k: pytest.fail("a model was loaded"))
@@ -709,5 +709,5 @@ def test_bad_benchmark_settings_are_refused_before_loading(monkeypatch, tmp_path
     defaults = {"specdecpp": [f"HEAD='{head}'"],
                 "specdecpp_heads": [f"DATA=['{data}']", f"HEADS=['{head}']"]}.get(gin_file, [])
     with pytest.raises(error, match=message):
-        eval_main.main(["--gin_file", f"configs/bench/{gin_file}.gin",
+        bench_main.main(["--gin_file", f"benchmarks/configs/{gin_file}.gin",
                         *(f"--gin.{b}" for b in [*defaults, *bindings])])

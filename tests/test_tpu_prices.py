@@ -1,4 +1,4 @@
-"""TPU prices in the one cost model (jobs.tpu_prices): per-call costs from compile
+"""TPU prices in the one cost model (benchmarks.tpu_prices): per-call costs from compile
 reports (a negative estimate falls back to the no-sliced-prefetch compile),
 acceptance from histograms, one round's expected calls, speedups priced through
 CostModel.itemise, the job's report labelled as a TPU compiler estimate, and the
@@ -11,9 +11,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from specdec_jax.jobs import cost, tpu_compile, tpu_prices
+from benchmarks import tpu_prices
+from specdec_jax.jobs import cost, tpu_compile
 
-REPORTS = pathlib.Path(__file__).resolve().parents[1] / "eval" / "reports"
+REPORTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "reports"
 
 
 def record(optimal_s, floor_s=1e-3, status="compiled"):

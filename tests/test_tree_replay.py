@@ -1,4 +1,4 @@
-"""The greedy replay of tree decoding (``jobs/bench/tree_replay.py``): for a
+"""The greedy replay of tree decoding (``benchmarks/tree_replay.py``): for a
 Max-Gram tree drafter it gives the real loop's accepted histogram and tokens,
 round for round, from the target's greedy continuation alone (toy target
 with an EOS token, ragged prompts, trees and a chain-shaped tree)."""
@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import tree_replay
 from specdec_jax import api
 from specdec_jax.drafting.tree import MaxGramTreeDrafter, MaxGramTrieDrafter, TreeShape
-from specdec_jax.jobs.bench import tree_replay
 from specdec_jax.models import make_prompt
 from specdec_jax.models.toy import TableLM
 

@@ -15,8 +15,8 @@ distinct token in ``count_candidates``, so the repeats only add bigram mass to
 column 0's token). Example::
 
     python tools/bigram_topk.py --k 4 --out /tmp/qwen2.5-coder.top4.npy
-    python tools/maxgram_replay.py --reference ... --table /tmp/qwen2.5-coder.top4.npy \\
-        --bigram-columns 4 --tree trie:32,8
+    python benchmarks/scripts/maxgram_replay.py --reference ... \\
+        --table /tmp/qwen2.5-coder.top4.npy --bigram-columns 4 --tree trie:32,8
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-call GPU run of the feature-head step benchmark (configs/bench/feature_steps.gin,
-# specdec_jax/jobs/bench/feature_steps.py) on a GPU machine without network:
+# One-call GPU run of the feature-head step benchmark (benchmarks/configs/feature_steps.gin,
+# benchmarks/feature_steps.py) on a GPU machine without network:
 #   1. installs the carried wheels (.gpu_check/wheels, from tools/gpu_check_prepare.sh)
 #      exactly as tools/gpu_check.sh does (tools/gpu_check_install.sh), the working tree
 #      first on PYTHONPATH;
@@ -20,7 +20,7 @@
 # Usage:
 #   bash tools/feature_gpu_check.sh          # on the GPU machine (OUT set by the device tool)
 #   bash tools/feature_gpu_check.sh --tiny   # the same flow on CPU in about a minute:
-#                                            # configs/bench/feature_steps_tiny.gin
+#                                            # benchmarks/configs/feature_steps_tiny.gin
 # Knobs (environment): OUT (default: a new temp folder), PYTHON (python3), GPU_CHECK_DIR
 # (.gpu_check), GPU_CHECK_SITE (/tmp/site; tiny: a temp folder), FEATURE_CHECK_DEADLINE_S
 # (the whole command; full 300, tiny 240), FEATURE_CHECK_BINDINGS (more gin bindings for
@@ -42,12 +42,12 @@ if (( TINY )); then
   MODE=tiny
   DEADLINE=${FEATURE_CHECK_DEADLINE_S:-240}
   SITE=${GPU_CHECK_SITE:-$WORK/site}
-  GIN=configs/bench/feature_steps_tiny.gin
+  GIN=benchmarks/configs/feature_steps_tiny.gin
 else
   MODE=full
   DEADLINE=${FEATURE_CHECK_DEADLINE_S:-300}
   SITE=${GPU_CHECK_SITE:-/tmp/site}
-  GIN=configs/bench/feature_steps.gin
+  GIN=benchmarks/configs/feature_steps.gin
 fi
 GRACE_S=20
 
@@ -82,7 +82,7 @@ EOF
 head -12 "$OUT/env.txt"
 
 # -- 3. the job ----------------------------------------------------------------------------
-args=(-m eval.main "--gin_file=$GIN" "--gin_bindings=OUT_DIR = '$OUT'")
+args=(-m benchmarks.main "--gin_file=$GIN" "--gin_bindings=OUT_DIR = '$OUT'")
 while IFS= read -r line; do
   [ -n "$line" ] && args+=("--gin_bindings=$line")
 done <<<"${FEATURE_CHECK_BINDINGS:-}"

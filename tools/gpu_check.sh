@@ -7,7 +7,7 @@
 #   3. runs the whole default test suite (pytest.ini: not -m slow; never -x), in
 #      parallel with pytest-xdist where installed (XLA_PYTHON_CLIENT_PREALLOCATE=false),
 #      under a hard time limit, each test's outcome written as it happens;
-#   4. runs the accelerator benchmark subset: the job of configs/bench/accelerator.gin
+#   4. runs the accelerator benchmark subset: the job of benchmarks/configs/accelerator.gin
 #      (bf16, batch 1, in-loop steps of both models at K = 1 and 6, autoregressive,
 #      specdecode G = 5 all-accept and none-accepted; kernels out_in with fused
 #      projections), then the in-loop steps of the other kernel paths (out_in:separate,
@@ -21,7 +21,7 @@
 # Usage:
 #   bash tools/gpu_check.sh           # on the GPU machine (OUT set by the device tool)
 #   bash tools/gpu_check.sh --tiny    # the same flow on CPU in about two minutes: a few
-#                                     # test files, configs/bench/accelerator_tiny.gin
+#                                     # test files, benchmarks/configs/accelerator_tiny.gin
 # The whole command keeps within GPU_CHECK_DEADLINE_S (full: 420 s, so that a call
 # with a cold start stays under 9 minutes; tiny: 300 s). The suite gets what is left
 # after the benchmark's reserves (full: 150 s for the job, 90 s for the other kernel
@@ -58,7 +58,7 @@ if (( TINY )); then
   TESTS=${GPU_CHECK_TESTS-"tests/test_precision.py tests/test_pretraining_data.py::test_pretraining_corpora_have_their_recorded_sizes tests/test_text_tasks.py::test_deb_hash_mismatch_names_file_hashes_and_fix tests/test_text_tasks.py::test_snapshot_hash_mismatch_is_reported tests/test_layers.py::test_import_linter_contracts_are_kept"}
   WORKERS=${GPU_CHECK_WORKERS:-0}
   SITE=${GPU_CHECK_SITE:-$WORK/site}
-  GIN=configs/bench/accelerator_tiny.gin
+  GIN=benchmarks/configs/accelerator_tiny.gin
   DTYPE=auto
   PATHS_RESERVE=${GPU_CHECK_PATHS_RESERVE_S:-45}
   MAIN_MIN_S=20
@@ -73,7 +73,7 @@ else
   TESTS=${GPU_CHECK_TESTS-}
   WORKERS=${GPU_CHECK_WORKERS:-12}
   SITE=${GPU_CHECK_SITE:-/tmp/site}
-  GIN=configs/bench/accelerator.gin
+  GIN=benchmarks/configs/accelerator.gin
   DTYPE=bfloat16
   PATHS_RESERVE=${GPU_CHECK_PATHS_RESERVE_S:-90}
   MAIN_MIN_S=60
@@ -249,7 +249,7 @@ run_bench() {
                     "bench_accelerator.target_step_widths = []" "bench_accelerator.peers = []"
                     "${JOB_BINDINGS[@]}"
                     "OUT_PATH = '$WORK/bench/main.json'" "MARKDOWN_PATH = '$WORK/bench/main.md'")
-    local line args=(-m eval.main "--gin_file=$GIN")
+    local line args=(-m benchmarks.main "--gin_file=$GIN")
     while IFS= read -r line; do
       [ -n "$line" ] && bindings+=("$line")
     done <<<"${GPU_CHECK_BENCH_BINDINGS:-}"

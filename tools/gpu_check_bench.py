@@ -1,6 +1,6 @@
 """In-loop steps of both models for more kernel paths, in one process (tools/gpu_check.sh).
 
-The accelerator benchmark job (``configs/bench/accelerator.gin``) runs one kernel
+The accelerator benchmark job (``benchmarks/configs/accelerator.gin``) runs one kernel
 path (``kernel_layout``, projections fused or separate) per call, decoding
 included. The GPU check runs it once for the library's path (``out_in:fused``)
 and this script for the others: the job's own functions (``check_settings``, ``build_models``,
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax  # noqa: PLC0415
 
-    from specdec_jax.jobs.bench import accelerator  # noqa: PLC0415
+    from benchmarks import accelerator  # noqa: PLC0415
     from specdec_jax.runtime import timing  # noqa: PLC0415
 
     report = {"environment": timing.environment(), "backend": jax.default_backend(),

@@ -131,7 +131,7 @@ def _bench_markdown(report: dict, md_path: pathlib.Path) -> str:
         return md_path.read_text()
     try:  # a report cut before its end has no Markdown: render what it has
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-        from specdec_jax.jobs.bench import accelerator  # noqa: PLC0415
+        from benchmarks import accelerator  # noqa: PLC0415
         partial = json.loads(json.dumps(report))
         for section in partial.get("by_dtype", {}).values():
             section.setdefault("steps", {})

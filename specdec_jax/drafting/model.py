@@ -36,7 +36,7 @@ def default_catch_up_widths(backend: str | None = None) -> tuple[int, ...]:
     by two 1-token calls, the first without the output head: ``(1,)``. In-loop
     costs predict 2-3% per round on the README's first command; two
     interleaved runs gave +7% and -2%, inside that machine's noise
-    (``configs/bench/drafter_variants.gin``). On accelerators a 2-token call
+    (``benchmarks/configs/drafter_variants.gin``). On accelerators a 2-token call
     costs about one step: ``(1, 2)``.
     """
     return (1,) if (backend or jax.default_backend()) == "cpu" else (1, 2)

@@ -189,7 +189,7 @@ def _summary(outputs, seconds: float, gamma: int, method: str,
 # few repeats (one sample on a shared machine can be off by 50%).
 COST_MODEL_STEPS, COST_MODEL_REPEATS, COST_MODEL_FILL = 4, 3, 64
 # Tokens per target call measured for a pair at a draft length (greedy, the
-# default prompts; eval/reports/first_command_cpu.txt): the acceptance the
+# default prompts; benchmarks/reports/first_command_cpu.txt): the acceptance the
 # draft-length choice expects of it. Other pairs expect DEFAULT_ALPHA per draft.
 EXPECTED_TOKENS_PER_CALL = {("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"): (4.70, 5)}
 DEFAULT_ALPHA = 0.7

@@ -34,26 +34,7 @@ JOBS = {
     "run_specdecpp_train": "specdec_jax.jobs.specdecpp:run_specdecpp_train",
     "run_feature_head_data": "specdec_jax.jobs.feature_head:run_feature_head_data",
     "run_feature_head_train": "specdec_jax.jobs.feature_head:run_feature_head_train",
-    "bench_accelerator": "specdec_jax.jobs.bench.accelerator:run_bench_accelerator",
-    "bench_scoring": "specdec_jax.jobs.bench.scoring:run_bench_scoring",
-    "bench_models": "specdec_jax.jobs.bench.models:run_bench_models",
-    "bench_specdecpp": "specdec_jax.jobs.bench.specdecpp:run_bench_specdecpp",
-    "bench_specdecpp_device": "specdec_jax.jobs.bench.specdecpp:run_bench_specdecpp_device",
-    "bench_specdecpp_heads": "specdec_jax.jobs.bench.specdecpp_heads:run_bench_specdecpp_heads",
-    "bench_specdecpp_head_sources":
-        "specdec_jax.jobs.bench.specdecpp_head_sources:run_bench_specdecpp_head_sources",
-    "bench_drafting": "specdec_jax.jobs.bench.drafting:run_bench_drafting",
-    "bench_drafter_variants":
-        "specdec_jax.jobs.bench.drafter_variants:run_bench_drafter_variants",
-    "bench_verifiers": "specdec_jax.jobs.bench.verifiers:run_bench_verifiers",
-    "bench_trees": "specdec_jax.jobs.bench.trees:run_bench_trees",
-    "bench_speculative": "specdec_jax.jobs.bench.speculative:run_bench_speculative",
-    "bench_batch": "specdec_jax.jobs.bench.batch:run_bench_batch",
-    "bench_feature_steps": "specdec_jax.jobs.bench.feature_steps:run_bench_feature_steps",
-    "bench_feature_drafter":
-        "specdec_jax.jobs.bench.feature_drafter:run_bench_feature_drafter",
     "tpu_compile": "specdec_jax.jobs.tpu_compile:run_tpu_compile",
-    "tpu_prices": "specdec_jax.jobs.tpu_prices:run_tpu_prices",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
 # writing; training: batches split along the data axis, orbax writing every
@@ -65,9 +46,10 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 _registered: dict[str, Callable] = {}  # name -> the undecorated function
 
 
-def _register_jobs() -> None:
-    """Makes every job a gin configurable once per process."""
-    for name, where in JOBS.items():
+def _register_jobs(extra: dict[str, str] | None = None) -> None:
+    """Makes every job a gin configurable once per process: ``JOBS``, and
+    ``extra`` jobs of a launcher outside the package (the benchmarks')."""
+    for name, where in {**JOBS, **(extra or {})}.items():
         if name in _registered:
             continue
         module, attribute = where.split(":")
@@ -124,9 +106,10 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
     return args
 
 
-def parse_config(files: list[str], bindings: list[str], search_paths: list[str]) -> None:
+def parse_config(files: list[str], bindings: list[str], search_paths: list[str],
+                 extra_jobs: dict[str, str] | None = None) -> None:
     """Parses gin files and bindings; errors name the file that needs fixing."""
-    _register_jobs()
+    _register_jobs(extra_jobs)
     gin.clear_config()  # a fresh configuration per job (tests run several in one process)
     places = [*search_paths, str(REPO_ROOT), "."]
     for path in places:
@@ -153,7 +136,7 @@ def selected_job(default: str) -> str:
     name = chosen.lstrip("@").removesuffix("()")
     if name not in _registered:
         raise ValueError(f"run.job = {chosen} is not a job; choose one of "
-                         f"{', '.join('@' + j for j in JOBS)}.")
+                         f"{', '.join('@' + j for j in _registered)}.")
     return name
 
 
@@ -187,14 +170,18 @@ def check_process_count(job: str, process_count: int | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
-         description: str = "Runs a gin-configured job.") -> int:
+         description: str = "Runs a gin-configured job.",
+         extra_jobs: dict[str, str] | None = None) -> int:
+    """Runs the job a gin config selects. ``extra_jobs`` ("name" ->
+    "module:function") adds jobs from outside the package: ``benchmarks.main``
+    passes the benchmarks', which the package never imports."""
     args = parse_args(argv, description)
 
     if args.multihost_auto:
         distributed.initialize_auto()
     else:
         distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    parse_config(args.gin_file, args.gin_bindings, args.gin_search_path)
+    parse_config(args.gin_file, args.gin_bindings, args.gin_search_path, extra_jobs)
     job = selected_job(default_job)
     check_required(args.gin_file, job)
     check_process_count(job)

@@ -1,5 +1,5 @@
 """The TPU compile job: compile the library's programs for a TPU topology from
-any machine, and report what the compiler says (``configs/bench/tpu_compile.gin``).
+any machine, and report what the compiler says (``benchmarks/configs/tpu_compile.gin``).
 
 Before booking TPUs, check that a job's programs compile for the chips, fit in
 their HBM, keep their loops free of host communication and run the collectives
@@ -17,7 +17,7 @@ Writes ``out`` (JSON) and its Markdown beside it after every program, and
 resumes: programs already in ``out`` for the same topology and settings are
 skipped (a compile of a 1.5B generate function takes minutes on 2 cores)::
 
-    python -m eval.main --gin_file=configs/bench/tpu_compile.gin \\
+    python -m benchmarks.main --gin_file=benchmarks/configs/tpu_compile.gin \\
         --gin_bindings="TOPOLOGY = 'v5e:2x2'"
 """
 

@@ -514,7 +514,7 @@ def with_kernel_layout(model: DecoderOnlyLM, params: dict, layout: str = OUT_IN,
     by every kernel; stored ``[out, in]`` the product reduces along the
     kernel's contiguous minor dimension (a dot product of rows, as in a
     matrix-vector kernel), while ``[in, out]`` makes XLA reduce strided
-    columns or materialise the elementwise product (``configs/bench/scoring.gin``
+    columns or materialise the elementwise product (``benchmarks/configs/scoring.gin``
     measures both). Checkpoints and training keep the
     documented ``[in, out]`` tree; this converts once, after loading, and
     converts back just as well. Sharded parameters stay sharded (a kernel's
