@@ -1,9 +1,10 @@
-"""The package's layers hold (``.importlinter``): imports run downward only in a
-strict order (jobs over training over data over checkpoints over runtime over the
-decoding core, itself ordered), modules on one line are independent, no two
-sibling modules import each other round a cycle, the core does no file,
-network or job I/O, and the library never imports the lab (``benchmarks/``). Each test below plants one forbidden import in a copy of the
-package and shows ``lint-imports`` rejecting it, so the contracts are not vacuous."""
+"""The package's layers hold (``.importlinter``): imports run downward only in a strict
+order (jobs over training over data over checkpoints over runtime over the decoding
+core, itself ordered), modules on one line are independent, no two sibling modules
+import each other round a cycle, the core does no file, network or job I/O, and the
+library never imports the lab (``benchmarks/``). Each test below plants one
+forbidden import in a copy of the package and shows ``lint-imports`` rejecting it,
+so the contracts are not vacuous."""
 
 import os
 import pathlib
