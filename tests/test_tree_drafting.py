@@ -1,4 +1,4 @@
-"""Tree drafters (``drafting/tree.py``; ALGORITHMS.md §10): shapes and
+"""Tree drafters (``drafting/tree.py``; docs/algorithms.md, 'Token trees'): shapes and
 topological order, children without replacement, T = 0 children = the
 drafter's top-k, every node's law = the drafter's at that node's context, a
 width-1 static tree = today's chain for the same key, EAGLE-2 expansion by

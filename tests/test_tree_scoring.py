@@ -1,5 +1,5 @@
 """Token-tree scoring in the models (``score_tree`` / ``commit_path``;
-ALGORITHMS.md §10): a chain equals ``extend``, every node of a tree equals its
+docs/algorithms.md, 'Token trees'): a chain equals ``extend``, every node of a tree equals its
 root -> node path fed as a chain (brute force), committing a path leaves the
 cache that feeding the path would, for the toy table model and a random-weight
 decoder in both kernel layouts, with ragged batches of different trees."""

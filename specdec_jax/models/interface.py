@@ -9,7 +9,7 @@ nothing is stored, so the decoding loops can trace any model the same way:
     out = model.extend(params, tokens_BxK, cache, logits_at=at_BxN)  # outputs at N of them
 
 Decoder-only models also score token trees in one call (``score_tree``,
-``commit_path``; 'Token trees' below, ALGORITHMS.md §10).
+``commit_path``; 'Token trees' below; docs/algorithms.md, 'Token trees').
 
 ``logits_at`` (int32 [B, N], offsets into the K fed tokens) returns logits and
 hidden states only at those positions. The output head is the largest matmul
@@ -206,7 +206,7 @@ def causal_cache_mask(lengths_B: Array, k: int, max_length: int) -> Array:
 
 
 # --------------------------------------------------------------------------
-# Token trees (ALGORITHMS.md §10): N nodes scored in one call.
+# Token trees (docs/algorithms.md, 'Token trees'): N nodes scored in one call.
 #
 # A tree is ``parents`` (int32 [B, N]): ``parents[b, i]`` is the index of node
 # i's parent, -1 for a child of the round's root (the last committed token);
