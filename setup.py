@@ -58,8 +58,13 @@ setup(
     version="0.1.0",
     description=__doc__,
     license="Apache-2.0",
-    packages=find_packages(include=["specdec_jax", "specdec_jax.*"]),
-    package_data={"specdec_jax.data": ["tables/*.npz"], "specdec_jax.native": ["*.cc"]},
+    # The user's gin configs (configs/) ship inside the package as specdec_jax/configs,
+    # where the launcher finds them by name from any directory (jobs.launch.CONFIGS_PARENT).
+    # The lab (benchmarks/) is not installed.
+    packages=find_packages(include=["specdec_jax", "specdec_jax.*"]) + ["specdec_jax.configs"],
+    package_dir={"specdec_jax.configs": "configs"},
+    package_data={"specdec_jax.data": ["tables/*.npz"], "specdec_jax.native": ["*.cc"],
+                  "specdec_jax.configs": ["models/*.gin", "runs/*.gin"]},
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={"dev": DEV + EVAL + TRAIN, "eval": EVAL, "train": TRAIN, "seqio": SEQIO,

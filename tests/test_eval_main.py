@@ -7,7 +7,11 @@ cost model, wall clock, resume, reports), not quality.
 
 import glob
 import json
+import os
 import pathlib
+import subprocess
+import sys
+import zipfile
 
 import pytest
 
@@ -182,3 +186,44 @@ def test_complete_run_configs_parse_and_set_every_required_macro(path):
 
     launch.parse_config([path], [], [])
     launch.check_required([path], launch.selected_job("run_study"))
+
+
+@pytest.mark.long  # builds a wheel, installs it, runs a toy job (~1 min)
+def test_an_installed_wheel_finds_its_configs_by_name_from_any_directory(tmp_path):
+    """A regular (non-editable) install: the wheel ships configs/ as
+    specdec_jax/configs, without the lab (benchmarks/), and ``specdec-jax
+    eval --gin_file=<name>`` runs a shipped job from a directory that holds no
+    checkout. The install goes to its own folder put first on the path, so the
+    package imported is the installed one (checked), not this checkout."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+                    str(root)], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("specdec_jax-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "specdec_jax/configs/runs/cascades_toy.gin" in names
+    assert not any(n.startswith("benchmarks/") for n in names)
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
+    probe = subprocess.run([sys.executable, "-c", "import specdec_jax.jobs.launch as l; "
+                            "print(l.__file__); print(l.CONFIGS_PARENT)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == [str(site / "specdec_jax/jobs/launch.py"),
+                                    str(site / "specdec_jax")]
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_jax.jobs.cli", "eval", "--gin_file=cascades_toy",
+         "--gin_bindings=TASK = 'humaneval'", f"--gin_bindings=OUT_DIR = '{out}'",
+         "--gin_bindings=run_study.methods = {'specdecode': []}"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    records = json.loads((out / "cascades_toy.json").read_text())["records"]
+    assert {r["method"] for r in records} >= {"specdecode", "target"}
+    missing = subprocess.run([sys.executable, "-m", "specdec_jax.jobs.cli", "eval",
+                              "--gin_file=nope"], cwd=elsewhere, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert missing.returncode != 0 and "the shipped jobs, by name:" in missing.stderr
+    assert "cascades_toy" in missing.stderr

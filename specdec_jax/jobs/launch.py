@@ -41,7 +41,28 @@ JOBS = {
 # process's shards). The others time one device or write files from every
 # process: refused.
 MULTI_PROCESS_JOBS = ("run_generate", "run_training")
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The folder that holds ``configs/``: the checkout in a source tree (or an editable
+# install), the installed package otherwise (setup.py ships configs/ as
+# ``specdec_jax/configs``), so ``configs/runs/<name>.gin`` resolves from any directory.
+_CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
+_PACKAGE = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS_PARENT = _CHECKOUT if (_CHECKOUT / "configs" / "runs").is_dir() else _PACKAGE
+
+
+def resolve_gin_file(name: str, places: Sequence[str]) -> str:
+    """A gin file as given (a path, or relative to ``places``), or a shipped
+    config by name: ``generate`` or ``runs/generate.gin`` is
+    ``configs/runs/generate.gin``, ``models/toy_bytes`` ``configs/models/toy_bytes.gin``."""
+    if pathlib.Path(name).exists() or any((pathlib.Path(p) / name).exists() for p in places):
+        return name
+    stem = name.removesuffix(".gin")
+    for candidate in (f"configs/{stem}.gin", f"configs/runs/{stem}.gin"):
+        if (CONFIGS_PARENT / candidate).exists():
+            return str(CONFIGS_PARENT / candidate)
+    shipped = sorted(p.stem for p in (CONFIGS_PARENT / "configs" / "runs").glob("*.gin"))
+    raise FileNotFoundError(f"gin file {name!r} does not exist (looked in "
+                            f"{', '.join(places)}) and is no shipped config; the shipped "
+                            f"jobs, by name: {', '.join(shipped)}.")
 
 _registered: dict[str, Callable] = {}  # name -> the undecorated function
 
@@ -80,8 +101,9 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
     ``--gin.WORKDIR="'results/run'"``) is the same as ``--gin_bindings="NAME = VALUE"``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--gin_file", action="append", required=True,
-                        help="gin config (repeatable); paths relative to the repository root "
-                             "or absolute")
+                        help="gin config (repeatable): a path, or a shipped config by name "
+                             "('generate', 'configs/runs/generate.gin'), found from any "
+                             "directory")
     parser.add_argument("--gin_bindings", action="append", default=[],
                         help="extra gin bindings, e.g. \"run_study.num_examples = 5\"")
     parser.add_argument("--gin_search_path", action="append", default=[],
@@ -111,15 +133,10 @@ def parse_config(files: list[str], bindings: list[str], search_paths: list[str],
     """Parses gin files and bindings; errors name the file that needs fixing."""
     _register_jobs(extra_jobs)
     gin.clear_config()  # a fresh configuration per job (tests run several in one process)
-    places = [*search_paths, str(REPO_ROOT), "."]
+    places = [*search_paths, ".", str(CONFIGS_PARENT)]
     for path in places:
         gin.add_config_file_search_path(path)
-    for name in files:
-        if not any((pathlib.Path(p) / name).exists() for p in places) \
-                and not pathlib.Path(name).exists():
-            raise FileNotFoundError(f"gin file {name!r} does not exist (looked in "
-                                    f"{', '.join(places)}); see configs/runs/ for the "
-                                    "shipped jobs.")
+    files = [resolve_gin_file(name, places) for name in files]
     try:
         gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
     except Exception as error:  # gin raises several types; add the file to any of them
