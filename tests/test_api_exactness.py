@@ -20,8 +20,6 @@ statistics checks run in the default suite.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-import re
 import zlib
 
 import jax.numpy as jnp
@@ -202,18 +200,3 @@ def test_exports():
     assert api.ALL_VERIFIERS[:3] == sj.VERIFIERS
     assert dataclasses.is_dataclass(sj.TreeSpec)
 
-
-def _readme_block(marker: str) -> str:
-    """The README's Python code block that contains ``marker``."""
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    found = [b for b in blocks if marker in b]
-    assert len(found) == 1, f"{len(found)} README blocks hold {marker!r}"
-    return found[0]
-
-
-@pytest.mark.long  # three small programs compiled (~20 s)
-def test_the_readme_tree_example_runs(capsys):
-    exec(compile(_readme_block("sj.TreeShape("), "README.md", "exec"), {})
-    printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 3 and all("by sibling rank" in line for line in printed)

@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation for TPU topologies on any machine (README, 'On TPU').
+"""Ahead-of-time compilation for TPU topologies on any machine (docs/tpu.md).
 
 With ``libtpu`` installed (``pip install -e ".[tpu]"``), a CPU-only machine can
 describe the chips of a TPU topology (``v5e:2x2``, ``v4:2x2x1``, ...) and run
