@@ -49,6 +49,7 @@ from specdec_jax.decoding import (
     EndOfBlockStop,
     GenerationOutput,
     check_rounds_per_sync,
+    count_round,
     emit_round,
     extend_bucketed,
     initial_history,
@@ -224,26 +225,14 @@ class DraftUntilDecoder:
             self, state, d.tokens, accepted_B, next_B, pending_B)
         y_emitted_B = num_generated - state.num_generated == accepted_B + 1
 
-        active = active_B.astype(jnp.int32)
-        s = state.stats
-        stats = s.replace(
-            target_calls=s.target_calls + active,
-            target_fed=s.target_fed + active * width,
-            target_single_calls=s.target_single_calls + active * (width == 1),
-            drafter_calls=s.drafter_calls + active * d.calls,
-            drafter_calls_by_model=s.drafter_calls_by_model + (active * d.calls)[:, None],
-            drafter_tokens_by_model=s.drafter_tokens_by_model + (active * d.calls)[:, None],
-            drafter_single_calls_by_model=s.drafter_single_calls_by_model +
-            (active * d.calls)[:, None],
-            accepted_histogram=s.accepted_histogram + active[:, None] * jax.nn.one_hot(
-                accepted_B, m + 1, dtype=jnp.int32),
-            rejections=s.rejections + active * rolled_back_B,
-            drafted=s.drafted + active * k_B,
-            drafted_nodes=s.drafted_nodes + active * k_B,
-            accepted_by_rank=s.accepted_by_rank + (active * accepted_B)[:, None],
-            deferred_mass=s.deferred_mass + jnp.where(active_B & y_emitted_B, defer_B, 0.0),
-            emitted=num_generated,
-            nan_logits=s.nan_logits + active * (d.nan + has_nan(logits)))
+        calls_Bx1 = d.calls[:, None]  # one drafter model, fed one token a call
+        stats = count_round(
+            state.stats, active_B, target_fed=width, target_single=width == 1,
+            drafter_calls_BxM=calls_Bx1, drafter_fed_BxM=calls_Bx1,
+            drafter_single_BxM=calls_Bx1, accepted_B=accepted_B, rejected_B=rolled_back_B,
+            offered_B=k_B, nodes_B=k_B, by_rank_BxK=accepted_B[:, None],
+            deferred_B=jnp.where(y_emitted_B, defer_B, 0.0), emitted_B=num_generated,
+            nan_B=d.nan + has_nan(logits))
         history = write_rows(state.history, candidates, state.length)
         drafter_cache = d.cache.replace(lengths=jnp.minimum(
             d.cache.lengths, state.length + jnp.where(active_B, accepted_B, 0)))

@@ -235,6 +235,46 @@ def zero_stats(batch: int, gamma: int, num_models: int = 0,
                            sequence_logprob=jnp.zeros((batch,), jnp.float32))
 
 
+def count_round(stats: GenerationStats, active_B: Array, *, target_fed, target_single,
+                drafter_calls_BxM: Array, drafter_fed_BxM: Array, drafter_single_BxM: Array,
+                accepted_B: Array, rejected_B: Array, offered_B: Array, nodes_B,
+                by_rank_BxK: Array, deferred_B: Array, emitted_B: Array,
+                nan_B: Array) -> GenerationStats:
+    """The statistics after one round of every decoder (chains, trees, the
+    cascade baselines): each count grows on the rows still ``active``.
+
+    ``target_fed`` / ``target_single``: tokens the target call fed and whether
+    it fed one; ``drafter_*_BxM``: each drafter model's calls, tokens fed and
+    one-token calls; ``accepted_B`` drafts kept, ``rejected_B`` whether a draft
+    was rejected, ``offered_B`` the most drafts the round could accept (a
+    chain's G, a tree's deepest path), ``nodes_B`` the tokens drafted for
+    verification, ``by_rank_BxK`` the accepted drafts by sibling rank,
+    ``deferred_B`` the deferral indicators summed over the emitted positions,
+    ``emitted_B`` the row's tokens so far, ``nan_B`` calls with NaN logits.
+    """
+    active = active_B.astype(jnp.int32)
+    active_Bx1 = active[:, None]
+    histogram = stats.accepted_histogram
+    return stats.replace(
+        target_calls=stats.target_calls + active,
+        target_fed=stats.target_fed + active * target_fed,
+        target_single_calls=stats.target_single_calls + active * target_single,
+        drafter_calls=stats.drafter_calls + active * jnp.sum(drafter_calls_BxM, axis=-1),
+        drafter_calls_by_model=stats.drafter_calls_by_model + active_Bx1 * drafter_calls_BxM,
+        drafter_tokens_by_model=stats.drafter_tokens_by_model + active_Bx1 * drafter_fed_BxM,
+        drafter_single_calls_by_model=stats.drafter_single_calls_by_model +
+        active_Bx1 * drafter_single_BxM,
+        accepted_histogram=histogram + active_Bx1 * jax.nn.one_hot(
+            accepted_B, histogram.shape[-1], dtype=jnp.int32),
+        rejections=stats.rejections + active * rejected_B,
+        drafted=stats.drafted + active * offered_B,
+        drafted_nodes=stats.drafted_nodes + active * nodes_B,
+        accepted_by_rank=stats.accepted_by_rank + active_Bx1 * by_rank_BxK,
+        deferred_mass=stats.deferred_mass + jnp.where(active_B, deferred_B, 0.0),
+        emitted=emitted_B,
+        nan_logits=stats.nan_logits + active * nan_B)
+
+
 def initial_history(prompt: Prompt, width: int, encoder_decoder: bool, start_id: int | None
                     ) -> tuple[Array, Array]:
     """(history [B, width], length [B]) before the first round."""
@@ -385,29 +425,14 @@ class SpeculativeDecoder:
             self, state, drafts_BxG, accepted_B, verdict.next_token, pending_B)
         emitted_pos_BxG1 = jnp.arange(g + 1)[None, :] < (num_generated - state.num_generated
                                                          )[:, None]
-        stats = state.stats
-        active = active_B.astype(jnp.int32)
-        stats = stats.replace(
-            target_calls=stats.target_calls + active,
-            target_fed=stats.target_fed + active * fed_width,
-            target_single_calls=stats.target_single_calls + active * int(g == 0),
-            drafter_calls=stats.drafter_calls + active * jnp.sum(proposal.calls, axis=-1),
-            drafter_calls_by_model=stats.drafter_calls_by_model + active[:, None] *
-            proposal.calls,
-            drafter_tokens_by_model=stats.drafter_tokens_by_model + active[:, None] *
-            proposal.fed,
-            drafter_single_calls_by_model=stats.drafter_single_calls_by_model +
-            active[:, None] * proposal.single,
-            accepted_histogram=stats.accepted_histogram + active[:, None] * jax.nn.one_hot(
-                accepted_B, g + 1, dtype=jnp.int32),
-            rejections=stats.rejections + active * (accepted_B < offered_B),
-            drafted=stats.drafted + active * offered_B,
-            drafted_nodes=stats.drafted_nodes + active * offered_B,
-            accepted_by_rank=stats.accepted_by_rank + (active * accepted_B)[:, None],
-            deferred_mass=stats.deferred_mass + jnp.sum(
-                jnp.where(emitted_pos_BxG1, defer_BxG1, 0.0), axis=-1),
-            emitted=num_generated,
-            nan_logits=stats.nan_logits + active * (proposal.nan + has_nan(logits)))
+        stats = count_round(
+            state.stats, active_B, target_fed=fed_width, target_single=int(g == 0),
+            drafter_calls_BxM=proposal.calls, drafter_fed_BxM=proposal.fed,
+            drafter_single_BxM=proposal.single, accepted_B=accepted_B,
+            rejected_B=accepted_B < offered_B, offered_B=offered_B, nodes_B=offered_B,
+            by_rank_BxK=accepted_B[:, None],  # a chain's drafts: all first children
+            deferred_B=jnp.sum(jnp.where(emitted_pos_BxG1, defer_BxG1, 0.0), axis=-1),
+            emitted_B=num_generated, nan_B=proposal.nan + has_nan(logits))
         verifier_state = jax.tree_util.tree_map(
             lambda new, old: jnp.where(
                 active_B.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),

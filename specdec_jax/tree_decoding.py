@@ -55,6 +55,7 @@ from specdec_jax.decoding import (
     Prefilled,
     _LoopState,
     check_rounds_per_sync,
+    count_round,
     emit_round,
     initial_history,
     required_cache_length,
@@ -470,28 +471,14 @@ class TreeDecoder:
                                        jnp.maximum(path_BxD, 0), axis=1)
         by_rank_BxK = jnp.sum(jax.nn.one_hot(rank_BxD, self.max_children, dtype=jnp.int32)
                               * (path_BxD >= 0)[..., None], axis=1)
-        stats = state.stats
-        active = active_B.astype(jnp.int32)
-        stats = stats.replace(
-            target_calls=stats.target_calls + active,
-            target_fed=stats.target_fed + active * (n + 1),
-            drafter_calls=stats.drafter_calls + active * jnp.sum(proposal.calls, axis=-1),
-            drafter_calls_by_model=stats.drafter_calls_by_model + active[:, None] *
-            proposal.calls,
-            drafter_tokens_by_model=stats.drafter_tokens_by_model + active[:, None] *
-            proposal.fed,
-            drafter_single_calls_by_model=stats.drafter_single_calls_by_model +
-            active[:, None] * proposal.single,
-            accepted_histogram=stats.accepted_histogram + active[:, None] * jax.nn.one_hot(
-                accepted_B, depth + 1, dtype=jnp.int32),
-            rejections=stats.rejections + active * (accepted_B < offered_B),
-            drafted=stats.drafted + active * offered_B,
-            drafted_nodes=stats.drafted_nodes + active * n,
-            accepted_by_rank=stats.accepted_by_rank + active[:, None] * by_rank_BxK,
-            deferred_mass=stats.deferred_mass + jnp.sum(
-                jnp.where(emitted_pos_BxD1, defer_BxD1, 0.0), axis=-1),
-            emitted=num_generated,
-            nan_logits=stats.nan_logits + active * (proposal.nan + has_nan(out.logits)))
+        stats = count_round(
+            state.stats, active_B, target_fed=n + 1, target_single=0,
+            drafter_calls_BxM=proposal.calls, drafter_fed_BxM=proposal.fed,
+            drafter_single_BxM=proposal.single, accepted_B=accepted_B,
+            rejected_B=accepted_B < offered_B, offered_B=offered_B, nodes_B=n,
+            by_rank_BxK=by_rank_BxK,
+            deferred_B=jnp.sum(jnp.where(emitted_pos_BxD1, defer_BxD1, 0.0), axis=-1),
+            emitted_B=num_generated, nan_B=proposal.nan + has_nan(out.logits))
         return state.replace(
             tokens=tokens, num_generated=num_generated,
             history=write_rows(state.history, candidates, state.length),
