@@ -151,7 +151,7 @@ def predicted_speedup(rows, costs: dict, drafter_costs: Sequence[str]) -> float:
     model = cost_lib.CostModel(target=costs["target"], drafter=costs["drafter"], models=costs)
     tokens = sum(len(r["tokens"]) for r in rows)
     spent = sum(model.price(r, drafters=drafter_costs) for r in rows)
-    return tokens * model.target.call_s(1) / spent
+    return model.predicted_speedup(tokens_per_round=tokens, round_s=spent)
 
 
 def markdown(report: dict) -> str:

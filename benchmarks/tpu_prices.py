@@ -211,7 +211,8 @@ def predicted_speedup(costs: Mapping, config: str, gamma: int, rates: Sequence[f
                           widths={"target": gamma + 1}, rounds=0.0)
     round_s = float(sum(items.values()))
     tokens = cost_lib.tokens_per_round(at, gamma)
-    return {"speedup": tokens * model.target.call_s(1) / round_s, "tokens_per_round": tokens,
+    return {"speedup": model.predicted_speedup(tokens_per_round=tokens, round_s=round_s),
+            "tokens_per_round": tokens,
             "round_s": round_s, "drafting_s": round_s - items[cost_lib.TARGET]}
 
 
