@@ -37,8 +37,8 @@ from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram
 from specdec_jax.data.humaneval import end_of_block_stop
+from specdec_jax.decoding import EndOfBlockStop
 from specdec_jax.drafting import head_vocab
-from specdec_jax.jobs import sweep
 from specdec_jax.models import weight_storage
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import is_encoder_decoder
@@ -183,9 +183,29 @@ for _family in (
                     places_on_mesh=True)):
     register_family(_family)
 
+
+@dataclasses.dataclass(frozen=True)
+class ModelPair:
+    """What a study runs (``load_pair``): the two models, their params and the
+    text interface."""
+
+    target: Any
+    target_params: Any
+    drafter: Any
+    drafter_params: Any
+    encode: Callable[[str], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    eos_ids: tuple[int, ...] = ()
+    stop_rule: EndOfBlockStop | None = None
+    names: tuple[str, str] = ("target", "drafter")
+    # A (data, model) mesh the params are placed on (``resolver.load_pair(mesh=...)``),
+    # possibly spanning processes; None: one device.
+    mesh: Any = None
+
+
 def load_pair(*, target: str, drafter: str, dtype: str = "auto",
               stop_at_block_end: bool = False, mesh=None,
-              drafter_head_vocab: int = 0, draft_weights: str = "f32") -> sweep.ModelPair:
+              drafter_head_vocab: int = 0, draft_weights: str = "f32") -> ModelPair:
     """The two models of a study (names this module resolves) with their
     text interface; with a ``mesh`` (``job_mesh``), both models' params placed
     on it by the sharding rules. ``drafter_head_vocab`` > 0 cuts a decoder-only
@@ -228,7 +248,7 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
     # bytes and the T5 pair's sentencepieces have none to read.
     stop_rule = (end_of_block_stop(tok)
                  if stop_at_block_end and families["target"] == "checkpoint" else None)
-    return sweep.ModelPair(
+    return ModelPair(
         target=t, target_params=tp, drafter=d, drafter_params=dp, encode=encode,
         decode=tok.decode, eos_ids=tuple(tok.eos_token_ids), stop_rule=stop_rule,
         names=(target, drafter), mesh=mesh)

@@ -25,8 +25,7 @@ import dataclasses
 import os
 import pathlib
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +35,9 @@ from specdec_jax import api, sharding, target_functions
 from specdec_jax.cascade_baselines import sequence_defers
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
-from specdec_jax.decoding import EndOfBlockStop
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs.cost import CostModel
+from specdec_jax.jobs.resolver import ModelPair
 from specdec_jax.models.interface import make_prompt, supports_trees
 from specdec_jax.runtime import distributed, jsonio, resume, timing
 from specdec_jax.runtime.progress import tqdm
@@ -79,24 +78,6 @@ class Point:
         if self.verifier != DEFAULT_VERIFIER:
             key += f"|verifier={self.verifier}"
         return key
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelPair:
-    """What a sweep runs: the two models, their params and the text interface."""
-
-    target: Any
-    target_params: Any
-    drafter: Any
-    drafter_params: Any
-    encode: Callable[[str], list[int]]
-    decode: Callable[[Sequence[int]], str]
-    eos_ids: tuple[int, ...] = ()
-    stop_rule: EndOfBlockStop | None = None
-    names: tuple[str, str] = ("target", "drafter")
-    # A (data, model) mesh the params are placed on (``resolver.load_pair(mesh=...)``),
-    # possibly spanning processes; None: one device.
-    mesh: Any = None
 
 
 def method_range(method: str) -> tuple[float, float]:
