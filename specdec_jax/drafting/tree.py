@@ -180,15 +180,16 @@ def draw_children(key: Array, probs_BxWxV: Array, logits_BxWxV: Array, k: int,
     noise)."""
     batch, width, vocab = probs_BxWxV.shape
     log_q = jnp.where(probs_BxWxV > 0, jnp.log(jnp.maximum(probs_BxWxV, 1e-38)), -jnp.inf)
-    greedy_BxWxk = jax.lax.top_k(logits_BxWxV.astype(jnp.float32), k)[1]
+    logits_BxWxV = logits_BxWxV.astype(jnp.float32)
     per_node = k if replacement else 1  # noise rows per node
     # Drawn flat, [B, W * per_node * V]: for W = 1 and one row, exactly the chain's [B, V] noise.
     noise = jax.random.gumbel(key, (batch, width * per_node * vocab), jnp.float32).reshape(
         batch, width, per_node, vocab)
-    if replacement:
-        sampled_BxWxk = jnp.argmax(log_q[:, :, None, :] + noise, axis=-1)
-    else:
-        sampled_BxWxk = jax.lax.top_k(log_q + noise[:, :, 0], k)[1]
+    if not replacement:  # one top-k over whichever scores the temperature selects
+        scores = jnp.where(temperature > 0, log_q + noise[:, :, 0], logits_BxWxV)
+        return jax.lax.top_k(scores, k)[1].astype(jnp.int32)
+    sampled_BxWxk = jnp.argmax(log_q[:, :, None, :] + noise, axis=-1)
+    greedy_BxWxk = jax.lax.top_k(logits_BxWxV, k)[1]
     return jnp.where(temperature > 0, sampled_BxWxk, greedy_BxWxk).astype(jnp.int32)
 
 
