@@ -29,6 +29,8 @@ from specdec_jax.checkpoints.hf_decoder import (
 )
 from specdec_jax.checkpoints.tree_paths import Deferred, check_shapes, check_shapes_against
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.models.layers import OUT_IN
+from specdec_jax.native import stored_blocks
 from specdec_jax.runtime.progress import tqdm
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -177,6 +179,108 @@ def load_gguf(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, dic
                    unit="entry", leave=False)}
     check_shapes(params, DecoderOnlyLM(cfg).init_params)
     return cfg, params, meta
+
+
+# GGUF tensor kinds -> (module path, parameter) in the decode layout's unfused tree.
+_STORED_LAYER = {
+    "attn_q": ("attention", "query"), "attn_k": ("attention", "key"),
+    "attn_v": ("attention", "value"), "attn_output": ("attention", "out"),
+    "ffn_gate": ("mlp", "wi_0"), "ffn_up": ("mlp", "wi_1"), "ffn_down": ("mlp", "wo"),
+}
+_STORED_NORMS = {"attn_norm": "pre_attention_norm", "ffn_norm": "pre_mlp_norm"}
+
+
+def stored_format(tensor) -> str | None:
+    """The ``native.stored_blocks`` format a tensor keeps, or None (dequantised)."""
+    name = tensor.tensor_type.name.lower()
+    return name if name in stored_blocks.FORMATS else None
+
+
+def _stored_or_dequantised(tensor, name: str, rows_permutation=None) -> tuple[str, np.ndarray]:
+    """(parameter name, value): ``{name}_{format}`` and the file's block bytes
+    (uint8 [out, row bytes]) when its type is kept, else ``name`` and the
+    dequantised float32 [out, in]. ``rows_permutation``: applied to the rows
+    (llama's Q/K un-permutation is a permutation of output rows)."""
+    fmt = stored_format(tensor)
+    if fmt is None:
+        value, key = dequantize(tensor), name
+    else:
+        rows = int(np.prod([int(d) for d in tensor.shape[1:]]))
+        value, key = np.asarray(tensor.data, np.uint8).reshape(rows, -1), f"{name}_{fmt}"
+    if rows_permutation is not None:
+        value = rows_permutation(value)
+    return key, np.ascontiguousarray(value)
+
+
+def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, dict,
+                                                                   dict[str, Any]]:
+    """(config, params, metadata) with every matrix of a supported block type
+    (``native.stored_blocks.FORMATS``) kept as the file's bytes, in the decode
+    layout (``out_in``, projections unfused: a layer's q, k and v may be of
+    different types); norms, biases and matrices of other types dequantised
+    to float32. No float32 copy of the kept matrices is made, in memory or on
+    disk; the returned leaves are numpy arrays (the caller places them)."""
+    reader = _reader(path)
+    meta = read_metadata(reader)
+    arch = meta["general.architecture"]
+    names = {t.name for t in reader.tensors}
+    cfg = config_from_metadata(meta, "output.weight" in names, kernel_layout=OUT_IN,
+                               fused_projections=False, **config_overrides)
+    params: dict[str, Any] = {}
+    for tensor in tqdm(reader.tensors, desc=f"read {os.path.basename(path)}", unit="tensor",
+                       leave=False):
+        name = tensor.name
+        if name == "token_embd.weight":
+            key, value = _stored_or_dequantised(tensor, "embedding")
+            params.setdefault("embedder", {})[key] = value
+        elif name == "output.weight":
+            key, value = _stored_or_dequantised(tensor, "kernel")
+            params.setdefault("logits_dense", {})[key] = value
+        elif name == "output_norm.weight":
+            params["decoder_norm"] = {"scale": dequantize(tensor)}
+        elif name.startswith("blk."):
+            _, layer, kind, suffix = name.split(".")
+            entry = params.setdefault(f"layers_{layer}", {})
+            if kind in _STORED_NORMS:
+                entry[_STORED_NORMS[kind]] = {"scale": dequantize(tensor)}
+            elif kind in _STORED_LAYER:
+                module, proj = _STORED_LAYER[kind]
+                heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
+                permute = ((lambda v, h=heads: _unpermute(v, h))
+                           if arch == "llama" and heads is not None else None)
+                target = entry.setdefault(module, {}).setdefault(proj, {})
+                if suffix == "weight":
+                    key, value = _stored_or_dequantised(tensor, "kernel", permute)
+                else:
+                    key, value = "bias", dequantize(tensor)
+                    value = value if permute is None else permute(value)
+                target[key] = value
+    check_stored_shapes(cfg, params)
+    return cfg, params, meta
+
+
+def check_stored_shapes(cfg: DecoderConfig, params: dict) -> None:
+    """Every leaf the model expects is there, stored or float, in its shape."""
+    expected = jax.eval_shape(DecoderOnlyLM(cfg).init_params, jax.random.key(0))
+
+    def check(want, have, where):
+        for key, spec in want.items():
+            if isinstance(spec, dict):
+                check(spec, have.get(key, {}), f"{where}/{key}")
+                continue
+            if key in have:
+                found = tuple(have[key].shape)
+            else:
+                stored = next((k for k in have if k.startswith(f"{key}_")), None)
+                if stored is None:
+                    raise ValueError(f"GGUF file: {where}/{key} is missing.")
+                found = stored_blocks.StoredMatrix.of_blocks(have[stored],
+                                                             stored[len(key) + 1:]).shape
+            if found != tuple(spec.shape):
+                raise ValueError(f"GGUF file: {where}/{key} has shape {found}, the config "
+                                 f"says {tuple(spec.shape)}.")
+
+    check(expected, params, "")
 
 
 def kind_of(name: str) -> str | None:

@@ -36,14 +36,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
     dtype = precision.resolve_dtype(dtype)
 
     source = str(name_or_path)
-    if source in registry.MODELS:
-        path = registry.local_path(source)
-    else:
-        path = pathlib.Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{source!r} is neither a known model ({', '.join(registry.MODELS)}) nor an "
-                "existing path to a .gguf file or a Hugging Face directory.")
+    path = _local_file(source)
     overrides = dict(dtype=dtype, param_dtype=dtype,
                      matmul_precision=precision.matmul_precision(dtype))
     if path.is_dir():
@@ -64,17 +57,66 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=Non
     return DecoderOnlyLM(cfg), params, tok
 
 
+WEIGHTS = ("f32", "stored")
+
+
 def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None,
-                      kernel_layout: str = OUT_IN) -> tuple[DecoderOnlyLM, Any, Any]:
+                      kernel_layout: str = OUT_IN,
+                      weights: str = "f32") -> tuple[DecoderOnlyLM, Any, Any]:
     """``load_model``, then the kernel layout decoding runs fastest with
     (``"out_in"``: ``api.decode_layout``); ``"in_out"`` keeps the loaded tree
     (the switch that measures the difference). What the jobs, the CLI and the
-    benchmarks decode with."""
+    benchmarks decode with.
+
+    ``weights="stored"`` (GGUF files only): every matrix of a block type the
+    library reads (``native.stored_blocks``) stays in its file's bytes, in
+    the ``out_in`` layout with unfused projections (``load_stored``); ``"f32"``
+    dequantises the file once into the converted cache."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}; choose one of {', '.join(WEIGHTS)}.")
+    if weights == "stored":
+        if mesh is not None or kernel_layout != OUT_IN:
+            raise ValueError("stored GGUF weights run on one device in the out_in layout; "
+                             "pass mesh=None and kernel_layout='out_in', or weights='f32'.")
+        return load_stored(name_or_path, dtype)
     model, params, tok = load_model(name_or_path, dtype, mesh=mesh, kernel_layout=kernel_layout)
     model, params = with_kernel_layout(model, params, kernel_layout)  # when not loaded in it
     if mesh is not None:  # the fused projections have rules of their own
         params = sharding.reshard_params(params, mesh, sharding.rules_for(model))
     return model, params, tok
+
+
+def load_stored(name_or_path: str | os.PathLike, dtype: str = "auto"
+                ) -> tuple[DecoderOnlyLM, Any, Any]:
+    """A GGUF model with its matrices kept in the file's blocks (``gguf.load_stored``).
+
+    Activations run in ``dtype`` (float32 on CPU under ``auto``, where the
+    block kernel multiplies them with the blocks); nothing is dequantised into
+    the converted cache, and memory holds the file's bytes, not a float copy.
+    """
+    dtype = precision.resolve_dtype(dtype)
+    path = _local_file(name_or_path)
+    if path.is_dir() or path.suffix != ".gguf":
+        raise ValueError(f"{name_or_path}: stored weights are read from a GGUF file; this is "
+                         "not one. Use weights='f32'.")
+    cfg, params, meta = gguf.load_stored(path, dtype=dtype, param_dtype=dtype,
+                                         matmul_precision=precision.matmul_precision(dtype))
+    params = jax.tree_util.tree_map(
+        lambda x: jax.device_put(x) if x.dtype == np.uint8 else _on_device(x, dtype), params)
+    return DecoderOnlyLM(cfg), params, tokenizer.tokenizer_from_gguf_metadata(meta)
+
+
+def _local_file(name_or_path: str | os.PathLike) -> pathlib.Path:
+    """A registry name's local file (fetched on first use) or an existing path."""
+    source = str(name_or_path)
+    if source in registry.MODELS:
+        return registry.local_path(source)
+    path = pathlib.Path(source).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{source!r} is neither a known model ({', '.join(registry.MODELS)}) nor an "
+            "existing path to a .gguf file or a Hugging Face directory.")
+    return path
 
 
 def random_model(name: str, dtype: str = "auto", seed: int = 0) -> tuple[DecoderOnlyLM, Any]:

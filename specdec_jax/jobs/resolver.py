@@ -87,8 +87,8 @@ def family_of(name: str) -> ModelFamily:
                      "to a .gguf file or a Hugging Face directory.")
 
 
-def resolve(name: str, *, dtype: str = "auto", mesh=None,
-            kernel_layout: str = OUT_IN) -> tuple[Any, Any, Any]:
+def resolve(name: str, *, dtype: str = "auto", mesh=None, kernel_layout: str = OUT_IN,
+            weights: str = "f32") -> tuple[Any, Any, Any]:
     """``(model, params, tokenizer)`` for ``name``.
 
     ``dtype``: ``"auto"`` is float32 on CPU and bfloat16 on accelerators
@@ -97,10 +97,16 @@ def resolve(name: str, *, dtype: str = "auto", mesh=None,
     applies to checkpoint decoders: ``"out_in"`` (the
     default) is the decode layout (``api.decode_layout``), ``"in_out"`` keeps
     the loaded tree. ``mesh``: params placed on it by the sharding rules.
+    ``weights="stored"``: a GGUF checkpoint keeps its matrices in the file's
+    blocks (``load.load_for_decoding``); other families refuse it.
     """
     family = family_of(name)
+    if weights != "f32" and family.name != "checkpoint":
+        raise ValueError(f"weights={weights!r} keeps a GGUF file's blocks; {name} is a "
+                         f"{family.name} model: pass weights='f32'.")
+    extra = {} if weights == "f32" else {"weights": weights}
     model, params, tokenizer = family.load(name, dtype=dtype, mesh=mesh,
-                                           kernel_layout=kernel_layout)
+                                           kernel_layout=kernel_layout, **extra)
     model, params = in_dtype(model, params, dtype)
     if mesh is not None and not family.places_on_mesh:
         params = sharding.shard_params(params, mesh, sharding.rules_for(model))
@@ -165,8 +171,9 @@ def _load_t5_member(name: str, **_):
     return t5_pair.load_member(name)
 
 
-def _load_checkpoint(name: str, *, dtype: str, mesh, kernel_layout: str):
-    return load.load_for_decoding(name, dtype=dtype, mesh=mesh, kernel_layout=kernel_layout)
+def _load_checkpoint(name: str, *, dtype: str, mesh, kernel_layout: str, weights: str = "f32"):
+    return load.load_for_decoding(name, dtype=dtype, mesh=mesh, kernel_layout=kernel_layout,
+                                  weights=weights)
 
 
 def _is_checkpoint(name: str) -> bool:

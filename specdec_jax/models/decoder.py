@@ -54,6 +54,8 @@ from specdec_jax.models.layers import (
     masked_softmax_attention,
     matmul_out_in,
     rotary_embedding,
+    stored_in,
+    stored_matrix,
     stored_scale,
 )
 
@@ -290,7 +292,10 @@ class _DecoderNet(nn.Module):
             positions_BxK, mask_BxKxS = interface.tree_positions_and_mask(
                 cache.lengths, parents_BxN, cache.max_length, start, k)
             write_at_B, new_lengths_B = cache.lengths + start, cache.lengths
-        x = embedder(tokens_BxK)
+        stored_embedding = stored_in(self.variables.get("params", {}).get("embedder", {}),
+                                      "embedding")
+        x = (embedder(tokens_BxK) if stored_embedding is None
+             else stored_embedding.take_rows(tokens_BxK).astype(dtype))
         new_keys, new_values = [], []
         for i in range(cfg.num_layers):
             norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_attention_norm")
@@ -313,9 +318,10 @@ class _DecoderNet(nn.Module):
             logits = jnp.full(scores.shape[:-1] + (cfg.vocab_size,), -jnp.inf,
                               jnp.float32).at[..., ids_N].set(scores)
         elif cfg.tie_embeddings:
-            logits = matmul_out_in(h32, embedder.embedding, cfg.compute_precision)
+            logits = matmul_out_in(h32, stored_embedding or embedder.embedding,
+                                   cfg.compute_precision)
         elif cfg.kernel_layout == OUT_IN:  # [V, D], like the tied embedding
-            kernel = self.param("logits_dense_kernel",
+            kernel = stored_matrix(self, "logits_dense_kernel") or self.param("logits_dense_kernel",
                                 nn.initializers.lecun_normal(in_axis=-1, out_axis=-2),
                                 (cfg.vocab_size, cfg.hidden_size), jnp.dtype(cfg.param_dtype))
             logits = matmul_out_in(h32, kernel, cfg.compute_precision)
@@ -336,8 +342,8 @@ def _nest(flat: dict) -> dict:
         if name.startswith("layers_"):
             index, rest = name[len("layers_"):].split("_", 1)
             tree.setdefault(f"layers_{index}", {})[rest] = value
-        elif name == "logits_dense_kernel":
-            tree["logits_dense"] = {"kernel": value}
+        elif name.startswith("logits_dense_"):  # the kernel, or its stored blocks
+            tree.setdefault("logits_dense", {})[name[len("logits_dense_"):]] = value
         else:
             tree[name] = value
     return tree
@@ -350,7 +356,8 @@ def _flatten(tree: dict) -> dict:
             for sub, leaf in value.items():
                 flat[f"{name}_{sub}"] = leaf
         elif name == "logits_dense":
-            flat["logits_dense_kernel"] = value["kernel"]
+            for sub, leaf in value.items():
+                flat[f"logits_dense_{sub}"] = leaf
         else:
             flat[name] = value
     return flat
@@ -393,8 +400,8 @@ class DecoderOnlyLM:
                 f"DecoderOnlyLM: config.head_vocab={self.config.head_vocab} but the parameters "
                 f"{'lack' if head is None else 'carry'} a '{HEAD_VOCAB}' entry; build both "
                 "with decoder.with_head_vocab.")
-        if head is not None:
-            head = (head["token_ids"], head["rows"])
+        if head is not None:  # rows float, or in their file's blocks
+            head = (head["token_ids"], head["rows"] if "rows" in head else stored_in(head, "rows"))
         return self._net.apply({"params": flat}, tokens, cache, select, head, all_hidden,
                                tree)
 
@@ -601,6 +608,14 @@ def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[Deco
     if ids.min() < 0 or ids.max() >= vocab or len(np.unique(ids)) != ids.size:
         raise ValueError(f"with_head_vocab: token_ids must be unique ids in [0, {vocab}).")
     ids = np.sort(ids).astype(np.int32)
+    stored = (stored_in(params["embedder"], "embedding") if model.config.tie_embeddings
+              else stored_in(params.get("logits_dense", {}), "kernel"))
+    if stored is not None:  # the kept rows stay in their file's blocks
+        kept = {name: entry for name, entry in params.items() if name != "logits_dense"}
+        config = dataclasses.replace(model.config, head_vocab=int(ids.size))
+        rows = jnp.take(stored.blocks, jnp.asarray(ids), axis=0)
+        return DecoderOnlyLM(config), {**kept, HEAD_VOCAB: {"token_ids": jnp.asarray(ids),
+                                                           f"rows_{stored.format}": rows}}
     if model.config.tie_embeddings:
         full = params["embedder"]["embedding"]  # [V, D]
     elif model.config.kernel_layout == OUT_IN:

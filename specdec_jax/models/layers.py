@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.native import matmul as native_matmul
+from specdec_jax.native.stored_blocks import FORMATS as STORED_FORMATS
+from specdec_jax.native.stored_blocks import StoredMatrix
 
 Array = jax.Array
 
@@ -96,6 +98,24 @@ def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None, *,
     return native_matmul.matmul_out_in(x, w_NxK, precision, scale_N=scale_N)
 
 
+def stored_in(variables, name: str) -> StoredMatrix | None:
+    """The parameter ``name`` of ``variables`` kept in its GGUF file's blocks,
+    or ``None``.
+
+    Stored as ``{name}_{format}`` (e.g. ``kernel_q4_k``): uint8 ``[out, row
+    bytes]``, which the float kernel's shape check would refuse, under a name
+    that gives the traced product its format statically (``native.stored_blocks``)."""
+    for fmt in STORED_FORMATS:
+        if f"{name}_{fmt}" in variables:
+            return StoredMatrix.of_blocks(variables[f"{name}_{fmt}"], fmt)
+    return None
+
+
+def stored_matrix(module: nn.Module, name: str = "kernel") -> StoredMatrix | None:
+    """``stored_in`` for a parameter of ``module``."""
+    return stored_in(module.variables.get("params", {}), name)
+
+
 def stored_scale(module: nn.Module) -> Array | None:
     """The per-output-row ``kernel_scale`` of a kernel stored as int8
     (``models.weight_storage``), or ``None`` for a float kernel."""
@@ -127,7 +147,8 @@ class Linear(nn.Module):
         fan_in = x.shape[-1]
         if self.kernel_layout == OUT_IN:
             init = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2)
-            kernel = self.param("kernel", init, (self.features, fan_in), self.param_dtype)
+            kernel = stored_matrix(self) or self.param("kernel", init, (self.features, fan_in),
+                                                       self.param_dtype)
             y = matmul_out_in(x.astype(self.dtype), kernel, self.precision,
                               scale_N=stored_scale(self))
         else:

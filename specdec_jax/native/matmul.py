@@ -21,6 +21,15 @@ back on every call: a 0.5B drafter's int8 prefill of 96 / 166 / 512 rows took
 470 / 706 / 2,609 ms through the kernel against 1,071 / 1,107 / 2,709 ms
 widened (2-core x86_64, docs/results.md); past 512 rows it was not measured.
 Gradients go through XLA's formulation (``custom_jvp``).
+
+Weights kept in their GGUF file's blocks (``native.stored_blocks.StoredMatrix``)
+take the block kernel on a CPU with AVX-512 VNNI, at every row count: each row
+of ``x`` is quantised to int8 per 64 values and multiplied with the blocks'
+integer codes, a fixed function of that row and the file (the same bits for a
+row alone or among 16; what keeps speculative decoding exact with respect to
+it). Everywhere else (other platforms, no VNNI, kernel off) they are
+dequantised (bit for bit ``gguf``'s values) and multiplied by XLA: the float
+model of the file.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specdec_jax.native import stored_blocks
 
 Array = jax.Array
 
@@ -45,21 +56,27 @@ TARGET_PREFIX = "specdec_jax_"
 # weights up to the longest prefill measured faster that way (module docstring).
 MAX_ROWS = 32
 MAX_ROWS_NARROW = 512
+# The block kernel (int8 activations against a GGUF file's blocks), by format.
+BLOCK_SYMBOL = "SmallMBlockMatmulI8"
+BLOCK_CODES = {"q8_0": 0, "q4_1": 1, "q5_0": 2, "q4_k": 3, "q6_k": 4}
+BLOCK_CHUNK = 64  # activations are quantised per this many values
 
 
 @dataclasses.dataclass
 class _State:
     registered: bool = False
     enabled: bool = True
+    blocks: bool = False  # the loaded library has the block kernel (AVX-512 VNNI)
 
 
 _STATE = _State()
 
 
-def mark_registered() -> None:
+def mark_registered(blocks: bool = False) -> None:
     """Called once the library's handlers are registered with ``jax.ffi``
-    (``runtime.cpu_kernels``); products traced from now on may use them."""
-    _change(registered=True)
+    (``runtime.cpu_kernels``); products traced from now on may use them.
+    ``blocks``: the block kernel is among them."""
+    _change(registered=True, blocks=bool(blocks))
 
 
 def set_enabled(enabled: bool) -> None:
@@ -72,16 +89,21 @@ def _change(**fields) -> None:
     # jitted function traced before the change would keep its old program
     # (a benchmark timing "kernel" and "XLA" through one function would time
     # XLA twice). Dropping jax's caches makes the next call trace again.
-    was = active()
+    was = (active(), blocks_active())
     for name, value in fields.items():
         setattr(_STATE, name, value)
-    if active() != was:
+    if (active(), blocks_active()) != was:
         jax.clear_caches()
 
 
 def active() -> bool:
     """Whether products traced now may take the kernel."""
     return _STATE.registered and _STATE.enabled
+
+
+def blocks_active() -> bool:
+    """Whether products with stored blocks traced now take the block kernel."""
+    return active() and _STATE.blocks
 
 
 def _uses_kernel(rows: int, x: Array, w: Array) -> bool:
@@ -135,9 +157,40 @@ def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None, *,
     ``scale_N``): the product is that of the dequantised weights, computed
     with float32 accumulation by the kernel or by XLA after widening ``w``.
     """
+    if isinstance(w_NxK, stored_blocks.StoredMatrix):
+        if scale_N is not None:
+            raise ValueError("a stored block matrix carries its own scales; scale_N must be None.")
+        return block_product(x, w_NxK, precision)
     rows = math.prod(x.shape[:-1])
     if _uses_kernel(rows, x, w_NxK):
         x2 = x.reshape(rows, x.shape[-1])
         y = _dispatch(x2, w_NxK, scale_N, precision)
         return y.reshape(x.shape[:-1] + (w_NxK.shape[0],))
     return _xla_product(x, w_NxK, scale_N, precision)
+
+
+def _block_kernel(x2: Array, blocks: Array, fmt: str) -> Array:
+    out = jax.ShapeDtypeStruct((x2.shape[0], blocks.shape[0]), jnp.float32)
+    call = jax.ffi.ffi_call(TARGET_PREFIX + BLOCK_SYMBOL, out, vmap_method="sequential")
+    return call(x2, blocks, format=np.int32(BLOCK_CODES[fmt]))
+
+
+def _dequantized_product(x: Array, w: stored_blocks.StoredMatrix, precision) -> Array:
+    return _xla_product(x, stored_blocks.dequantize(w), None, precision)
+
+
+def block_product(x: Array, w: stored_blocks.StoredMatrix, precision=None) -> Array:
+    """``x[..., K] @ dequantize(w)^T``: the block kernel on one CPU device with
+    VNNI and float32 ``x`` (int8 activations, module docstring), else XLA's
+    product with the dequantised matrix. The choice is made while tracing, so
+    one traced function computes one of the two at every row count."""
+    k = w.in_features
+    if not (blocks_active() and x.dtype == jnp.float32 and k % BLOCK_CHUNK == 0
+            and jax.device_count() == 1):
+        return _dequantized_product(x, w, precision)
+    x2 = x.reshape(-1, k)
+    y = jax.lax.platform_dependent(
+        x2, w.blocks, cpu=lambda x2, b: _block_kernel(x2, b, w.format),
+        default=lambda x2, b: _dequantized_product(
+            x2, stored_blocks.StoredMatrix(b, w.format, k), precision))
+    return y.reshape(x.shape[:-1] + (w.shape[0],))

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <vector>
 #include <thread>
 
 #include "xla/ffi/api/ffi.h"
@@ -194,21 +195,22 @@ struct Job {
   }
 };
 
-template <typename T>
-void Product(ffi::ThreadPool& pool, const float* x, const T* w, const float* scale, float* y,
-             int64_t m_dim, int64_t k_dim, int64_t n_dim) {
+// Splits rows [0, n_dim) of a weight matrix of `bytes` bytes into chunks of
+// whole `tile`s and runs `rows(begin, end)` on each, over the caller and the pool.
+void ParallelRows(ffi::ThreadPool& pool, int64_t n_dim, int64_t tile, int64_t bytes,
+                  std::function<void(int64_t, int64_t)> rows) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   // Few long chunks: each is one sequential stream through w (the hardware
   // prefetcher's best case; many short interleaved chunks measured 1.6x slower),
   // two per thread so a late thread does not leave the others idle for long.
-  const int64_t tiles = (n_dim + kMaxRowsPerTile - 1) / kMaxRowsPerTile;
+  const int64_t tiles = (n_dim + tile - 1) / tile;
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(2 * threads, tiles));
-  const int64_t rows_per_chunk = (tiles + chunks - 1) / chunks * kMaxRowsPerTile;
+  const int64_t rows_per_chunk = (tiles + chunks - 1) / chunks * tile;
   auto job = std::make_shared<Job>();
   job->num_chunks = (n_dim + rows_per_chunk - 1) / rows_per_chunk;
   job->run = [=](int64_t c) {
     const int64_t begin = c * rows_per_chunk;
-    Rows(x, w, scale, y, m_dim, k_dim, n_dim, begin, std::min(n_dim, begin + rows_per_chunk));
+    rows(begin, std::min(n_dim, begin + rows_per_chunk));
   };
   if (threads == 1 || job->num_chunks == 1) {
     job->Work();
@@ -222,10 +224,18 @@ void Product(ffi::ThreadPool& pool, const float* x, const T* w, const float* sca
   // int8 0.5B step 39 -> 30 ms, float32 1.5B 7-token call 310 -> 280 ms;
   // the same rule applied to the head too: 280 -> 450 ms.
   constexpr int64_t kHelpAtOnceBytes = int64_t{256} << 20;
-  if (n_dim * k_dim * static_cast<int64_t>(sizeof(T)) < kHelpAtOnceBytes)
-    job->patience = std::chrono::microseconds(0);
+  if (bytes < kHelpAtOnceBytes) job->patience = std::chrono::microseconds(0);
   for (int64_t i = 0; i < std::min(threads, job->num_chunks); ++i) pool.Schedule([job] { job->Work(); });
   job->Wait();
+}
+
+template <typename T>
+void Product(ffi::ThreadPool& pool, const float* x, const T* w, const float* scale, float* y,
+             int64_t m_dim, int64_t k_dim, int64_t n_dim) {
+  ParallelRows(pool, n_dim, kMaxRowsPerTile, n_dim * k_dim * static_cast<int64_t>(sizeof(T)),
+               [=](int64_t begin, int64_t end) {
+                 Rows(x, w, scale, y, m_dim, k_dim, n_dim, begin, end);
+               });
 }
 
 ffi::Error CheckShapes(ffi::AnyBuffer::Dimensions x, ffi::AnyBuffer::Dimensions w,
@@ -257,6 +267,400 @@ ffi::Error MatmulScaledI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   return ffi::Error::Success();
 }
 
+
+// ---------------------------------------------------------------------------
+// Products with weights kept in their GGUF file's blocks (models/stored_blocks.py),
+// activations quantised per row to int8: y[m, n] = x[m] . w[n] for M few rows.
+//
+// Every format reads as codes q (unsigned bytes) with a scale s and an offset o
+// per group of weights: w = s * q + o (q4_k: s = d * sc, o = -dmin * m; q6_k:
+// o = -32 s; q8_0: q + 128 with o = -128 s; ...). Each row of x is cut into
+// chunks of 64, each quantised to int8 a = round(x / da), da = max |x| / 127,
+// once per call. A chunk's 64 products are 16 integer sums of 4 (VNNI
+// vpdpbusd: unsigned codes times signed activations), and
+//   x . w ~= sum over chunks of da * sum over lanes (s * isum + o * asum)
+// with asum the lane's sum of activations. The result for a row depends on that
+// row of x and on w alone, computed in one fixed order: a row gets the same
+// bits whether it is multiplied alone or with 16 others, which is what makes
+// speculative decoding exact with respect to this function.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define SPECDEC_HAS_BLOCKS 1
+namespace blocks {
+
+enum Format : int32_t { kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4 };
+constexpr int kChunk = 64;  // weights per chunk (one zmm of codes)
+
+inline float F16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+struct Chunk {
+  __m512i q;  // 64 unsigned codes
+  __m512 s;   // per lane (4 weights): scale
+  __m512 o;   // per lane: offset
+};
+
+inline __m512 Halves(float a, float b) {
+  return _mm512_mask_blend_ps(__mmask16(0xFF00), _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+inline __m512i Join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+inline __m256i Nibbles16(const uint8_t* p) {  // 16 bytes -> 32 codes: low nibbles, then high
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i f = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), f), _mm_and_si128(v, f));
+}
+
+// A unit of the 32-weight formats: two blocks, one chunk (the k-quants have
+// their own path below).
+template <int F> struct Unit;
+
+template <> struct Unit<kQ8_0> {
+  static constexpr int kWeights = 64, kBytes = 68, kChunks = 1;
+  const uint8_t* b;
+  void Load(const uint8_t* p) { b = p; }
+  Chunk Get(int) const {
+    const __m256i flip = _mm256_set1_epi8(char(0x80));
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 36));
+    const __m512 s = Halves(F16(b), F16(b + 34));
+    return {Join(_mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip)), s,
+            _mm512_mul_ps(s, _mm512_set1_ps(-128.0f))};
+  }
+};
+
+template <> struct Unit<kQ4_1> {
+  static constexpr int kWeights = 64, kBytes = 40, kChunks = 1;
+  const uint8_t* b;
+  void Load(const uint8_t* p) { b = p; }
+  Chunk Get(int) const {
+    return {Join(Nibbles16(b + 4), Nibbles16(b + 24)), Halves(F16(b), F16(b + 20)),
+            Halves(F16(b + 2), F16(b + 22))};
+  }
+};
+
+template <> struct Unit<kQ5_0> {
+  static constexpr int kWeights = 64, kBytes = 44, kChunks = 1;
+  const uint8_t* b;
+  void Load(const uint8_t* p) { b = p; }
+  Chunk Get(int) const {
+    uint32_t h0, h1;
+    std::memcpy(&h0, b + 2, 4);
+    std::memcpy(&h1, b + 24, 4);
+    const __m512i low = Join(Nibbles16(b + 6), Nibbles16(b + 28));
+    const __mmask64 fifth = __mmask64(h0) | (__mmask64(h1) << 32);
+    const __m512 s = Halves(F16(b), F16(b + 22));
+    return {_mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16)), s,
+            _mm512_mul_ps(s, _mm512_set1_ps(-16.0f))};
+  }
+};
+
+// x quantised per row and chunk of 64: int8 codes, scale, and per lane the
+// sum of its 4 codes times the scale.
+struct Activations {
+  std::vector<int8_t> q;    // [M, K]
+  std::vector<float> d;     // [M, K / 64]
+  std::vector<float> sums;  // [M, K / 64, 16]
+  int64_t chunks;
+};
+
+void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
+  a.chunks = k_dim / kChunk;
+  a.q.resize(m_dim * k_dim);
+  a.d.resize(m_dim * a.chunks);
+  a.sums.resize(m_dim * a.chunks * 16);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int64_t c = 0; c < a.chunks; ++c) {
+      const float* xc = x + m * k_dim + c * kChunk;
+      __m512 v[4];
+      __m512 peak = _mm512_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm512_loadu_ps(xc + 16 * i);
+        peak = _mm512_max_ps(peak, _mm512_abs_ps(v[i]));
+      }
+      const float top = _mm512_reduce_max_ps(peak);
+      const float d = top / 127.0f;
+      const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+      int8_t* qc = a.q.data() + m * k_dim + c * kChunk;
+      for (int i = 0; i < 4; ++i) {
+        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv));  // nearest, ties even
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qc + 16 * i), _mm512_cvtsepi32_epi8(r));
+      }
+      const __m512i codes = _mm512_loadu_si512(qc);
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, codes));
+      a.d[m * a.chunks + c] = d;
+      _mm512_storeu_ps(a.sums.data() + (m * a.chunks + c) * 16, _mm512_mul_ps(sums, _mm512_set1_ps(d)));
+    }
+  }
+}
+
+constexpr int kMaxMPerBlockPass = 8;
+
+template <int F, int MB>
+void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0,
+             float* y, int64_t n_dim, int64_t n) {
+  __m512 acc[MB];
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  Unit<F> unit;
+  const int64_t units = k_dim / Unit<F>::kWeights;
+  for (int64_t u = 0; u < units; ++u) {
+    unit.Load(w_row + u * Unit<F>::kBytes);
+    for (int j = 0; j < Unit<F>::kChunks; ++j) {
+      const Chunk ch = unit.Get(j);
+      const int64_t c = u * Unit<F>::kChunks + j;
+      SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+        const int64_t mc = (m0 + m) * a.chunks + c;
+        const __m512i codes = _mm512_loadu_si512(a.q.data() + (m0 + m) * k_dim + c * kChunk);
+        const __m512 sums = _mm512_cvtepi32_ps(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ch.q, codes));
+        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(sums, ch.s), _mm512_set1_ps(a.d[mc]), acc[m]);
+        acc[m] = _mm512_fmadd_ps(ch.o, _mm512_loadu_ps(a.sums.data() + mc * 16), acc[m]);
+      }
+    }
+  }
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = _mm512_reduce_add_ps(acc[m]);
+}
+
+template <int F>
+void BlockRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
+               int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* w_row = w + n * row_bytes;
+    for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxMPerBlockPass) {
+      switch (std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0)) {
+        case 1: RowPass<F, 1>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 2: RowPass<F, 2>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 3: RowPass<F, 3>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 4: RowPass<F, 4>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 5: RowPass<F, 5>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 6: RowPass<F, 6>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 7: RowPass<F, 7>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        default: RowPass<F, 8>(w_row, a, k_dim, m0, y, n_dim, n); break;
+      }
+    }
+  }
+}
+
+// The k-quant formats (q4_k, q6_k) have integer sub-block scales, so a super-
+// block's products stay integer to its end: codes times activations in pairs
+// (vpmaddubsw, int16), times the sub-block's scale and summed in fours
+// (vpdpwssd, int32), and one float multiply-add per super-block and row. Their
+// activations are quantised per 256 (llama.cpp's Q8_K), the super-block.
+//   x . w ~= sum over super-blocks of da * (d * sum_j sc_j * isum_j - dmin * sum_j mn_j * asum_j)
+constexpr int kSuper = 256;
+
+struct SuperActivations {
+  std::vector<int8_t> q;      // [M, K]
+  std::vector<float> d;       // [M, K / 256]
+  std::vector<int16_t> sums;  // [M, K / 256, 16]: sums of the 16 groups of 16
+  int64_t supers;
+};
+
+void QuantizeSuper(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
+  a.supers = k_dim / kSuper;
+  a.q.resize(m_dim * k_dim);
+  a.d.resize(m_dim * a.supers);
+  a.sums.resize(m_dim * a.supers * 16);
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int64_t u = 0; u < a.supers; ++u) {
+      const float* xu = x + m * k_dim + u * kSuper;
+      __m512 peak = _mm512_setzero_ps();
+      for (int i = 0; i < 16; ++i) peak = _mm512_max_ps(peak, _mm512_abs_ps(_mm512_loadu_ps(xu + 16 * i)));
+      const float top = _mm512_reduce_max_ps(peak);
+      const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+      int8_t* qu = a.q.data() + m * k_dim + u * kSuper;
+      int16_t* su = a.sums.data() + (m * a.supers + u) * 16;
+      for (int i = 0; i < 16; ++i) {
+        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xu + 16 * i), inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qu + 16 * i), _mm512_cvtsepi32_epi8(r));
+        su[i] = int16_t(_mm512_reduce_add_epi32(r));
+      }
+      a.d[m * a.supers + u] = top / 127.0f;
+    }
+  }
+}
+
+// One super-block of a k-quant row: per chunk of 64, the codes and the int16
+// scale of each pair of codes; per group of 16, the int16 minimum.
+struct KChunk {
+  __m512i q;
+  __m512i sc;  // 32 x int16
+};
+
+template <int F> struct KUnit;
+
+template <> struct KUnit<kQ4_K> {
+  static constexpr int kBytes = 144;
+  const uint8_t* qs;
+  float d, dmin;
+  int16_t sc[8];
+  __m256i mins;  // 16 x int16
+  void Load(const uint8_t* p) {
+    d = F16(p);
+    dmin = F16(p + 2);
+    const uint8_t* k = p + 4;
+    alignas(32) int16_t mn[16];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = int16_t(j < 4 ? k[j] & 63 : (k[j + 4] & 0x0F) | ((k[j - 4] >> 6) << 4));
+      mn[2 * j] = mn[2 * j + 1] = int16_t(j < 4 ? k[j + 4] & 63 : (k[j + 4] >> 4) | ((k[j] >> 6) << 4));
+    }
+    mins = _mm256_load_si256(reinterpret_cast<const __m256i*>(mn));
+    qs = p + 16;
+  }
+  KChunk Get(int c) const {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+    const __m256i f = _mm256_set1_epi8(0x0F);
+    return {Join(_mm256_and_si256(v, f), _mm256_and_si256(_mm256_srli_epi16(v, 4), f)),
+            _mm512_mask_blend_epi16(__mmask32(0xFFFF0000u), _mm512_set1_epi16(sc[2 * c]),
+                                    _mm512_set1_epi16(sc[2 * c + 1]))};
+  }
+};
+
+template <> struct KUnit<kQ6_K> {
+  static constexpr int kBytes = 210;
+  const uint8_t* b;
+  float d, dmin;
+  __m512i sc16;  // the 16 scales as int16 (upper half unused)
+  __m256i mins;  // 32 x scale: w = d * sc * q - d * (32 sc)
+  void Load(const uint8_t* p) {
+    b = p;
+    d = dmin = F16(p + 208);
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
+    sc16 = _mm512_castsi256_si512(sc);
+    mins = _mm256_slli_epi16(sc, 5);
+  }
+  KChunk Get(int c) const {
+    const int h = c / 2, shift = 4 * (c % 2);
+    const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+    const __m512i low = _mm512_and_si512(_mm512_srli_epi16(ql, shift), _mm512_set1_epi8(0x0F));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m256i three = _mm256_set1_epi8(3);
+    const __m512i high = Join(_mm256_and_si256(_mm256_srli_epi16(qh, shift), three),
+                              _mm256_and_si256(_mm256_srli_epi16(qh, shift + 2), three));
+    // int16 element e of the chunk belongs to group 4c + e / 8.
+    const __m512i pick = _mm512_add_epi16(_mm512_set1_epi16(int16_t(4 * c)),
+        _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+                                           17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                           1, 0), 3));
+    return {_mm512_or_si512(low, _mm512_slli_epi16(high, 4)), _mm512_permutexvar_epi16(pick, sc16)};
+  }
+};
+
+template <int F, int MB>
+void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m0,
+              float* y, int64_t n_dim, int64_t n) {
+  __m512 acc[MB];
+  __m256 low[MB];
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+    acc[m] = _mm512_setzero_ps();
+    low[m] = _mm256_setzero_ps();
+  }
+  KUnit<F> unit;
+  for (int64_t u = 0; u < a.supers; ++u) {
+    unit.Load(w_row + u * KUnit<F>::kBytes);
+    __m512i isum[MB];
+    SPECDEC_UNROLL for (int m = 0; m < MB; ++m) isum[m] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const KChunk ch = unit.Get(c);
+      SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+        const __m512i codes = _mm512_loadu_si512(a.q.data() + (m0 + m) * k_dim + u * kSuper + 64 * c);
+        isum[m] = _mm512_dpwssd_epi32(isum[m], _mm512_maddubs_epi16(ch.q, codes), ch.sc);
+      }
+    }
+    SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+      const int64_t mu = (m0 + m) * a.supers + u;
+      const float da = a.d[mu];
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m]), _mm512_set1_ps(unit.d * da), acc[m]);
+      const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums.data() + mu * 16));
+      low[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(unit.mins, s)),
+                               _mm256_set1_ps(unit.dmin * da), low[m]);
+    }
+  }
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+    const __m256 l = low[m];
+    const __m128 l4 = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
+    const __m128 l2 = _mm_add_ps(l4, _mm_movehl_ps(l4, l4));
+    const float lsum = _mm_cvtss_f32(_mm_add_ss(l2, _mm_movehdup_ps(l2)));
+    y[(m0 + m) * n_dim + n] = _mm512_reduce_add_ps(acc[m]) - lsum;
+  }
+}
+
+template <int F>
+void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
+           int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* w_row = w + n * row_bytes;
+    for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxMPerBlockPass) {
+      switch (std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0)) {
+        case 1: KRowPass<F, 1>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 2: KRowPass<F, 2>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 3: KRowPass<F, 3>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 4: KRowPass<F, 4>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 5: KRowPass<F, 5>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 6: KRowPass<F, 6>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        case 7: KRowPass<F, 7>(w_row, a, k_dim, m0, y, n_dim, n); break;
+        default: KRowPass<F, 8>(w_row, a, k_dim, m0, y, n_dim, n); break;
+      }
+    }
+  }
+}
+
+template <int F>
+ffi::Error RunK(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* y, int64_t m_dim,
+                int64_t k_dim, int64_t n_dim, int64_t row_bytes) {
+  if (k_dim % kSuper != 0 || row_bytes != k_dim / kSuper * KUnit<F>::kBytes)
+    return ffi::Error::InvalidArgument("block_matmul: rows of w do not hold K weights of this format");
+  SuperActivations a;
+  QuantizeSuper(x, m_dim, k_dim, a);
+  const SuperActivations* act = &a;
+  ParallelRows(pool, n_dim, 4, n_dim * row_bytes, [=](int64_t begin, int64_t end) {
+    KRows<F>(w, row_bytes, *act, m_dim, k_dim, y, n_dim, begin, end);
+  });
+  return ffi::Error::Success();
+}
+
+template <int F>
+int64_t RowBytes(int64_t k_dim) { return k_dim / Unit<F>::kWeights * Unit<F>::kBytes; }
+
+template <int F>
+ffi::Error Run(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* y, int64_t m_dim,
+               int64_t k_dim, int64_t n_dim, int64_t row_bytes) {
+  if (k_dim % Unit<F>::kWeights != 0 || row_bytes != RowBytes<F>(k_dim))
+    return ffi::Error::InvalidArgument("block_matmul: rows of w do not hold K weights of this format");
+  Activations a;
+  Quantize(x, m_dim, k_dim, a);
+  const Activations* act = &a;
+  ParallelRows(pool, n_dim, 4, n_dim * row_bytes, [=](int64_t begin, int64_t end) {
+    BlockRows<F>(w, row_bytes, *act, m_dim, k_dim, y, n_dim, begin, end);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace blocks
+
+ffi::Error BlockMatmulI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                         ffi::ResultBuffer<ffi::F32> y, int32_t format) {
+  const auto dx = x.dimensions(), dw = w.dimensions(), dy = y->dimensions();
+  if (dx.size() != 2 || dw.size() != 2 || dy.size() != 2 || dy[0] != dx[0] || dy[1] != dw[0])
+    return ffi::Error::InvalidArgument("block_matmul: expected x [M, K], w [N, row bytes], y [M, N]");
+  const float* xp = x.typed_data();
+  const uint8_t* wp = w.typed_data();
+  float* yp = y->typed_data();
+  switch (format) {
+    case blocks::kQ8_0: return blocks::Run<blocks::kQ8_0>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ4_1: return blocks::Run<blocks::kQ4_1>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ5_0: return blocks::Run<blocks::kQ5_0>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ4_K: return blocks::RunK<blocks::kQ4_K>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ6_K: return blocks::RunK<blocks::kQ6_K>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    default: return ffi::Error::InvalidArgument("block_matmul: unknown block format");
+  }
+}
+#endif  // VNNI
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmallMMatmulF32, Matmul<ffi::F32>,
@@ -280,3 +684,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SmallMMatmulI8, MatmulScaledI8,
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+#if defined(SPECDEC_HAS_BLOCKS)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmallMBlockMatmulI8, BlockMatmulI8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("format"));
+#endif
+
+// Whether this build has the block kernel (AVX-512 VNNI): read by the loader.
+extern "C" int SpecdecHasBlockKernel() {
+#if defined(SPECDEC_HAS_BLOCKS)
+  return 1;
+#else
+  return 0;
+#endif
+}

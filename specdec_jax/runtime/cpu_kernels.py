@@ -90,8 +90,14 @@ def register(path: pathlib.Path) -> None:
     for symbol in native_matmul.SYMBOLS.values():
         jax.ffi.register_ffi_target(native_matmul.TARGET_PREFIX + symbol,
                                     jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    blocks = bool(library.SpecdecHasBlockKernel())
+    if blocks:  # built only where the CPU has AVX-512 VNNI
+        jax.ffi.register_ffi_target(native_matmul.TARGET_PREFIX + native_matmul.BLOCK_SYMBOL,
+                                    jax.ffi.pycapsule(getattr(library,
+                                                              native_matmul.BLOCK_SYMBOL)),
+                                    platform="cpu")
     _LOADED[str(path)] = library
-    native_matmul.mark_registered()
+    native_matmul.mark_registered(blocks)
 
 
 def enable(enabled: bool = True, build_dir: pathlib.Path | None = None) -> bool:

@@ -1,0 +1,189 @@
+"""Weights kept in the block quantisation of their GGUF file.
+
+A GGUF file stores each weight matrix ``[out, in]`` as rows of blocks along
+``in``: a block is a few bytes of scales and minimums followed by small integer
+codes, and a weight is ``scale * code (- minimum)``. ``StoredMatrix`` keeps
+those bytes exactly as the file has them (``blocks``: uint8 ``[out, bytes per
+row]``), so a 1.5B model quantised to 4-5 bits takes its file's 1 GiB in
+memory instead of a 6 GB float32 copy, and a decode step reads 6x fewer bytes.
+
+The float model of the file is the dequantised matrix: ``dequantize`` computes
+it with the same float32 operations, in the same order, as the ``gguf``
+package (llama.cpp's reference), so every value equals ``gguf``'s bit for bit
+(tested per format). Products with a stored matrix go through
+``native.matmul`` (the CPU kernel reads the blocks directly) or, elsewhere,
+through XLA after ``dequantize``.
+
+The formats (llama.cpp's names; ``block`` weights in ``type_size`` bytes):
+
+=======  =====  =========  ====================================================
+format   block  type_size  weight
+=======  =====  =========  ====================================================
+q8_0     32     34         ``d * q``, q int8, d float16
+q4_1     32     20         ``d * q + m``, q 0..15, d and m float16
+q5_0     32     22         ``d * (q - 16)``, q 0..31 (a fifth bit kept apart)
+q4_k     256    144        ``(d * sc_j) * q - (dmin * m_j)``, 8 sub-blocks of 32
+                           with 6-bit sc_j and m_j, q 0..15
+q6_k     256    210        ``(d * sc_j) * (q - 32)``, 16 sub-blocks of 16 with
+                           int8 sc_j, q 0..63
+=======  =====  =========  ====================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockFormat:
+    name: str
+    block: int      # weights per block
+    type_size: int  # bytes per block
+
+
+FORMATS = {f.name: f for f in (BlockFormat("q8_0", 32, 34), BlockFormat("q4_1", 32, 20),
+                               BlockFormat("q5_0", 32, 22), BlockFormat("q4_k", 256, 144),
+                               BlockFormat("q6_k", 256, 210))}
+
+
+def block_format(name: str) -> BlockFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"block format {name!r} is not supported; supported: "
+                         f"{', '.join(FORMATS)} (other GGUF types are loaded as float32 "
+                         "with --target-weights f32).") from None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StoredMatrix:
+    """A ``[out, in]`` weight matrix as its file's blocks (uint8 ``[out, row_bytes]``).
+
+    Reads like the float matrix it stands for where the decoder needs it to:
+    ``shape`` and ``ndim`` are the float matrix's, ``reshape`` keeps it when the
+    shape does not change, ``dtype`` is float32 (the dtype of its products).
+    """
+
+    blocks: Array
+    format: str = dataclasses.field(metadata=dict(static=True))
+    in_features: int = dataclasses.field(metadata=dict(static=True))
+
+    def __post_init__(self):
+        fmt = block_format(self.format)
+        if self.in_features % fmt.block:
+            raise ValueError(f"a {self.format} matrix needs rows of a multiple of {fmt.block} "
+                             f"weights, got {self.in_features}.")
+        row_bytes = self.in_features // fmt.block * fmt.type_size
+        shape = getattr(self.blocks, "shape", None)
+        if shape is not None and (len(shape) != 2 or shape[-1] != row_bytes):
+            raise ValueError(f"{self.format} blocks of rows of {self.in_features} weights "
+                             f"must be [out, {row_bytes}] bytes, got {tuple(shape)}.")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.in_features)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def dtype(self):
+        return jnp.dtype(jnp.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.size
+
+    def reshape(self, *shape) -> StoredMatrix:
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        if tuple(shape) != self.shape:
+            raise ValueError(f"a stored {self.format} matrix {self.shape} cannot be reshaped "
+                             f"to {tuple(shape)}.")
+        return self
+
+    @classmethod
+    def of_blocks(cls, blocks: Array, fmt: str) -> StoredMatrix:
+        """The matrix whose rows are ``blocks`` (uint8 ``[out, row_bytes]``)."""
+        spec = block_format(fmt)
+        if blocks.ndim != 2 or blocks.shape[-1] % spec.type_size:
+            raise ValueError(f"{fmt} blocks must be uint8 [out, a multiple of "
+                             f"{spec.type_size} bytes], got {tuple(blocks.shape)}.")
+        return cls(blocks, fmt, blocks.shape[-1] // spec.type_size * spec.block)
+
+    def take_rows(self, ids: Array) -> Array:
+        """float32 ``[*ids.shape, in]``: the dequantised rows ``ids`` (an embedding lookup)."""
+        rows = jnp.take(self.blocks, ids.reshape(-1), axis=0)
+        return dequantize_blocks(rows, self.format, self.in_features).reshape(
+            (*ids.shape, self.in_features))
+
+
+def dequantize(matrix: StoredMatrix) -> Array:
+    """float32 ``[out, in]``: the matrix the blocks encode, bit for bit ``gguf``'s."""
+    return dequantize_blocks(matrix.blocks, matrix.format, matrix.in_features)
+
+
+def _f16(two_bytes: Array) -> Array:
+    return lax.bitcast_convert_type(two_bytes, jnp.float16).astype(jnp.float32)
+
+
+def _nibbles(packed: Array) -> Array:
+    """uint8 ``[..., n]`` -> ``[..., 2n]``: low nibbles first, then high nibbles."""
+    return jnp.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+
+
+def dequantize_blocks(rows: Array, name: str, in_features: int) -> Array:
+    """float32 ``[R, in]`` from uint8 block rows ``[R, row_bytes]``.
+
+    Each formula is the ``gguf`` package's, operation for operation (float32
+    products rounded one at a time, never fused into one rounding), which is
+    what makes the values equal to its bit for bit.
+    """
+    fmt = block_format(name)
+    b = rows.reshape(rows.shape[0], in_features // fmt.block, fmt.type_size)
+    if name == "q8_0":
+        q = lax.bitcast_convert_type(b[..., 2:], jnp.int8).astype(jnp.float32)
+        out = q * _f16(b[..., 0:2])[..., None]
+    elif name == "q4_1":
+        q = _nibbles(b[..., 4:]).astype(jnp.float32)
+        out = _f16(b[..., 0:2])[..., None] * q + _f16(b[..., 2:4])[..., None]
+    elif name == "q5_0":
+        high = lax.bitcast_convert_type(b[..., 2:6], jnp.uint32)[..., None]
+        bits = ((high >> jnp.arange(32, dtype=jnp.uint32)) & 1).astype(jnp.uint8)
+        q = (_nibbles(b[..., 6:]) | (bits << 4)).astype(jnp.int32) - 16
+        out = _f16(b[..., 0:2])[..., None] * q.astype(jnp.float32)
+    elif name == "q4_k":
+        sc, mn = q4_k_scales(b[..., 4:16])
+        d = _f16(b[..., 0:2])[..., None] * sc.astype(jnp.float32)       # [R, nb, 8]
+        dm = _f16(b[..., 2:4])[..., None] * mn.astype(jnp.float32)
+        chunks = b[..., 16:].reshape(*b.shape[:2], 4, 32)              # 32 bytes: 2 sub-blocks
+        q = jnp.stack([chunks & 0x0F, chunks >> 4], axis=-2).reshape(*b.shape[:2], 8, 32)
+        out = d[..., None] * q.astype(jnp.float32) - dm[..., None]
+    elif name == "q6_k":
+        low = b[..., :128].reshape(*b.shape[:2], 2, 1, 64) >> jnp.array([0, 4], jnp.uint8)[:, None]
+        low = (low & 0x0F).reshape(*b.shape[:2], 8, 32)
+        high = b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32) >> jnp.array(
+            [0, 2, 4, 6], jnp.uint8)[:, None]
+        high = (high & 0x03).reshape(*b.shape[:2], 8, 32)
+        q = (low | (high << 4)).astype(jnp.int32) - 32
+        scales = lax.bitcast_convert_type(b[..., 192:208], jnp.int8).astype(jnp.float32)
+        d = _f16(b[..., 208:210])[..., None] * scales                    # [R, nb, 16]
+        out = d[..., None] * q.reshape(*b.shape[:2], 16, 16).astype(jnp.float32)
+    else:  # pragma: no cover (block_format raised)
+        raise AssertionError(name)
+    return out.reshape(rows.shape[0], in_features)
+
+
+def q4_k_scales(packed: Array) -> tuple[Array, Array]:
+    """The eight 6-bit scales and minimums of a q4_k block from its 12 bytes."""
+    d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = jnp.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    minimums = jnp.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return scales, minimums

@@ -1,0 +1,254 @@
+"""Weights kept in their GGUF file's blocks (native/stored_blocks.py) and the
+block kernel that multiplies them (native/small_m_matmul.cc).
+
+Dequantisation must equal the ``gguf`` package's bit for bit (per format, on
+blocks with random codes, scales and minimums, and on every kept type of the
+registry's files under ``-m slow``). The block kernel quantises each row of
+activations to int8 and must be one function of that row: a row's products
+are the same bits alone or among 16. A decoder holding stored matrices is the
+float model of its file through XLA, and speculative decoding with a stored
+target is exact: greedy equals autoregressive here, and the chi-square suite
+(``-m long``) checks token, block and tree verification at T = 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.models.layers import OUT_IN
+from specdec_jax.native import matmul as native_matmul
+from specdec_jax.native import stored_blocks
+from specdec_jax.runtime import cpu_kernels
+from tests import exactness
+
+gguf = pytest.importorskip("gguf")
+
+FORMATS = tuple(stored_blocks.FORMATS)
+# Offsets of each format's float16 fields inside a block (scales, minimums).
+F16_FIELDS = {"q8_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
+
+
+def random_blocks(fmt: str, rows: int, k: int, rng, *, scale: float = 0.05) -> np.ndarray:
+    """uint8 [rows, row bytes]: random codes and sub-scales, float16 fields
+    drawn around ``scale`` with random signs (a few exact zeros included)."""
+    spec = stored_blocks.FORMATS[fmt]
+    blocks = rng.integers(0, 256, (rows, k // spec.block, spec.type_size), dtype=np.uint8)
+    for offset in F16_FIELDS[fmt]:
+        values = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
+        values.flat[::17] = 0
+        blocks[..., offset:offset + 2] = values.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
+
+
+def gguf_dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
+    return gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt.upper()))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantisation_equals_gguf_bit_for_bit(fmt):
+    blocks = random_blocks(fmt, 48, 512, np.random.default_rng(zlib.crc32(fmt.encode())))
+    want = gguf_dequantize(blocks, fmt)
+    matrix = stored_blocks.StoredMatrix(jnp.asarray(blocks), fmt, 512)
+    got = np.asarray(jax.jit(stored_blocks.dequantize)(matrix))
+    assert got.shape == want.shape == (48, 512)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    rows = np.asarray(matrix.take_rows(jnp.asarray([[3, 0], [47, 3]])))
+    np.testing.assert_array_equal(rows.view(np.uint32), want[[[3, 0], [47, 3]]].view(np.uint32))
+
+
+def test_stored_matrix_refuses_what_it_cannot_read():
+    with pytest.raises(ValueError, match="q4_0.*not supported"):
+        stored_blocks.block_format("q4_0")
+    with pytest.raises(ValueError, match="multiple of 256"):
+        stored_blocks.StoredMatrix(jnp.zeros((2, 144), jnp.uint8), "q4_k", 200)
+    with pytest.raises(ValueError, match=r"\[out, 144\]"):
+        stored_blocks.StoredMatrix(jnp.zeros((2, 150), jnp.uint8), "q4_k", 256)
+    matrix = stored_blocks.StoredMatrix(jnp.zeros((3, 34), jnp.uint8), "q8_0", 32)
+    assert matrix.shape == (3, 32) and matrix.reshape(3, 32) is matrix
+    with pytest.raises(ValueError, match="cannot be reshaped"):
+        matrix.reshape(32, 3)
+
+
+@pytest.fixture(scope="module")
+def block_kernel():
+    was_enabled = native_matmul._STATE.enabled
+    if not cpu_kernels.enable() or not native_matmul.blocks_active():
+        pytest.skip("the block kernel needs a C++ compiler and a CPU with AVX-512 VNNI")
+    yield
+    native_matmul.set_enabled(was_enabled)
+
+
+def _product(fmt: str, k: int):
+    return jax.jit(lambda x, blocks: native_matmul.block_product(
+        x, stored_blocks.StoredMatrix(blocks, fmt, k)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_block_kernel_is_one_function_of_each_row(block_kernel, fmt):
+    """Rows multiplied 1, 9 and 17 at a time give the same bits, and the
+    products are within int8 activations' rounding of the float model's."""
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()) + 1)
+    k, n = 768, 40
+    blocks = random_blocks(fmt, n, k, rng)
+    x = jnp.asarray(rng.standard_normal((17, k)), jnp.float32)
+    product = _product(fmt, k)
+    assert "SmallMBlockMatmulI8" in product.lower(x, blocks).as_text()
+    together = np.asarray(product(x, blocks))
+    nine = np.asarray(product(x[4:13], blocks))
+    alone = np.stack([np.asarray(product(x[i:i + 1], blocks))[0] for i in range(17)])
+    np.testing.assert_array_equal(together.view(np.uint32), alone.view(np.uint32))
+    np.testing.assert_array_equal(nine.view(np.uint32), alone[4:13].view(np.uint32))
+    exact = np.asarray(x, np.float64) @ gguf_dequantize(blocks, fmt).astype(np.float64).T
+    # int8 activations (per 64 or 256 values) round each product by ~1/254 of
+    # the largest activation of its chunk: measured 0.4-0.9% of the largest output.
+    assert np.abs(together - exact).max() < 0.02 * np.abs(exact).max()
+
+
+def test_without_the_kernel_a_stored_product_is_the_float_model():
+    rng = np.random.default_rng(5)
+    blocks = random_blocks("q4_k", 8, 256, rng)
+    x = jnp.asarray(rng.standard_normal((3, 256)), jnp.float32)
+    was = native_matmul._STATE.enabled
+    native_matmul.set_enabled(False)
+    try:
+        product = _product("q4_k", 256)
+        assert "SmallMBlockMatmulI8" not in product.lower(x, blocks).as_text()
+        got = np.asarray(product(x, blocks))
+    finally:
+        native_matmul.set_enabled(was)
+    exact = np.asarray(x, np.float64) @ gguf_dequantize(blocks, "q4_k").astype(np.float64).T
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-4)
+
+
+# A decoder whose matrices are stored, every format used once: V = 4 so the
+# chi-square suite can enumerate its law (tests/exactness.py).
+CONFIG = DecoderConfig(vocab_size=exactness.V, hidden_size=256, intermediate_size=256,
+                       num_layers=1, num_heads=2, num_kv_heads=1, qkv_bias=True,
+                       kernel_layout=OUT_IN)
+LAYOUT = {("attention", "query"): "q4_k", ("attention", "key"): "q8_0",
+          ("attention", "value"): "q5_0", ("attention", "out"): "q4_1",
+          ("mlp", "wi_0"): "q6_k", ("mlp", "wi_1"): "q4_k", ("mlp", "wo"): "q5_0"}
+
+
+# Scales that keep each stored embedding and head's values of order 0.1.
+HEAD_SCALE = {"q8_0": 0.002, "q6_k": 1e-4}
+
+
+def stored_decoder(seed: int = 0) -> tuple[DecoderOnlyLM, dict, dict]:
+    """(model, stored params, the same model's float params): random blocks
+    with scales small enough that the logits are of order one."""
+    rng = np.random.default_rng(seed)
+    model = DecoderOnlyLM(CONFIG)
+    floats = jax.tree.map(np.asarray, model.init_params(jax.random.key(seed)))
+    stored = jax.tree.map(lambda x: x, floats)
+    for (module, proj), fmt in LAYOUT.items():
+        entry = stored["layers_0"][module][proj]
+        rows, k = entry.pop("kernel").shape
+        entry[f"kernel_{fmt}"] = random_blocks(fmt, rows, k, rng, scale=0.002)
+        floats["layers_0"][module][proj]["kernel"] = gguf_dequantize(entry[f"kernel_{fmt}"], fmt)
+    for name, key, fmt in (("embedder", "embedding", "q8_0"), ("logits_dense", "kernel", "q6_k")):
+        rows, k = stored[name].pop(key).shape
+        stored[name][f"{key}_{fmt}"] = random_blocks(fmt, rows, k, rng, scale=HEAD_SCALE[fmt])
+        floats[name][key] = gguf_dequantize(stored[name][f"{key}_{fmt}"], fmt)
+    return model, jax.tree.map(jnp.asarray, stored), jax.tree.map(jnp.asarray, floats)
+
+
+def _logits(model, params, tokens):
+    return np.asarray(jax.jit(model.extend)(params, jnp.asarray(tokens),
+                                            model.init_cache(1, 16)).logits)
+
+
+def test_a_stored_decoder_is_its_files_float_model_through_xla():
+    model, stored, floats = stored_decoder()
+    tokens = [[1, 2, 3, 0, 2]]
+    was = native_matmul._STATE.enabled
+    native_matmul.set_enabled(False)
+    try:
+        got, want = _logits(model, stored, tokens), _logits(model, floats, tokens)
+    finally:
+        native_matmul.set_enabled(was)
+    assert np.abs(want).max() > 0.3  # not a degenerate model
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stored_decoder_with_the_kernel_stays_near_its_float_model(block_kernel):
+    model, stored, floats = stored_decoder()
+    tokens = [[1, 2, 3, 0, 2]]
+    got, want = _logits(model, stored, tokens), _logits(model, floats, tokens)
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("tree", [None, "2,2"])
+def test_greedy_speculative_equals_autoregressive_with_a_stored_target(block_kernel, tree):
+    model, stored, _ = stored_decoder(seed=3)
+    prompts = [[1, 2], [3, 0, 1], [2]]
+    kwargs = dict(target=model, target_params=stored, prompts=prompts, max_new_tokens=12,
+                  temperature=0.0)
+    alone = sj.generate(method="autoregressive", **kwargs)
+    ours = sj.generate(drafter=exactness.DRAFTER, drafter_params=exactness.DRAFTER_PARAMS,
+                       gamma=None if tree else 3, tree=tree, **kwargs)
+    np.testing.assert_array_equal(np.asarray(ours.tokens), np.asarray(alone.tokens))
+    assert int(np.asarray(ours.stats.target_calls).sum()) < int(
+        np.asarray(alone.stats.target_calls).sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Law:
+    """The stored target's next-token law, computed by the same function."""
+
+    model: DecoderOnlyLM
+    params: dict
+
+    def __call__(self, context):
+        logits = _logits(self.model, self.params, [list(exactness.PROMPT + context)])[0, -1]
+        return np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32)), np.float64)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("verifier, tree", [("token", None), ("block", None),
+                                            ("traversal", "2,2"), ("rrs", "2,1")])
+def test_a_stored_target_is_decoded_exactly(block_kernel, verifier, tree):
+    """20 000 rows of 3 tokens at T = 1 against the stored target's law
+    (64 cells, chi-square p >= 1e-3); the drafter alone fails (p = 0 measured)."""
+    model, stored, _ = stored_decoder(seed=3)
+    expected = exactness.exact_sequence_probs(_Law(model, stored))
+    out = sj.generate(target=model, target_params=stored, drafter=exactness.DRAFTER,
+                      drafter_params=exactness.DRAFTER_PARAMS,
+                      prompts=[list(exactness.PROMPT)] * 20_000, temperature=1.0,
+                      max_new_tokens=exactness.LENGTH, seed=zlib.crc32(verifier.encode()),
+                      verifier=verifier, tree=tree, gamma=None if tree else 3)
+    assert exactness.chi_square_pvalue(np.asarray(out.tokens), expected) > exactness.P_MIN
+    drafter_law = exactness.exact_sequence_probs(
+        lambda c: exactness.DRAFTER.next_probs(exactness.DRAFTER_PARAMS, c))
+    assert exactness.chi_square_pvalue(np.asarray(out.tokens), drafter_law) < 1e-9
+
+
+@pytest.mark.slow
+def test_every_kept_type_of_the_registry_files_equals_gguf():
+    from specdec_jax.checkpoints import gguf as gguf_io
+    from specdec_jax.checkpoints import registry
+
+    seen = set()
+    for name in registry.MODELS:
+        path = registry.local_path(name)
+        if path.suffix != ".gguf":
+            continue
+        for tensor in gguf_io._reader(path).tensors:
+            fmt = gguf_io.stored_format(tensor)
+            if fmt is None or (name, fmt) in seen:
+                continue
+            seen.add((name, fmt))
+            blocks = np.asarray(tensor.data, np.uint8)[:64].reshape(min(64, len(tensor.data)), -1)
+            got = np.asarray(stored_blocks.dequantize(stored_blocks.StoredMatrix.of_blocks(
+                jnp.asarray(blocks), fmt)))
+            np.testing.assert_array_equal(got.view(np.uint32),
+                                          gguf_dequantize(blocks, fmt).view(np.uint32))
+    assert {fmt for _, fmt in seen} >= {"q4_k", "q6_k", "q5_0", "q8_0", "q4_1"}
