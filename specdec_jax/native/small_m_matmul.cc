@@ -497,26 +497,36 @@ template <> struct KUnit<kQ4_K> {
   static constexpr int kBytes = 144;
   const uint8_t* qs;
   float d, dmin;
-  int16_t sc[8];
-  __m256i mins;  // 16 x int16
+  __m512i sc16;  // the 8 scales as int16 (the rest unused)
+  __m256i mins;  // 16 x int16: each group of 32's minimum, twice (groups of 16)
   void Load(const uint8_t* p) {
     d = F16(p);
     dmin = F16(p + 2);
-    const uint8_t* k = p + 4;
-    alignas(32) int16_t mn[16];
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = int16_t(j < 4 ? k[j] & 63 : (k[j + 4] & 0x0F) | ((k[j - 4] >> 6) << 4));
-      mn[2 * j] = mn[2 * j + 1] = int16_t(j < 4 ? k[j + 4] & 63 : (k[j + 4] >> 4) | ((k[j] >> 6) << 4));
-    }
-    mins = _mm256_load_si256(reinterpret_cast<const __m256i*>(mn));
+    // 12 bytes k[0..11] hold 8 six-bit scales and 8 six-bit minimums: scale j < 4
+    // is k[j] & 63 and j >= 4 is (k[j + 4] & 15) | (k[j - 4] >> 6) << 4; minimum
+    // j < 4 is k[j + 4] & 63 and j >= 4 is (k[j + 4] >> 4) | (k[j] >> 6) << 4.
+    // Four bytes at a time, as 32-bit words:
+    uint32_t w[3];
+    std::memcpy(w, p + 4, 12);
+    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
+    const uint32_t scales[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & low2) << 4)};
+    const uint32_t minimums[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4)};
+    sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(scales))));
+    const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(minimums)));
+    mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
     qs = p + 16;
   }
   KChunk Get(int c) const {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
     const __m256i f = _mm256_set1_epi8(0x0F);
+    // int16 element e of the chunk belongs to group 2c + e / 16.
+    const __m512i pick = _mm512_add_epi16(_mm512_set1_epi16(int16_t(2 * c)),
+        _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+                                           17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                           1, 0), 4));
     return {Join(_mm256_and_si256(v, f), _mm256_and_si256(_mm256_srli_epi16(v, 4), f)),
-            _mm512_mask_blend_epi16(__mmask32(0xFFFF0000u), _mm512_set1_epi16(sc[2 * c]),
-                                    _mm512_set1_epi16(sc[2 * c + 1]))};
+            _mm512_permutexvar_epi16(pick, sc16)};
   }
 };
 
