@@ -35,15 +35,15 @@ DECODER_RULES: tuple[tuple[str, PartitionSpec], ...] = (
 )
 # The same rules for decoder kernels stored [out, in] (the decode layout,
 # ``models.decoder.with_kernel_layout``): each kernel's spec transposed with it,
-# and the fused projections ([H_kv, G + 2, D_head, D] q/k/v, [I, 2, D] gate/up)
-# sharded along their leading axis: whole kv groups with their query heads, and
-# gate/up column pairs, so a shard never holds part of a head (where the model
-# axis does not divide H_kv the kernel is replicated, ``_spec_fits``, and so is the
-# layer's attention output kernel, ``param_specs``).
+# and the fused projections ([H_kv, G + 2, D_head, D] q/k/v, [2, I, D] gate/up)
+# sharded along their unit axis: whole kv groups with their query heads, and the
+# gate and up rows of the same units, so a shard never holds part of a head (where
+# the model axis does not divide H_kv the kernel is replicated, ``_spec_fits``, and
+# so is the layer's attention output kernel, ``param_specs``).
 DECODER_RULES_OUT_IN: tuple[tuple[str, PartitionSpec], ...] = (
     (r"attention/qkv/kernel$", PartitionSpec(MODEL, None, None, None)),
     (r"attention/qkv/bias$", PartitionSpec(MODEL, None, None)),
-    (r"mlp/wi/kernel$", PartitionSpec(MODEL, None, None)),
+    (r"mlp/wi/kernel$", PartitionSpec(None, MODEL, None)),
 ) + tuple(
     (pattern, PartitionSpec(*reversed(spec)) if pattern.endswith("kernel$") else spec)
     for pattern, spec in DECODER_RULES)

@@ -1,5 +1,5 @@
 """Fused projections in the decode layout (``models.decoder.with_kernel_layout``):
-q/k/v in one ``[H_kv, G + 2, D_head, D]`` kernel and gate/up in one ``[I, 2, D]``.
+q/k/v in one ``[H_kv, G + 2, D_head, D]`` kernel and gate/up in one ``[2, I, D]``.
 Same logits as the separate kernels, an exact round trip, the same weight
 fingerprint, three dot products per layer fewer in the compiled step, and
 shards that hold whole kv groups (never part of a head)."""
@@ -110,7 +110,7 @@ SHARD_SCRIPT = textwrap.dedent("""
         # a whole kv group (its query heads, key and value) or the whole kernel, never less
         assert shard == ((1,) + qkv.shape[1:] if sharded else qkv.shape), (kv_heads, shard)
         wi = placed["layers_0"]["mlp"]["wi"]["kernel"]
-        assert wi.addressable_shards[0].data.shape == (48 // 4, 2, 32)
+        assert wi.addressable_shards[0].data.shape == (2, 48 // 4, 32)  # gate and up of 12 units
     print("WHOLE GROUPS")
 """)
 

@@ -33,7 +33,7 @@ ENTRY %main (w: bf16[1024,1024], x: f32[4]) -> f32[4] {
   %cs = (bf16[1024,1024]{1,0:S(1)}, bf16[1024,1024]{1,0}, u32[]{:S(2)}) copy-start(%w)
   %cd = bf16[1024,1024]{1,0:T(8,128)(2,1)S(1)} copy-done(%cs)
   %ss = ((bf16[1024,1024]{1,0}), bf16[256,1024]{1,0:S(1)}, s32[]) slice-start(%w),
-    slice={[0:256], [0:1024]}
+    slice={[0:8], [0:1024]}
   %sd = bf16[256,1024]{1,0:T(8,128)(2,1)S(1)} slice-done(%ss)
   %x = f32[4]{0} parameter(1)
   %cb = f32[4]{0} custom-call(%x), custom_call_target="xla_ffi_python_cpu_callback"
@@ -92,3 +92,123 @@ def test_largest_intermediates_name_what_a_program_materialises():
     assert any(r["where"] == "/while" and r["op"] == "exp" for r in rows)
     assert all(r["gib"] >= rows[-1]["gib"] for r in rows)
     assert not any(r["shape"] == [1024] for r in rows)  # under min_bytes
+
+
+def test_called_computations_end_at_the_next_attribute():
+    """A while's condition and body (real names, not the word ``body``) and a
+    braced list of branches; the loop's computations are found from them."""
+    ins = hlo_stats.Instruction("w", "while", "(s32[])",
+                                "while(%t), condition=%region_4.2.clone, "
+                                "body=%region_3.1.sunk, metadata={op_name=\"x\"}")
+    assert hlo_stats.called_computations(ins) == [("condition", "region_4.2.clone"),
+                                                  ("body", "region_3.1.sunk")]
+    branches = hlo_stats.Instruction("c", "conditional", "f32[]",
+                                     "conditional(%p, %a, %b), branch_computations={%b0, %b1}")
+    assert hlo_stats.called_computations(branches) == [("branch_computations", "b0"),
+                                                       ("branch_computations", "b1")]
+
+
+# A decoding loop over a weight w (bf16[512,1024], 1 MiB) that writes, per iteration of
+# the inner loop: a float32 copy of w (2 MiB: weight-sized), a fusion that widens w
+# only inside itself (its output, [1, 512] logits, is all it writes), an in-place update
+# of a cache, and a prefetch of w into on-chip memory (S(1)). The outer loop's body
+# calls the inner loop.
+LOOPS = """HloModule jit_generate, is_scheduled=true
+
+FileNames
+1 "/src/specdec_jax/models/decoder.py"
+
+FunctionNames
+1 "_DecoderNet.__call__"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=321 end_line=321 column=4 end_column=9}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+
+%widen_inside (p0: bf16[512,1024], p1: f32[1,1024]) -> f32[1,512] {
+  %p0 = bf16[512,1024]{1,0} parameter(0)
+  %w32 = f32[512,1024]{1,0} convert(%p0)
+  %p1 = f32[1,1024]{1,0} parameter(1)
+  ROOT %d = f32[1,512]{1,0} dot(%p1, %w32), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+
+%widen (p0: bf16[512,1024]) -> f32[512,1024] {
+  %p0 = bf16[512,1024]{1,0} parameter(0)
+  ROOT %c = f32[512,1024]{1,0} convert(%p0)
+}
+
+%update (p0: f32[4096,8], p1: f32[1,8], p2: s32[]) -> f32[4096,8] {
+  %p0 = f32[4096,8]{1,0} parameter(0)
+  %p1 = f32[1,8]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %dus = f32[4096,8]{1,0} dynamic-update-slice(%p0, %p1, %p2, %z)
+}
+
+%ic (c: (s32[], bf16[512,1024], f32[4096,8])) -> pred[] {
+  %c = (s32[], bf16[512,1024]{1,0}, f32[4096,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%ib.7 (b: (s32[], bf16[512,1024], f32[4096,8])) -> (s32[], bf16[512,1024], f32[4096,8]) {
+  %b = (s32[], bf16[512,1024]{1,0}, f32[4096,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%b), index=0
+  %w = bf16[512,1024]{1,0} get-tuple-element(%b), index=1
+  %cache = f32[4096,8]{1,0} get-tuple-element(%b), index=2
+  %copy32 = f32[512,1024] fusion(%w), calls=%widen, metadata={op_name="c" stack_frame_id=1}
+  %x = f32[1,1024]{1,0} slice(%copy32), slice={[0:1], [0:1024]}
+  %logits = f32[1,512]{1,0} fusion(%w, %x), kind=kOutput, calls=%widen_inside
+  %row = f32[1,8]{1,0} slice(%logits), slice={[0:1], [0:8]}
+  %cache2 = f32[4096,8]{1,0} fusion(%cache, %row, %i), kind=kLoop, calls=%update
+  %cs = (bf16[512,1024]{1,0:S(1)}, bf16[512,1024]{1,0}, u32[]{:S(2)}) copy-start(%w)
+  %cd = bf16[512,1024]{1,0:S(1)} copy-done(%cs)
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[512,1024]{1,0}, f32[4096,8]{1,0}) tuple(%j, %w, %cache2)
+}
+
+%oc (c: (s32[], bf16[512,1024], f32[4096,8])) -> pred[] {
+  %c = (s32[], bf16[512,1024]{1,0}, f32[4096,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%ob (b: (s32[], bf16[512,1024], f32[4096,8])) -> (s32[], bf16[512,1024], f32[4096,8]) {
+  %b = (s32[], bf16[512,1024]{1,0}, f32[4096,8]{1,0}) parameter(0)
+  %w = bf16[512,1024]{1,0} get-tuple-element(%b), index=1
+  %scaled = f32[512,1024] multiply(%w, %w), metadata={source_file="/src/l.py" source_line=136}
+  ROOT %inner = (s32[], bf16[512,1024], f32[4096,8]) while(%b), condition=%ic, body=%ib.7
+}
+
+ENTRY %main (w: bf16[512,1024], cache: f32[4096,8]) -> f32[4096,8] {
+  %w = bf16[512,1024]{1,0} parameter(0)
+  %once = f32[512,1024]{1,0} fusion(%w), kind=kLoop, calls=%widen
+  %cache = f32[4096,8]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %t = (s32[], bf16[512,1024]{1,0}, f32[4096,8]{1,0}) tuple(%zero, %w, %cache)
+  %loop = (s32[], bf16[512,1024], f32[4096,8]) while(%t), condition=%oc, body=%ob
+  ROOT %r = f32[4096,8]{1,0} get-tuple-element(%loop), index=2
+}
+"""
+WEIGHT_BYTES = 512 * 1024 * 2
+
+
+def test_loop_values_are_what_each_iteration_writes_to_hbm():
+    values = hlo_stats.loop_values(LOOPS, 0.05 * WEIGHT_BYTES)
+    assert [(v["name"], v["loop"], v["loop_depth"]) for v in values] == [
+        ("copy32", "inner", 2), ("scaled", "loop", 1)]  # not once (entry), logits, cache, S(1)
+    copy32, scaled = values
+    assert copy32["bytes"] == 2 * WEIGHT_BYTES and copy32["type"] == "f32[512,1024]"
+    assert copy32["opcode"] == "fusion"
+    # the source from the stack-frame tables, or from older metadata
+    assert copy32["source"] == "/src/specdec_jax/models/decoder.py:321 (_DecoderNet.__call__)"
+    assert scaled["source"] == "/src/l.py:136"
+    assert copy32["op_name"] == "c"
+    # the cache's in-place update (128 KiB) is no new buffer; a lower bar admits the logits
+    assert [v["name"] for v in hlo_stats.loop_values(LOOPS, 1024)] == [
+        "copy32", "scaled", "x", "logits"]

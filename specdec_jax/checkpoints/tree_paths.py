@@ -101,7 +101,7 @@ class _Part:
 
 def _separate_projections(params: Any) -> Any:
     """``params`` with each fused ``qkv`` / ``wi`` entry (``decoder.
-    with_kernel_layout``: [H_kv, G + 2, D_head, D] and [I, 2, D]) replaced by the
+    with_kernel_layout``: [H_kv, G + 2, D_head, D] and [2, I, D]) replaced by the
     separate q/k/v and gate/up entries it holds, as ``_Part`` views."""
     if not isinstance(params, Mapping) or not any(
             isinstance(layer, Mapping) and "qkv" in layer.get("attention", {})
@@ -122,7 +122,7 @@ def _separate_projections(params: Any) -> Any:
                 attention[part][field] = _Part(view, (int(np.prod(view.shape[:3])),
                                                       *view.shape[3:]))
         wi = np.asarray(mlp.pop("wi")["kernel"])
-        mlp["wi_0"], mlp["wi_1"] = ({"kernel": _Part(wi[:, i], wi[:, i].shape)} for i in (0, 1))
+        mlp["wi_0"], mlp["wi_1"] = ({"kernel": _Part(wi[i], wi[i].shape)} for i in (0, 1))
         out[name] = {**layer, "attention": attention, "mlp": mlp}
     return out
 

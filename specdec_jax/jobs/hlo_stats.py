@@ -45,9 +45,24 @@ ASYNC_COPY_OPCODES = ("copy-start", "copy-done", "slice-start", "slice-done")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _ARRAY_TYPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+# One called computation (``body=%b``) or a braced list (``branch_computations={%a, %b}``):
+# an unbraced name ends at the comma before the next attribute.
 _CALLED = re.compile(r"\b(calls|to_apply|body|condition|branch_computations|"
-                     r"true_computation|false_computation)=\{?([%\w.\-,\s]+)\}?")
+                     r"true_computation|false_computation)=(\{[^}]*\}|%?[\w.\-]+)")
 _MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+# Where an instruction came from: older HLO text writes it in the metadata,
+# newer text a stack frame id into the module's tables (``FileNames`` ...).
+_SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
+_FRAME_ID = re.compile(r"\bstack_frame_id=(\d+)")
+_OP_NAME = re.compile(r'\bop_name="([^"]*)"')
+_TABLE_ROW = re.compile(r'^(\d+)\s+(?:"(.*)"|\{(.*)\})\s*$')
+# Results that write no new buffer: views, tuples, a loop's or call's result
+# (written by its body), constants (in the program's own memory).
+NOT_WRITTEN = ("parameter", "get-tuple-element", "tuple", "bitcast", "while", "call",
+               "conditional", "constant", "after-all", "opt-barrier", "copy-done",
+               "slice-done", "add-dependency")
+# In-place updates: the result is the operand's buffer with a slice written.
+IN_PLACE = ("dynamic-update-slice", "scatter")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +125,7 @@ def called_computations(instruction: Instruction) -> list[tuple[str, str]]:
     """``(attribute, computation)`` pairs an instruction calls (``calls=``, ``body=``, ...)."""
     pairs = []
     for attribute, names in _CALLED.findall(instruction.rest):
-        for name in names.split(","):
+        for name in names.strip("{}").split(","):
             name = name.strip().lstrip("%")
             if name:
                 pairs.append((attribute, name))
@@ -241,3 +256,119 @@ def summarize(text: str) -> dict:
     return {**counts, "host_ops": host_ops, "host_ops_in_loops": host_in_loops,
             "collectives": collectives, "async_copies": copies,
             "copy_start_bytes": copy_bytes, "copy_start_to_space": to_space}
+
+
+def source_locations(text: str) -> dict[int, str]:
+    """``{stack_frame_id: "file:line (function)"}`` from the module's stack-frame
+    tables (newer HLO text); empty when the text has none."""
+    tables: dict[str, dict[int, str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            current = tables.setdefault(line, {})
+            continue
+        row = _TABLE_ROW.match(line) if current is not None else None
+        if row is None:
+            current = None
+            continue
+        current[int(row.group(1))] = row.group(2) if row.group(2) is not None else row.group(3)
+
+    def fields(entry: str) -> dict[str, str]:
+        return dict(part.split("=", 1) for part in entry.split() if "=" in part)
+
+    out = {}
+    for frame, entry in tables.get("StackFrames", {}).items():
+        location = fields(tables.get("FileLocations", {}).get(
+            int(fields(entry).get("file_location_id", 0)), ""))
+        file = tables.get("FileNames", {}).get(int(location.get("file_name_id", 0)))
+        function = tables.get("FunctionNames", {}).get(
+            int(location.get("function_name_id", 0)))
+        if file:
+            out[frame] = f"{file}:{location.get('line', '?')}" + (
+                f" ({function})" if function else "")
+    return out
+
+
+def source_of(instruction: Instruction, frames: dict[int, str]) -> str | None:
+    """``file:line`` an instruction's metadata names (or its stack frame's)."""
+    found = _SOURCE.search(instruction.rest)
+    if found:
+        return f"{found.group(1)}:{found.group(2)}"
+    frame = _FRAME_ID.search(instruction.rest)
+    return frames.get(int(frame.group(1))) if frame else None
+
+
+def _writes_in_place(module: Module, instruction: Instruction) -> bool:
+    """A dynamic-update-slice or scatter, or a fusion whose root is one (or a
+    tuple of them): it writes a slice into its operand's buffer."""
+    if instruction.opcode in IN_PLACE:
+        return True
+    if instruction.opcode != "fusion":
+        return False
+    for attribute, name in called_computations(instruction):
+        body = module.computations.get(name, []) if attribute == "calls" else []
+        root = body[-1] if body else None  # the text lists a computation's ROOT last
+        if root is None:
+            return False
+        if root.opcode in IN_PLACE:
+            return True
+        if root.opcode == "tuple":
+            by_name = {ins.name: ins for ins in body}
+            parts = re.findall(r"%([\w.\-]+)", root.rest.split(")", 1)[0])
+            return bool(parts) and all(
+                by_name[p].opcode in IN_PLACE for p in parts if p in by_name)
+    return False
+
+
+def loop_values(text: str, min_bytes: float) -> list[dict]:
+    """Arrays of at least ``min_bytes`` that a ``while`` loop writes on every
+    iteration: results of the instructions of loop bodies and conditions and the
+    (unfused) computations they call, fusion kernels included by their outputs
+    only (a value inside a fusion stays in registers or on-chip memory; it is
+    never written to HBM). Views, tuples, loop and call results, constants and
+    in-place slice updates (``NOT_WRITTEN``, ``IN_PLACE``) write no new buffer;
+    arrays in on-chip memory (``S(1)``: a TPU prefetching a weight's tiles for
+    the kernel that reads it) take no HBM and are left out.
+
+    Each: ``{"bytes", "type", "opcode", "name", "op_name", "source", "loop",
+    "loop_depth"}``: ``loop`` is the innermost ``while`` that runs it (written
+    once per iteration of it) and ``loop_depth`` how many loops enclose it.
+    Largest first (then by name). Weight-sized values here are weights copied, converted or
+    re-laid out every iteration (issue 55).
+    """
+    module = parse(text)
+    fused = fused_computations(module)
+    frames = source_locations(text)
+    # Computation -> (innermost while, depth): walk from the entry down.
+    where: dict[str, tuple[str | None, int]] = {}
+    stack = [(module.entry, None, 0)] if module.entry else []
+    while stack:
+        name, loop, depth = stack.pop()
+        if name in where or name not in module.computations or name in fused:
+            continue
+        where[name] = (loop, depth)
+        for ins in module.computations[name]:
+            for attribute, called in called_computations(ins):
+                if ins.opcode == "while" and attribute in ("body", "condition"):
+                    stack.append((called, ins.name, depth + 1))
+                elif attribute != "calls" or ins.opcode != "fusion":
+                    stack.append((called, loop, depth))
+    out = []
+    for name, (loop, depth) in where.items():
+        if loop is None:
+            continue
+        for ins in module.computations[name]:
+            if ins.opcode in NOT_WRITTEN or _writes_in_place(module, ins):
+                continue
+            written = ins.type_text
+            if ins.opcode in ("copy-start", "slice-start"):
+                written = async_destination(ins)
+            size = type_bytes(written)
+            if size < min_bytes or memory_spaces(written) != {0}:
+                continue  # small, or in on-chip memory (a TPU's weight prefetch, S(1))
+            op_name = _OP_NAME.search(ins.rest)
+            out.append({"bytes": size, "type": re.sub(r"\{[^{}]*\}", "", written),
+                        "opcode": ins.opcode, "name": ins.name,
+                        "op_name": op_name.group(1) if op_name else None,
+                        "source": source_of(ins, frames), "loop": loop, "loop_depth": depth})
+    return sorted(out, key=lambda v: (-v["bytes"], v["name"]))

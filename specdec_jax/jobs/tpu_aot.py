@@ -35,6 +35,9 @@ from specdec_jax.jobs import hlo_stats
 
 GIB = 1024 ** 3
 ESTIMATE = "TPU compiler estimate"  # the label of every time figure from the compiler
+# A value a decoding loop writes every iteration is "weight-sized" from this share
+# of the program's weights (issue 55: a loop that copies a head re-reads it per round).
+LOOP_VALUE_FRACTION = 0.05
 INSTALL_HINT = 'pip install -e ".[tpu]"  (libtpu, the TPU compiler; runs on CPU-only machines)'
 
 
@@ -273,7 +276,10 @@ def program_record(compiled, chip: Chip, *, data: int = 1, model: int = 1, weigh
     what outputs alias (donated) arguments; ``floor_s``: the roofline floor of
     one call on one chip: its share of the weights (split over ``model``
     chips) and of the KV cache (over ``data * model``) read once at the chip's
-    HBM bandwidth. Every ``*_s`` figure is an estimate (``ESTIMATE``).
+    HBM bandwidth; ``loop_values``: arrays of at least ``LOOP_VALUE_FRACTION``
+    of the weights written to HBM inside a ``while`` loop, once per iteration
+    (``hlo_stats.loop_values``: shape, opcode, source line); ``memory.temp``
+    holds the HBM temporaries. Every ``*_s`` figure is an estimate (``ESTIMATE``).
     """
     memory = compiled.memory_analysis()
     sizes = {name: int(getattr(memory, f"{name}_size_in_bytes", 0) or 0) for name in (
@@ -294,4 +300,6 @@ def program_record(compiled, chip: Chip, *, data: int = 1, model: int = 1, weigh
         "floor_s": read / chip.hbm_bytes_per_s,
         "bytes_accessed_over_floor_bytes": accessed / read if accessed and read else None,
         "hlo": hlo_stats.summarize(text), "collective_bytes": collective_bytes(text),
+        "loop_values": hlo_stats.loop_values(
+            text, LOOP_VALUE_FRACTION * weight_bytes) if weight_bytes else [],
     }

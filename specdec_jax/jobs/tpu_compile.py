@@ -292,6 +292,16 @@ def _collectives(record: dict) -> str:
     return text
 
 
+def _loop_values(record: dict) -> str:
+    """``none``, or each weight-sized value a loop writes: MB, type, opcode, source."""
+    values = record.get("loop_values")
+    if values is None:
+        return "-"  # a record from before the field
+    return "; ".join(f"{v['bytes'] / 1e6:.0f} MB {v['type']} {v['opcode']} at "
+                     f"{(v['source'] or v['op_name'] or v['name']).rsplit('/', 1)[-1]}"
+                     for v in values[:4]) + (" ..." if len(values) > 4 else "") or "none"
+
+
 def markdown(report: dict) -> str:
     """The report as Markdown: settings, then one table row per program."""
     s, env = report["settings"], report.get("environment", {})
@@ -316,20 +326,23 @@ def markdown(report: dict) -> str:
             errors.append(f"- `{name}`: {r['error'][:500]}")
             errors += [f"  - {x['gib']:.2f} GiB {x['dtype']}{x['shape']} ({x['op']} in "
                        f"{x['where']}, x{x['count']})" for x in r.get("largest_intermediates", [])]
-            rows.append([f"`{name}`", "error"] + ["-"] * 11)
+            rows.append([f"`{name}`", "error"] + ["-"] * 13)
             continue
         hlo = r["hlo"]
         ratio = r["bytes_accessed_over_floor_bytes"]
         rows.append([
             f"`{name}`", "compiled",
             f"{r['hbm_bytes'] / GIB:.2f} ({100 * r['hbm_fraction']:.1f}%)",
+            f"{r['memory']['temp'] / GIB:.3f}", _loop_values(r),
             f"{r['flops'] / 1e9:.2f}" if r["flops"] is not None else "-",
             _gb(r["bytes_accessed"]), "-" if ratio is None else f"{ratio:.2f}",
             _estimate(r["optimal_s"]), _ms(r["floor_s"]), str(hlo["fusions"]),
             str(hlo["while_loops"]), str(len(hlo["host_ops_in_loops"])), _collectives(r),
             f"{hlo['async_copies']['copy-start']}/{hlo['async_copies']['slice-start']}"])
     lines += tables.markdown_table(
-        ["program", "status", "HBM GiB (of chip)", "GFLOP", "bytes accessed GB",
+        ["program", "status", "HBM GiB (of chip)", "HBM temporaries GiB",
+         f"values >= {tpu_aot.LOOP_VALUE_FRACTION:.0%} of weights written per loop iteration",
+         "GFLOP", "bytes accessed GB",
          "accessed / (weights + cache)", f"optimal_seconds ms ({tpu_aot.ESTIMATE})",
          "roofline floor ms", "fusions", "while loops", "host ops in loops",
          "all-reduce/all-gather/reduce-scatter/permute (MB per chip)",
@@ -337,7 +350,10 @@ def markdown(report: dict) -> str:
     if errors:
         lines += ["", "Errors:", *errors]
     lines += ["", "HBM: arguments + outputs + temporaries + generated code, less donated "
-              "(aliased) buffers, per chip. `bytes accessed` is the compiler's cost analysis, "
+              "(aliased) buffers, per chip; its temporaries are the compiler's buffers beside "
+              "arguments and outputs. A weight-sized value written per loop iteration is a "
+              "weight copied, converted or re-laid out every iteration (source line shown). "
+              "`bytes accessed` is the compiler's cost analysis, "
               "not HBM traffic: it counts a weight prefetched into on-chip memory "
               "(`copy-start`/`copy-done`, `slice-start`/`slice-done` into memory space 1) "
               "in the copy and again in the kernel that reads it, so it exceeds the bytes a "

@@ -19,14 +19,21 @@ attention and two of the MLP (``fused_projections``)::
 
     layers_{i}/attention/qkv/kernel             [H_kv, G + 2, D_head, D]
     layers_{i}/attention/qkv/bias               [H_kv, G + 2, D_head] (qkv_bias)
-    layers_{i}/mlp/wi/kernel                    [I, 2, D]   ([:, 0] gate, [:, 1] up)
+    layers_{i}/mlp/wi/kernel                    [2, I, D]   ([0] gate, [1] up)
 
 with ``G = num_heads / num_kv_heads``: slot ``g < G`` of kv group ``h`` is
 query head ``h * G + g`` (the head that reads kv head ``h``), slot ``G`` the
 key and ``G + 1`` the value. One product then computes what three (two)
 did, and the leading axis is the unit of tensor parallelism: sharding it
 over the ``model`` axis hands each device whole kv groups with their query
-heads (``sharding.DECODER_RULES_OUT_IN``), never part of a head.
+heads (``sharding.DECODER_RULES_OUT_IN``), never part of a head; ``wi`` is
+sharded along ``I``, so a device holds the gate and up rows of the same
+units. Gate and up are whole blocks (``[2, I, D]``, not interleaved
+``[I, 2, D]``): the MLP cuts the product's output into gate and up, and XLA
+moves such a cut onto the kernel; on an interleaved kernel that is a strided
+copy of it, which the TPU compiler made once per layer before the decoding
+loop and kept alive through it (1.4 GiB of HBM temporaries for the 1.5B
+target, issue 55). A block's cut is a plain slice of the stored kernel.
 """
 
 from __future__ import annotations
@@ -175,8 +182,8 @@ def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = Fa
 class FusedLinear(nn.Module):
     """``y[..., *out_shape] = x W^T (+ b)`` with ``W`` stored ``[*out_shape, in]``:
     several projections of the same input as one product (the decode layout's
-    ``qkv`` and ``wi``). The kernel is read as the ``[prod(out_shape), in]``
-    matrix it is in memory, so the product is one dot of contiguous rows."""
+    ``qkv`` and ``wi``): one dot over the kernel as stored (never reshaped:
+    ``matmul_out_in``), whose rows are contiguous in memory."""
 
     out_shape: tuple[int, ...]
     use_bias: bool = False
@@ -190,11 +197,8 @@ class FusedLinear(nn.Module):
         out_axes = tuple(range(len(self.out_shape)))
         init = nn.initializers.lecun_normal(in_axis=-1, out_axis=out_axes)
         kernel = self.param("kernel", init, (*self.out_shape, fan_in), self.param_dtype)
-        rows = int(np.prod(self.out_shape))
-        scale = stored_scale(self)
-        y = matmul_out_in(x.astype(self.dtype), kernel.reshape(rows, fan_in), self.precision,
-                          scale_N=None if scale is None else scale.reshape(rows))
-        y = y.reshape(x.shape[:-1] + self.out_shape)  # [..., N] -> [..., *out_shape]
+        y = matmul_out_in(x.astype(self.dtype), kernel, self.precision,
+                          scale_N=stored_scale(self))  # [..., *out_shape]
         if self.use_bias:
             bias = self.param("bias", nn.initializers.zeros, self.out_shape, self.param_dtype)
             y = y + bias.astype(self.dtype)
@@ -256,8 +260,8 @@ class SwiGLU(nn.Module):
     def __call__(self, x):
         cfg = self.config
         if cfg.fused_projections:
-            gate_up = _fused(cfg, (cfg.intermediate_size, 2), "wi")(x)  # [..., I, 2]
-            gate, up = gate_up[..., 0], gate_up[..., 1]
+            gate_up = _fused(cfg, (2, cfg.intermediate_size), "wi")(x)  # [..., 2, I]
+            gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
         else:
             gate = _linear(cfg, cfg.intermediate_size, "wi_0")(x)
             up = _linear(cfg, cfg.intermediate_size, "wi_1")(x)
@@ -477,7 +481,7 @@ def _fuse_layer(layer: dict, num_kv_heads: int, head_dim: int) -> dict:
     attention["qkv"] = {field: jnp.concatenate([by_group(p[field]) for p in parts], axis=1)
                         for field in parts[0]}
     gate, up = mlp.pop("wi_0")["kernel"], mlp.pop("wi_1")["kernel"]
-    mlp["wi"] = {"kernel": jnp.stack([gate, up], axis=1)}  # 2 x [I, D] -> [I, 2, D]
+    mlp["wi"] = {"kernel": jnp.stack([gate, up])}  # 2 x [I, D] -> [2, I, D]
     return {**layer, "attention": attention, "mlp": mlp}
 
 
@@ -494,14 +498,14 @@ def _split_layer(layer: dict) -> dict:
                        ("value", slice(groups + 1, groups + 2))):
         attention[name] = {field: flat(leaf[:, part]) for field, leaf in qkv.items()}
     wi = mlp.pop("wi")["kernel"]
-    mlp["wi_0"], mlp["wi_1"] = {"kernel": wi[:, 0]}, {"kernel": wi[:, 1]}
+    mlp["wi_0"], mlp["wi_1"] = {"kernel": wi[0]}, {"kernel": wi[1]}
     return {**layer, "attention": attention, "mlp": mlp}
 
 
 def split_projections(params: dict) -> dict:
     """Fused out_in parameters back to separate q/k/v and gate/up kernels (the
     documented names, still [out, in]). Needs no config: the fused shapes
-    ``[H_kv, G + 2, D_head, D]`` and ``[I, 2, D]`` say how to cut them."""
+    ``[H_kv, G + 2, D_head, D]`` and ``[2, I, D]`` say how to cut them."""
     split = jax.jit(_split_layer)
     return {name: split(value) if name.startswith("layers_") and "qkv" in value["attention"]
             else value for name, value in params.items()}

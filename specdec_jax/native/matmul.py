@@ -107,7 +107,7 @@ def blocks_active() -> bool:
 
 
 def _uses_kernel(rows: int, x: Array, w: Array) -> bool:
-    if not active() or x.dtype != jnp.float32 or w.ndim != 2:
+    if not active() or x.dtype != jnp.float32 or w.ndim < 2:
         return False
     if np.dtype(w.dtype) not in SYMBOLS:
         return False
@@ -119,8 +119,9 @@ def _uses_kernel(rows: int, x: Array, w: Array) -> bool:
 
 
 def _xla_product(x: Array, w: Array, scale: Array | None, precision) -> Array:
-    """XLA's dot of ``x[..., K]`` with the widened ``w[N, K]``, times ``scale[N]``."""
-    y = jnp.einsum("...k,nk->...n", x, w.astype(x.dtype), precision=precision)
+    """XLA's dot of ``x[..., K]`` with the widened ``w[*N, K]``, times ``scale[*N]``."""
+    out = "nmopqrst"[:w.ndim - 1]  # one letter per output axis
+    y = jnp.einsum(f"...k,{out}k->...{out}", x, w.astype(x.dtype), precision=precision)
     return y if scale is None else y * scale.astype(y.dtype)
 
 
@@ -156,16 +157,24 @@ def matmul_out_in(x: Array, w_NxK: Array, precision: str | None = None, *,
     ``w`` may be stored narrower than ``x`` (bfloat16, or int8 with
     ``scale_N``): the product is that of the dequantised weights, computed
     with float32 accumulation by the kernel or by XLA after widening ``w``.
+    A fused kernel may have several output axes, ``w[*N, K]`` (``scale[*N]``),
+    giving ``[..., *N]``: XLA's product reads it as stored, never reshaped (a
+    reshaped kernel can be a copy: on a TPU, whose tiles span the two minor
+    axes, or sharded along an inner output axis); the CPU kernel takes it as
+    the ``[prod(N), K]`` matrix it is in memory.
     """
     if isinstance(w_NxK, stored_blocks.StoredMatrix):
         if scale_N is not None:
             raise ValueError("a stored block matrix carries its own scales; scale_N must be None.")
         return block_product(x, w_NxK, precision)
     rows = math.prod(x.shape[:-1])
+    out_shape = w_NxK.shape[:-1]
     if _uses_kernel(rows, x, w_NxK):
         x2 = x.reshape(rows, x.shape[-1])
-        y = _dispatch(x2, w_NxK, scale_N, precision)
-        return y.reshape(x.shape[:-1] + (w_NxK.shape[0],))
+        w2 = w_NxK.reshape(math.prod(out_shape), w_NxK.shape[-1])  # [*N, K] -> [N, K]
+        scale2 = None if scale_N is None else scale_N.reshape(w2.shape[0])
+        y = _dispatch(x2, w2, scale2, precision)
+        return y.reshape(x.shape[:-1] + out_shape)
     return _xla_product(x, w_NxK, scale_N, precision)
 
 
