@@ -501,7 +501,7 @@ def test_a_decode_layout_copy_is_written_once_and_used_in_place(tmp_path, monkey
     assert "on disk" in capsys.readouterr().err
     assert cfg == want_model.config
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, want)
-    assert converted.converted_dir(sha, "float32", "out_in_fused").is_dir()
+    assert converted.converted_dir(sha, "float32", "out_in_fused_v2").is_dir()
 
     mapped = set()
     real_mapped = converted._mapped_tensors
@@ -519,7 +519,7 @@ def test_a_decode_layout_copy_is_written_once_and_used_in_place(tmp_path, monkey
     for leaf in jax.tree_util.tree_leaves(again):
         assert leaf.unsafe_buffer_pointer() in mapped, "a parameter was copied"
     jax.tree_util.tree_map(np.testing.assert_array_equal, again, want)
-    data_file = str(converted.converted_dir(sha, "float32", "out_in_fused")
+    data_file = str(converted.converted_dir(sha, "float32", "out_in_fused_v2")
                     / converted.PARAMS_DIR / converted.PARAMS_FILE)
 
     def mappings():  # of the copy's data file, in this process

@@ -207,8 +207,8 @@ class _Law:
     model: DecoderOnlyLM
     params: dict
 
-    def __call__(self, context):
-        logits = _logits(self.model, self.params, [list(exactness.PROMPT + context)])[0, -1]
+    def __call__(self, context):  # context: the prompt and the tokens after it
+        logits = _logits(self.model, self.params, [list(context)])[0, -1]
         return np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32)), np.float64)
 
 

@@ -46,16 +46,19 @@ def commit() -> str | None:
         return None
 
 
-def agreement(models: dict, prompts: list[list[int]]) -> dict:
+def agreement(models: dict, prompts: list[list[int]], length: int = 256) -> dict:
+    """Every prompt padded to ``length`` tokens (one compiled call per model;
+    positions past a prompt's end are left out)."""
     fp, sp = models["f32"][1], models["stored"][1]
-    logits = {name: jax.jit(lambda p, t, m=model: m.extend(p, t, m.init_cache(1, t.shape[1])
+    logits = {name: jax.jit(lambda p, t, m=model: m.extend(p, t, m.init_cache(1, length)
                                                           ).logits[0])
               for name, (model, _) in models.items()}
     agree, kls, worst, positions = 0, [], 0.0, 0
     for ids in prompts:
-        tokens = jnp.asarray([ids], jnp.int32)
-        want = jax.nn.log_softmax(logits["f32"](fp, tokens))
-        got = jax.nn.log_softmax(logits["stored"](sp, tokens))
+        ids = ids[:length]
+        tokens = jnp.asarray([ids + [0] * (length - len(ids))], jnp.int32)
+        want = jax.nn.log_softmax(logits["f32"](fp, tokens))[:len(ids)]
+        got = jax.nn.log_softmax(logits["stored"](sp, tokens))[:len(ids)]
         agree += int(jnp.sum(jnp.argmax(want, -1) == jnp.argmax(got, -1)))
         kls.append(np.asarray(jnp.sum(jnp.exp(want) * (want - got), -1)))
         worst = max(worst, float(jnp.max(jnp.abs(want - got))))

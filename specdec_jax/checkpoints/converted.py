@@ -20,7 +20,7 @@ it never multiplies by not at all). The mapping is private (copy-on-write):
 nothing written through an array reaches the file.
 
 A copy may be kept in another tree ``Layout`` than the checkpoint's (the
-fused ``out_in`` decode layout: ``-out_in_fused``), converted entry by entry
+fused ``out_in`` decode layout: ``-out_in_fused_v2``), converted entry by entry
 as it is written: decoding then maps the layout it runs in, where
 converting after loading held the mapped tree and its converted copy at once
 (15.4 GB peak for the first command, whose weights are 9.6 GB). The first
@@ -66,7 +66,7 @@ PAD_PREFIX = "__pad_"
 
 def converted_dir(source_sha256: str, dtype: str, layout: str = "") -> pathlib.Path:
     """The copy of one source file in one dtype; ``layout`` (a name such as
-    ``out_in_fused``) for a copy stored in another tree layout than the
+    ``out_in_fused_v2``) for a copy stored in another tree layout than the
     checkpoint's own."""
     return fetch.cache_dir() / SUBDIR / "-".join(
         part for part in (source_sha256[:24], dtype, layout) if part)

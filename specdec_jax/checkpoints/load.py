@@ -167,7 +167,8 @@ def _load_gguf(path: pathlib.Path, source: str, dtype: str, overrides: dict, mes
             base = probe(meta, has_output, **overrides)
             return kernel_layout_converter(base, kernel_layout)[1] or (lambda _, entry: entry)
 
-        layout = converted.Layout(f"{kernel_layout}_fused", converter)
+        # v2: gate/up stored [2, I, D]; a copy of the old [I, 2, D] layout is not read.
+        layout = converted.Layout(f"{kernel_layout}_fused_v2", converter)
 
     def convert():
         if layout is not None:
