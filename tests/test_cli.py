@@ -190,6 +190,10 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     (["--tree", "2,1", "--draft", "mag", "--verifier", "rrs-replacement"],
      "chosen, not drawn (point masses); verify with 'traversal'"),
     (["--tree", "parents:-1,3"], "'parents:P0,P1,...' lists each node's parent"),
+    (["--target", "toy-bytes-large", "--drafter", "toy-bytes-small", "--target-weights",
+      "stored"], "keeps a GGUF file's blocks; toy-bytes-large is not a GGUF checkpoint"),
+    (["--draft-weights", "stored", "--drafter", "toy-bytes-small"],
+     "keeps a GGUF file's blocks; toy-bytes-small is not a GGUF checkpoint"),
 ])
 def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message, capsys,
                                                                   monkeypatch, tmp_path):

@@ -579,10 +579,7 @@ def resolve_target_weights(choice: str, name: str) -> str:
     """``--target-weights auto``: the file's blocks where the block kernel
     runs and the target is a GGUF checkpoint, else float32."""
     if choice != "auto":
-        if choice == STORED and not is_gguf(name):
-            raise ValueError(f"--target-weights stored keeps a GGUF file's blocks; {name} is "
-                             "not a GGUF checkpoint: pass --target-weights f32.")
-        return choice
+        return choice  # stored on a file that is not GGUF: refused by check_args
     return STORED if native_matmul.blocks_active() and is_gguf(name) else "f32"
 
 
@@ -683,6 +680,14 @@ def check_args(args) -> None:
     if args.gamma is not None and args.gamma < 1:
         raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
     spec = args.draft or args.drafter
+    for flag, value, names in (("--target-weights", args.target_weights, [args.target]),
+                               ("--draft-weights", args.draft_weights,
+                                drafting.parse_spec(spec))):
+        for name in names:
+            if (value == STORED and name != drafting.spec.MAG and not is_gguf(name)
+                    and drafting.feature_path(name) is None):
+                raise ValueError(f"{flag} stored keeps a GGUF file's blocks; {name} is not a "
+                                 f"GGUF checkpoint: pass {flag} f32.")
     if args.tree is not None:
         if args.method == "autoregressive":
             raise ValueError("--method autoregressive drafts nothing, so it takes no --tree; "
