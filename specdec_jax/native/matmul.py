@@ -119,9 +119,24 @@ def _uses_kernel(rows: int, x: Array, w: Array) -> bool:
 
 
 def _xla_product(x: Array, w: Array, scale: Array | None, precision) -> Array:
-    """XLA's dot of ``x[..., K]`` with the widened ``w[*N, K]``, times ``scale[*N]``."""
-    out = "nmopqrst"[:w.ndim - 1]  # one letter per output axis
-    y = jnp.einsum(f"...k,{out}k->...{out}", x, w.astype(x.dtype), precision=precision)
+    """XLA's dot of ``x[..., K]`` with the widened ``w[*N, K]``, times ``scale[*N]``.
+
+    A kernel with several output axes is read as stored on accelerators and as
+    the ``[prod(N), K]`` matrix it is in memory on CPU: XLA's CPU dot runs a
+    one-row product with a 3-D kernel as a general loop, 3.5x slower than the
+    matrix-vector product of the flat matrix (measured: the 1.5B float32 step,
+    836 vs 240 ms on 2 cores)."""
+
+    def as_stored(x, w):
+        out = "nmopqrst"[:w.ndim - 1]  # one letter per output axis
+        return jnp.einsum(f"...k,{out}k->...{out}", x, w.astype(x.dtype), precision=precision)
+
+    def flat(x, w):
+        y = as_stored(x, w.reshape(-1, w.shape[-1]))
+        return y.reshape(y.shape[:-1] + w.shape[:-1])
+
+    y = as_stored(x, w) if w.ndim == 2 else jax.lax.platform_dependent(
+        x, w, cpu=flat, default=as_stored)
     return y if scale is None else y * scale.astype(y.dtype)
 
 
