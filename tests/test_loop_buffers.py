@@ -18,14 +18,11 @@ import pytest
 
 from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_programs
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from tests import tpu_topology
 
 pytestmark = pytest.mark.long
 TOPOLOGY = "v5e:2x2"
-try:
-    tpu_aot.topology_devices(TOPOLOGY)
-except tpu_aot.TpuUnavailable as error:
-    pytest.skip(f"no TPU topology can be made ({error}); install the extra: "
-                f"{tpu_aot.INSTALL_HINT}", allow_module_level=True)
+tpu_topology.require(TOPOLOGY)
 
 SHAPES = tpu_programs.Shapes(target="qwen-widths-2", drafter="qwen-widths-1",
                              cache_length=1024, prompt_len=512, max_new_tokens=16, gamma=5)

@@ -12,13 +12,10 @@ import pytest
 
 from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_compile, tpu_programs
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from tests import tpu_topology
 
 TOPOLOGY = "v5e:2x2"
-try:
-    tpu_aot.topology_devices(TOPOLOGY)
-except tpu_aot.TpuUnavailable as error:
-    pytest.skip(f"no TPU topology can be made ({error}); install the extra: "
-                f"{tpu_aot.INSTALL_HINT}", allow_module_level=True)
+tpu_topology.require(TOPOLOGY)
 
 TINY = tpu_programs.Shapes(target="tiny-target", drafter="tiny-drafter", cache_length=32,
                            prompt_len=4, max_new_tokens=4, gamma=2)

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 #include <thread>
 
@@ -400,6 +401,22 @@ void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
 
 constexpr int kMaxMPerBlockPass = 8;
 
+// Calls f(std::integral_constant<int, n>) for 1 <= n <= kMaxMPerBlockPass: the
+// row count of a pass as a template argument (its accumulators stay in registers).
+template <typename Fn>
+void ForRowCount(int64_t n, Fn&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 template <int F, int MB>
 void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0,
              float* y, int64_t n_dim, int64_t n) {
@@ -431,16 +448,9 @@ void BlockRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* w_row = w + n * row_bytes;
     for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxMPerBlockPass) {
-      switch (std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0)) {
-        case 1: RowPass<F, 1>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 2: RowPass<F, 2>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 3: RowPass<F, 3>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 4: RowPass<F, 4>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 5: RowPass<F, 5>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 6: RowPass<F, 6>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 7: RowPass<F, 7>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        default: RowPass<F, 8>(w_row, a, k_dim, m0, y, n_dim, n); break;
-      }
+      ForRowCount(std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0), [&](auto rows) {
+        RowPass<F, decltype(rows)::value>(w_row, a, k_dim, m0, y, n_dim, n);
+      });
     }
   }
 }
@@ -605,16 +615,9 @@ void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* w_row = w + n * row_bytes;
     for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxMPerBlockPass) {
-      switch (std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0)) {
-        case 1: KRowPass<F, 1>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 2: KRowPass<F, 2>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 3: KRowPass<F, 3>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 4: KRowPass<F, 4>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 5: KRowPass<F, 5>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 6: KRowPass<F, 6>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        case 7: KRowPass<F, 7>(w_row, a, k_dim, m0, y, n_dim, n); break;
-        default: KRowPass<F, 8>(w_row, a, k_dim, m0, y, n_dim, n); break;
-      }
+      ForRowCount(std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0), [&](auto rows) {
+        KRowPass<F, decltype(rows)::value>(w_row, a, k_dim, m0, y, n_dim, n);
+      });
     }
   }
 }
