@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import subprocess
 import sys
 
 import jax
@@ -34,16 +33,9 @@ import numpy as np
 
 from specdec_jax.checkpoints import load
 from specdec_jax.data import humaneval
+from specdec_jax.jobs import tpu_compile
 from specdec_jax.models import weight_storage
 from specdec_jax.runtime import cpu_kernels, timing
-
-
-def commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def agreement(models: dict, prompts: list[list[int]], length: int = 256) -> dict:
@@ -114,7 +106,7 @@ def main(argv=None) -> int:
     tok = stored[2]
     prompts = [tok.encode(text) for text in humaneval.load_prompts(args.prompts)]
     models = {"stored": stored[:2], "f32": f32[:2]}
-    report = {"model": args.model, "commit": commit(),
+    report = {"model": args.model, "commit": tpu_compile.source_commit(),
               "date": datetime.date.today().isoformat(), "environment": timing.environment(),
               "precision": "float32 activations; stored: int8 activations per 64/256 values"}
     report["agreement"] = agreement(models, prompts)

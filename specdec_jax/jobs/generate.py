@@ -39,7 +39,7 @@ from specdec_jax import (
     target_functions,
     tree_decoding,
 )
-from specdec_jax.checkpoints import feature_heads, fetch, registry
+from specdec_jax.checkpoints import feature_heads, fetch, load, registry
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
 from specdec_jax.drafting import model as drafter_model
@@ -571,7 +571,7 @@ def check_spec(spec: str, k_matrix: str | None, target: str | None = None) -> No
 
 
 STORED = "stored"
-TARGET_WEIGHTS = ("f32", STORED)
+TARGET_WEIGHTS = load.WEIGHTS  # f32, stored
 
 
 def is_gguf(name: str) -> bool:

@@ -615,19 +615,16 @@ def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[Deco
     stored = (stored_in(params["embedder"], "embedding") if model.config.tie_embeddings
               else stored_in(params.get("logits_dense", {}), "kernel"))
     if stored is not None:  # the kept rows stay in their file's blocks
-        kept = {name: entry for name, entry in params.items() if name != "logits_dense"}
-        config = dataclasses.replace(model.config, head_vocab=int(ids.size))
-        rows = jnp.take(stored.blocks, jnp.asarray(ids), axis=0)
-        return DecoderOnlyLM(config), {**kept, HEAD_VOCAB: {"token_ids": jnp.asarray(ids),
-                                                           f"rows_{stored.format}": rows}}
-    if model.config.tie_embeddings:
-        full = params["embedder"]["embedding"]  # [V, D]
-    elif model.config.kernel_layout == OUT_IN:
-        full = params["logits_dense"]["kernel"]  # [V, D]
+        head = {f"rows_{stored.format}": jnp.take(stored.blocks, jnp.asarray(ids), axis=0)}
     else:
-        full = params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
-    rows = jax.jit(lambda full, ids: jnp.take(full, ids, axis=0))(full, jnp.asarray(ids))
+        if model.config.tie_embeddings:
+            full = params["embedder"]["embedding"]  # [V, D]
+        elif model.config.kernel_layout == OUT_IN:
+            full = params["logits_dense"]["kernel"]  # [V, D]
+        else:
+            full = params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
+        head = {"rows": jax.jit(lambda full, ids: jnp.take(full, ids, axis=0))(
+            full, jnp.asarray(ids))}
     config = dataclasses.replace(model.config, head_vocab=int(ids.size))
     kept = {name: entry for name, entry in params.items() if name != "logits_dense"}
-    return DecoderOnlyLM(config), {**kept, HEAD_VOCAB: {"token_ids": jnp.asarray(ids),
-                                                       "rows": rows}}
+    return DecoderOnlyLM(config), {**kept, HEAD_VOCAB: {"token_ids": jnp.asarray(ids), **head}}
