@@ -36,6 +36,14 @@ prices:
 
     speedup(G) = tokens_per_round(G) x t_target(1) / price(one round at G)
 
+Priced calls leave out what a round does between them (sampling and
+verification over the vocabulary, the commit, the loop's own work). Where a
+chip's report holds the whole round compiled as one program
+(``round_specdecode_g<G>``, ``jobs.tpu_programs``), ``between_calls`` is its
+estimate less the estimates of the calls it makes (from the same report), and the 0.5B drafter's
+speedup is priced again with that per round (``round_overhead_s``): the
+"whole round" column.
+
 The same code prices an accelerator's measured in-loop steps
 (``benchmarks/configs/feature_steps.gin``'s report) for the GPU column, and
 reproduces the GPU prediction the counted report stored (``check``).
@@ -69,6 +77,8 @@ CASCADE_NEURAL = 4  # the cascade's 0.5B drafts this many, Max-Gram the rest
 MAG = "mag"
 FEATURE = "feature"
 MAX_TARGET_WIDTH = 9
+ROUND = "round_specdecode_g"  # jobs.tpu_programs.ROUND: one whole round at G
+WHOLE_ROUND = f"{ESTIMATE}, whole round"
 # counted configuration -> (drafting kind, the cost-model columns it prices).
 CONFIGS = {"drafter": ("model", (cost_lib.DRAFTER,)), MAG: (MAG, (MAG,)),
            "drafter+mag": ("cascade", (cost_lib.DRAFTER, MAG)),
@@ -105,13 +115,31 @@ def call_costs(programs: Mapping, basis: str = "estimate_s") -> dict:
     ``chip_programs`` records, by ``basis`` (``"estimate_s"`` or ``"floor_s"``);
     a model with no compiled program is left out."""
     by = lambda prefix: {int(n[len(prefix):]): p[basis] for n, p in programs.items()  # noqa: E731
-                         if n.startswith(prefix)}
+                         if n.startswith(prefix) and n[len(prefix):].isdigit()}
     costs = {"target": cost_lib.CallCost.from_steps(by("target_k")),
              cost_lib.DRAFTER: cost_lib.CallCost.from_steps(by("drafter_k"))}
     for name, program in ((FEATURE, "feature_draft_step"), (MAG, "maxgram_step")):
         if program in programs:
             costs[name] = cost_lib.CallCost.from_steps({1: programs[program][basis]})
     return costs
+
+
+def between_calls(reports: Sequence[Mapping], gamma: int) -> dict | None:
+    """What a round at ``gamma`` spends outside its priced calls, from the
+    first of ``reports`` whose round program (``round_specdecode_g<G>``) and
+    every call it makes (``target_k<G+1>``, G x ``drafter_k1``, one
+    ``drafter_k1_no_head``) have positive estimates: ``{"seconds", "round_s",
+    "calls_s", "source"}`` (seconds negative where the compiler overlaps work
+    across calls), or None. One report: one compiler setting for all four."""
+    names = [f"{ROUND}{gamma}", f"target_k{gamma + 1}", "drafter_k1", "drafter_k1_no_head"]
+    for report in reports:
+        found = [program_seconds([report], n) for n in names]
+        if all(found):
+            whole, target, drafter, catch_up = (f["estimate_s"] for f in found)
+            calls = target + gamma * drafter + catch_up
+            return {"seconds": whole - calls, "round_s": whole, "calls_s": calls,
+                    "source": found[0]["source"]}
+    return None
 
 
 def device_step_costs(path: str, variant: str | None = None) -> dict:
@@ -196,24 +224,26 @@ def round_stats(kind: str, gamma: int, rates: Sequence[float]) -> dict:
 
 
 def predicted_speedup(costs: Mapping, config: str, gamma: int, rates: Sequence[float],
-                      pooled: float) -> dict:
+                      pooled: float, round_overhead_s: float = 0.0) -> dict:
     """``{"speedup", "tokens_per_round", "round_s", "drafting_s"}`` of ``config``
     at ``gamma`` priced with ``costs`` (``call_costs`` / ``device_step_costs``)
-    through ``CostModel.itemise``."""
+    through ``CostModel.itemise``, plus ``round_overhead_s`` per round
+    (``between_calls``)."""
     kind, columns = CONFIGS[config]
     missing = [c for c in columns if c not in costs]
     if missing:
         raise ValueError(f"no call cost for {', '.join(missing)} ({config}).")
     model = cost_lib.CostModel(target=costs["target"], drafter=costs[cost_lib.DRAFTER],
-                               models=dict(costs))
+                               models=dict(costs), round_overhead_s=round_overhead_s)
     at = rates_at(rates, pooled, gamma)
     items = model.itemise(round_stats(kind, gamma, at), drafters=columns,
-                          widths={"target": gamma + 1}, rounds=0.0)
+                          widths={"target": gamma + 1}, rounds=1.0)
     round_s = float(sum(items.values()))
     tokens = cost_lib.tokens_per_round(at, gamma)
     return {"speedup": model.predicted_speedup(tokens_per_round=tokens, round_s=round_s),
             "tokens_per_round": tokens,
-            "round_s": round_s, "drafting_s": round_s - items[cost_lib.TARGET]}
+            "round_s": round_s,
+            "drafting_s": round_s - items[cost_lib.TARGET] - items[cost_lib.ROUND_OVERHEAD]}
 
 
 # --- the job ------------------------------------------------------------------------------
@@ -254,6 +284,7 @@ def run_tpu_prices(*, counted: str = f"{REPORTS}/bench_feature_drafter_cpu.json"
         reports = [read_report(p) for p in default_reports(chip, reports_dir) if os.path.exists(p)]
         programs = chip_programs(reports)
         devices[chip] = {"basis": ESTIMATE, "programs": programs,
+                         "between_calls": {g: between_calls(reports, g) for g in gammas},
                          "costs": {ESTIMATE: call_costs(programs, "estimate_s"),
                                    FLOOR: call_costs(programs, "floor_s")}}
     if gpu_steps:
@@ -268,12 +299,19 @@ def run_tpu_prices(*, counted: str = f"{REPORTS}/bench_feature_drafter_cpu.json"
                     if all(c in costs for c in CONFIGS[config][1]):
                         row[f"{device} {basis}"] = predicted_speedup(
                             costs, config, gamma, acc["rates"], acc["pooled"])
+                between = info.get("between_calls", {}).get(gamma)
+                if config == "drafter" and between is not None:
+                    row[f"{device} {WHOLE_ROUND}"] = {
+                        **predicted_speedup(info["costs"][ESTIMATE], config, gamma,
+                                            acc["rates"], acc["pooled"], between["seconds"]),
+                        "between_calls": between}
             predictions.append(row)
     report = {
         "label": f"{ESTIMATE} (TPU), measured steps ({gpu_name}); speedups modelled",
         "counted": counted, "temperature": temperature, "acceptance": acceptance,
         "cascade_neural_drafts": CASCADE_NEURAL, "devices": {
             d: {"basis": info["basis"], "programs": info.get("programs"),
+                "between_calls": info.get("between_calls"),
                 "ratios": cost_ratios(info["costs"]),
                 "costs": {b: {n: dataclasses.asdict(c) for n, c in costs.items()}
                           for b, costs in info["costs"].items()}}
@@ -338,6 +376,22 @@ def markdown(report: Mapping) -> str:
                   for d in tpu]
         rows.append(cells)
     lines += tables.markdown_table(headers, rows)
+    whole = [row for row in report["predictions"]
+             if any(f"{d} {WHOLE_ROUND}" in row for d in tpu)]
+    if whole:
+        lines += ["", f"The 0.5B drafter priced again with each round's work between calls "
+                  f"(its round program's {ESTIMATE} less its calls'; ms per round, then the "
+                  "speedup, beside the calls-only one):", ""]
+        whole_rows = []
+        for row in whole:
+            cells = [str(row["gamma"])]
+            for d in tpu:
+                again = row.get(f"{d} {WHOLE_ROUND}")
+                cells.append("-" if again is None else
+                             f"{1e3 * again['between_calls']['seconds']:+.3f} ms: {_fmt(again)} "
+                             f"(calls only {_fmt(row.get(f'{d} {ESTIMATE}'))})")
+            whole_rows.append(cells)
+        lines += tables.markdown_table(["G", *tpu], whole_rows)
     lines += ["", "One-token call over the target's one-token step:", ""]
     ratio_rows = []
     for d, info in devices.items():

@@ -315,3 +315,21 @@ def test_catch_up_by_two_one_token_calls_equals_one_two_token_call():
         # A row's last full accept has no next round to catch up in.
         assert full_accepts - len(prompts) <= extra <= full_accepts
     assert np.asarray(outs[(1, 2), "same"].stats.accepted_histogram)[:, 3].sum() > 3
+
+
+def test_unrolled_draft_steps_draw_the_same_drafts():
+    """``unroll=True`` (what a round program compiles, so a cost analysis sees
+    each draft step) changes the code, not the drafts or the counts (T = 1)."""
+    prompts = [[1, 2], [3], [0, 1, 2]]
+    outs = []
+    for unroll in (False, True):
+        decoder = SpeculativeDecoder(target=TARGET, drafter=ModelDrafter(DRAFTER, unroll=unroll),
+                                     target_fn=target_functions.SpecDecode(), gamma=4,
+                                     max_new_tokens=10)
+        outs.append(jax.jit(decoder.generate)(
+            TARGET_PARAMS, DRAFTER_PARAMS, make_prompt(prompts), jax.random.PRNGKey(5),
+            sampling_params(temperature=1.0)))
+    rolled, unrolled = outs
+    np.testing.assert_array_equal(np.asarray(rolled.tokens), np.asarray(unrolled.tokens))
+    np.testing.assert_array_equal(np.asarray(rolled.stats.drafter_calls),
+                                  np.asarray(unrolled.stats.drafter_calls))

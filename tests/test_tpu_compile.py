@@ -67,6 +67,28 @@ def test_tree_calls_compile_with_the_cache_updated_in_place():
         assert records[name]["memory"]["alias"] > 0, name
 
 
+def test_a_round_compiles_as_one_program_with_each_draft_step_visible():
+    """One round at G = 3 (draft, score, verify, commit) as one program, beside
+    the drafter's headless catch-up call it contains: the loop state's caches
+    donated and updated in place, no host communication, and one loop only (the
+    catch-up's): the draft steps are unrolled, so the cost analysis, which
+    counts a loop body once, counts each of them."""
+    names = ["round_specdecode_g3", "drafter_k1_no_head", "drafter_k1"]
+    assert set(names[:1]) <= set(tpu_programs.ROUNDS) and set(names[1:]) <= set(
+        tpu_programs.PER_CALL)
+    records = tpu_compile.compile_in_processes(names, TINY, TOPOLOGY,
+                                               workers=min(2, os.cpu_count() or 1))
+    for name, record in records.items():
+        assert record["status"] == "compiled", (name, record.get("error"))
+    whole = records["round_specdecode_g3"]
+    assert whole["kind"] == "round"
+    assert whole["hlo"]["while_loops"] == 1
+    assert whole["hlo"]["host_ops_in_loops"] == []
+    assert whole["memory"]["alias"] >= 0.9 * whole["cache_bytes"]
+    # No output head: fewer flops than the drafter's step.
+    assert records["drafter_k1_no_head"]["flops"] < records["drafter_k1"]["flops"]
+
+
 def sharded_step_collectives(layers: int, num_heads: int = 4, num_kv_heads: int = 4) -> dict:
     """Collectives of one step (K = 1) of a toy decoder sharded over 4 chips."""
     config = DecoderConfig(vocab_size=256, hidden_size=64, intermediate_size=128,

@@ -98,11 +98,39 @@ def test_speedup_is_tokens_per_round_over_the_priced_round():
         tpu_prices.predicted_speedup(costs, "feature", 3, [0.8] * 3, 0.8)
 
 
+def test_a_round_program_prices_the_work_between_its_calls():
+    calls = {"target_k4": record(4.0), "drafter_k1": record(1.0),
+             "drafter_k1_no_head": record(0.5)}
+    first = {"path": "a.json", "programs": {**calls, "round_specdecode_g3": record(-2.0)}}
+    second = {"path": "b.json", "programs": {**calls, "round_specdecode_g3": record(10.0)}}
+    # The first report's round is negative: the second prices all four programs.
+    between = tpu_prices.between_calls([first, second], 3)
+    assert between["seconds"] == pytest.approx(10.0 - 4.0 - 3 * 1.0 - 0.5)
+    assert between["source"] == "b.json"
+    # A round whose calls are in another report only is not priced.
+    split = {"path": "c.json", "programs": {"round_specdecode_g3": record(10.0)}}
+    assert tpu_prices.between_calls([split, {"path": "d.json", "programs": calls}], 3) is None
+    assert tpu_prices.between_calls([second], 4) is None  # no round program at G = 4
+
+    costs = {"target": cost.CallCost.from_steps({1: 1.0, 4: 1.0}),
+             "drafter": cost.CallCost.from_steps({1: 0.25})}
+    plain = tpu_prices.predicted_speedup(costs, "drafter", 3, [0.8] * 3, 0.8)
+    again = tpu_prices.predicted_speedup(costs, "drafter", 3, [0.8] * 3, 0.8,
+                                         round_overhead_s=0.5)
+    assert again["round_s"] == pytest.approx(plain["round_s"] + 0.5)
+    assert again["drafting_s"] == pytest.approx(plain["drafting_s"])
+    assert again["speedup"] == pytest.approx(cost.tokens_per_round(0.8, 3) /
+                                             (plain["round_s"] + 0.5))
+
+
 def write_chip_reports(root: pathlib.Path):
     for chip, topology in tpu_prices.TOPOLOGIES.items():
         programs = {f"target_k{k}": record(2e-3 if chip == "v5p" else -1.0, 1e-3)
                     for k in range(1, 10)}
         programs.update(drafter_k1=record(0.6e-3, 0.3e-3), maxgram_step=record(1e-4, 1e-8))
+        if chip == "v5p":  # one round program: 0.5 ms between its calls
+            programs.update(drafter_k1_no_head=record(0.4e-3),
+                            round_specdecode_g3=record(2e-3 + 3 * 0.6e-3 + 0.4e-3 + 0.5e-3))
         (root / f"tpu_compile_{topology}.json").write_text(json.dumps(
             {"settings": {"compiler_options": {}}, "programs": programs}))
         if chip != "v5p":
@@ -130,6 +158,10 @@ def test_job_prices_every_chip_and_labels_estimates(tmp_path):
         "_no_sliced_prefetch.json")
     assert report["devices"]["v5p"]["ratios"][tpu_prices.ESTIMATE]["drafter"] == \
         pytest.approx(0.3)
+    whole = row[f"v5p {tpu_prices.WHOLE_ROUND}"]
+    assert whole["between_calls"]["seconds"] == pytest.approx(0.5e-3)
+    assert whole["round_s"] == pytest.approx(row[f"v5p {tpu_prices.ESTIMATE}"]["round_s"] + 0.5e-3)
+    assert f"v5e {tpu_prices.WHOLE_ROUND}" not in row  # no round program compiled there
     text = (tmp_path / "prices.md").read_text()
     assert tpu_prices.ESTIMATE in text and "measured" not in text
     assert json.loads(out.read_text())["label"].startswith(tpu_prices.ESTIMATE)

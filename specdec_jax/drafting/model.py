@@ -87,6 +87,10 @@ class ModelDrafter(SingleModelDrafter):
     # 2 also feeds a draft the previous round accepted without feeding it.
     # None: chosen for the backend (``default_catch_up_widths``).
     catch_up_widths: tuple[int, ...] | None = None
+    # Unrolls the draft steps into straight-line code (same drafts). A compiler's
+    # cost analysis counts a loop body once, so a round priced as one program
+    # (``jobs.tpu_programs``' round programs) needs each step visible.
+    unroll: bool = False
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -121,7 +125,8 @@ class ModelDrafter(SingleModelDrafter):
 
         steps = num - 1 + int(with_next)
         (cache, _), (tokens_TxB, q_TxBxV, qs_TxBxV, hidden_TxBxD, nan_TxB) = jax.lax.scan(
-            body_fn, (cache, first_B), keys[1:1 + steps])
+            body_fn, (cache, first_B), keys[1:1 + steps],
+            unroll=max(steps, 1) if self.unroll else 1)
         # [T, B, ...] -> [B, T, ...], prefixed with the first call's outputs.
         cat = lambda head, rest: jnp.concatenate([head[:, None], jnp.moveaxis(rest, 0, 1)], 1)
         tokens_BxG = cat(first_B, tokens_TxB)[:, :num]

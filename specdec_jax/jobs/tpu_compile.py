@@ -98,6 +98,7 @@ def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip
                 compiler_options: dict) -> dict:
     """One program's record: its figures, or the error that stopped it."""
     kind = ("generate" if name in tpu_programs.GENERATE else
+            "round" if name in tpu_programs.ROUNDS else
             "training" if name in tpu_programs.TRAINING else "per_call")
     started = time.perf_counter()
     record = {"kind": kind}

@@ -17,8 +17,13 @@ so no weight is ever made. Two kinds:
   the accepted path: one tree round's target work) and ``drafter_tree_w<W>``
   (the drafter scoring one depth of W nodes), and ``maxgram_trie`` (Max-Gram's
   best-first tree ``TREE_TRIE`` grown over the cache's room of text: its node
-  budget of sequential suffix matches). Calls that update a KV cache
-  donate it, as a decoding loop's body does;
+  budget of sequential suffix matches); ``drafter_k1_no_head`` is the
+  drafter's catch-up call (one token fed, no logits). Calls that update a KV
+  cache donate it, as a decoding loop's body does;
+- *round* programs ``round_specdecode_g<G>``: one whole round of chain
+  speculative decoding with the drafter model (draft G, score G + 1, verify,
+  commit), its draft steps unrolled, so its estimate can be set against the
+  sum of the calls it makes: what a round costs between priced calls shows;
 - *generate* programs, whole ``api.make_generate_fn`` functions (prefill and
   every round inside one program): ``generate_<name>`` in ``GENERATE``;
 - *training* programs, one optimizer step of each training recipe
@@ -45,6 +50,7 @@ from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
+from specdec_jax.drafting.model import ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tpu_aot, tpu_training
 from specdec_jax.jobs.tpu_aot import Program
@@ -84,13 +90,16 @@ GENERATE = {
     "generate_tree_maxgram": ("specdecode", TREE_TRIE, "token"),
 }
 PER_CALL = (*(f"target_k{k}" for k in range(1, MAX_SCORING_WIDTH + 1)), "drafter_k1",
-            "feature_draft_step", "acceptance_head", "maxgram_step")
+            "drafter_k1_no_head", "feature_draft_step", "acceptance_head", "maxgram_step")
+ROUND_GAMMAS = tuple(range(3, MAX_SCORING_WIDTH))  # the draft lengths the prices cover
+ROUND = "round_specdecode_g"
+ROUNDS = tuple(f"{ROUND}{g}" for g in ROUND_GAMMAS)
 TREE_CALLS = (*(f"target_tree_w{w}" for w in TREE_TARGET_WIDTHS),
               *(f"drafter_tree_w{w}" for w in TREE_DRAFTER_WIDTHS), "maxgram_trie")
 TRAINING = tpu_training.TRAINING
-PROGRAMS = (*PER_CALL, *TREE_CALLS, *GENERATE, *TRAINING)
-GROUPS = {"per_call": PER_CALL, "tree_calls": TREE_CALLS, "generate": tuple(GENERATE),
-          "training": TRAINING}
+PROGRAMS = (*PER_CALL, *TREE_CALLS, *ROUNDS, *GENERATE, *TRAINING)
+GROUPS = {"per_call": PER_CALL, "tree_calls": TREE_CALLS, "rounds": ROUNDS,
+          "generate": tuple(GENERATE), "training": TRAINING}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,11 +169,14 @@ def _cache(model, shapes: Shapes, mesh: Mesh, fill: int):
     return tpu_aot.kv_sharded(cache, mesh)
 
 
-def model_step(model, params, shapes: Shapes, mesh: Mesh, k: int) -> Program:
-    """One ``extend`` of ``k`` tokens at a cache of ``cache_length`` (donated)."""
+def model_step(model, params, shapes: Shapes, mesh: Mesh, k: int, *,
+               head: bool = True) -> Program:
+    """One ``extend`` of ``k`` tokens at a cache of ``cache_length`` (donated);
+    without ``head``, no position's logits (a catch-up call)."""
 
     def step(params, tokens_BxK, cache):
-        out = model.extend(params, tokens_BxK, cache)
+        logits_at = None if head else jnp.zeros((tokens_BxK.shape[0], 0), jnp.int32)
+        out = model.extend(params, tokens_BxK, cache, logits_at=logits_at)
         return out.logits, out.cache
 
     cache = _cache(model, shapes, mesh, shapes.cache_length - k)
@@ -338,6 +350,49 @@ def generate_program(name: str, models: dict, shapes: Shapes, mesh: Mesh) -> Pro
                    note="whole generate function; cost figures count each loop body once")
 
 
+def round_program(models: dict, shapes: Shapes, mesh: Mesh, gamma: int) -> Program:
+    """One round of chain speculative decoding (token verifier, the drafter
+    model): ``decoder.round(target_params, drafter_params, state, sp)`` with the
+    loop state (both caches, ``cache_length`` positions, as the per-call
+    programs have) donated. The drafter is fed one token per call (its
+    ``catch_up_widths=(1,)``, as the prices count calls) and its draft steps
+    are unrolled: a compiler's cost analysis counts a loop body once. The calls
+    inside: ``target_k<G+1>``, G x ``drafter_k1`` and one
+    ``drafter_k1_no_head`` (the catch-up loop's body, counted once)."""
+    target, target_params = models["target"]
+    drafter, drafter_params = models["drafter"]
+    decoder = api.make_decoder(
+        target=target, drafter=ModelDrafter(drafter, catch_up_widths=(1,), unroll=True),
+        gamma=gamma, verifier="token", max_new_tokens=shapes.max_new_tokens)
+    prompt = Prompt(tokens=jax.ShapeDtypeStruct((shapes.batch, shapes.prompt_len), jnp.int32),
+                    lengths=jax.ShapeDtypeStruct((shapes.batch,), jnp.int32))
+
+    def start(target_params, drafter_params, prompt, key):
+        prefilled = decoder.prefill(target_params, drafter_params, prompt,
+                                    max_length=shapes.cache_length)
+        return decoder.init_state(prefilled, key)
+
+    state = jax.eval_shape(start, target_params, drafter_params, prompt,
+                           jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+    caches = (state.target_cache, state.drafter_state)
+    state = tpu_aot.batch_sharded(state, mesh).replace(
+        target_cache=tpu_aot.kv_sharded(state.target_cache, mesh),
+        drafter_state=tpu_aot.kv_sharded(state.drafter_state, mesh),
+        key=tpu_aot.replicated(state.key, mesh))
+    sp = tpu_aot.replicated(jax.eval_shape(api.sampling_params), mesh)
+
+    def one_round(target_params, drafter_params, state, sp):
+        return decoder.round(target_params, drafter_params, state, sp)
+
+    return Program(one_round, (_params(target, target_params, mesh),
+                               _params(drafter, drafter_params, mesh), state, sp),
+                   donate_argnums=(2,),
+                   weight_bytes=tpu_aot.tree_bytes(target_params) +
+                   tpu_aot.tree_bytes(drafter_params), cache_bytes=tpu_aot.tree_bytes(caches),
+                   note=f"one round at G = {gamma}: target_k{gamma + 1}, {gamma} x drafter_k1, "
+                        "one drafter_k1_no_head, sampling and verification; steps unrolled")
+
+
 def build(name: str, shapes: Shapes, mesh: Mesh, models: dict) -> Program:
     """The program ``name`` (one of ``PROGRAMS``); ``models``: ``{"target": (model,
     abstract params), "drafter": ...}`` from ``abstract_model``."""
@@ -347,6 +402,10 @@ def build(name: str, shapes: Shapes, mesh: Mesh, models: dict) -> Program:
         return model_step(target, target_params, shapes, mesh, int(name[len("target_k"):]))
     if name == "drafter_k1":
         return model_step(drafter, drafter_params, shapes, mesh, 1)
+    if name == "drafter_k1_no_head":
+        return model_step(drafter, drafter_params, shapes, mesh, 1, head=False)
+    if name.startswith(ROUND):
+        return round_program(models, shapes, mesh, int(name[len(ROUND):]))
     if name.startswith("target_tree_w"):
         return tree_step(target, target_params, shapes, mesh, int(name[len("target_tree_w"):]),
                          commit=True)
