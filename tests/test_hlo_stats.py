@@ -212,3 +212,31 @@ def test_loop_values_are_what_each_iteration_writes_to_hbm():
     # the cache's in-place update (128 KiB) is no new buffer; a lower bar admits the logits
     assert [v["name"] for v in hlo_stats.loop_values(LOOPS, 1024)] == [
         "copy32", "scaled", "x", "logits"]
+
+
+ASSIGNMENT = """BufferAssignment:
+allocation 0: size 1048576, parameter 0, shape |bf16[512,1024]| at ShapeIndex {}:
+ value: <1 w @0> (size=1048576,offset=0): bf16[512,1024]{1,0}
+allocation 1: size 131072, maybe-live-out:
+ value: <2 r @0> (size=131072,offset=0): f32[4096,8]{1,0}
+allocation 2: size 2097152, preallocated-temp:
+ value: <3 once @0> (size=2097152,offset=0): f32[512,1024]{1,0}
+ value: <4 copy32 @0> (size=2097152,offset=0): f32[512,1024]{1,0}
+ value: <5 logits @0> (size=2048,offset=0): f32[1,512]{1,0}
+allocation 3: size 1048576, color 1, preallocated-temp:
+ value: <6 cd @1> (size=1048576,offset=0): bf16[512,1024]{1,0:S(1)}
+allocation 4: size 4, constant:
+ value: <7 zero @0> (size=4,offset=0): s32[]
+allocation 5: size 512, thread-local:
+ value: <8 j @0> (size=4,offset=0): s32[]
+"""
+
+
+def test_temp_buffers_read_the_hbm_temporaries_of_a_buffer_assignment():
+    values = hlo_stats.temp_buffers(ASSIGNMENT, LOOPS)
+    # HBM temporaries only: no parameter, output, constant, thread-local or on-chip value
+    assert [(v["name"], v["bytes"]) for v in values] == [
+        ("copy32", 2097152), ("once", 2097152), ("logits", 2048)]
+    assert values[0]["type"] == "f32[512,1024]" and values[0]["opcode"] == "fusion"
+    assert values[0]["source"] == "/src/specdec_jax/models/decoder.py:321 (_DecoderNet.__call__)"
+    assert [v["name"] for v in hlo_stats.temp_buffers(ASSIGNMENT, LOOPS, top=1)] == ["copy32"]

@@ -372,3 +372,46 @@ def loop_values(text: str, min_bytes: float) -> list[dict]:
                         "op_name": op_name.group(1) if op_name else None,
                         "source": source_of(ins, frames), "loop": loop, "loop_depth": depth})
     return sorted(out, key=lambda v: (-v["bytes"], v["name"]))
+
+
+_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+), (.*):\s*$")
+_VALUE = re.compile(r"^\s*value: <\d+ ([\w.\-]+)(\{[^}]*\})? @(\d+)> "
+                    r"\(size=(\d+),offset=(\d+)\): (.*)$")
+
+
+def temp_buffers(assignment: str, text: str, top: int = 8) -> list[dict]:
+    """The largest values behind a program's HBM temporaries, read from the
+    compiler's buffer assignment (``assignment``: the
+    ``*after_optimizations-buffer-assignment.txt`` an ``xla_dump_to`` compile
+    writes; ``text``: the compiled HLO, for the values' sources). Temporaries
+    are the allocations of memory space 0 (HBM) that hold no parameter,
+    constant or output; values in one allocation share it over their lifetimes,
+    so their sizes do not add up to the allocation's.
+
+    Each: ``{"bytes", "type", "name", "opcode", "op_name", "source"}``, largest
+    first, each value once."""
+    module = parse(text)
+    instructions = {ins.name: ins for body in module.computations.values() for ins in body}
+    frames = source_locations(text)
+    found: dict[str, dict] = {}
+    temporary = False
+    for line in assignment.splitlines():
+        allocation = _ALLOCATION.match(line)
+        if allocation:
+            attributes = allocation.group(3)
+            temporary = not re.search(
+                r"\bcolor [1-9]|parameter|constant|output|live-out|thread-local", attributes)
+            continue
+        value = _VALUE.match(line) if temporary else None
+        if value is None or value.group(3) != "0":
+            continue
+        name, size = value.group(1), int(value.group(4))
+        if name in found and found[name]["bytes"] >= size:
+            continue
+        ins = instructions.get(name)
+        op_name = _OP_NAME.search(ins.rest) if ins else None
+        found[name] = {"bytes": size, "type": re.sub(r"\{[^{}]*\}", "", value.group(6)),
+                       "name": name, "opcode": ins.opcode if ins else None,
+                       "op_name": op_name.group(1) if op_name else None,
+                       "source": source_of(ins, frames) if ins else None}
+    return sorted(found.values(), key=lambda v: (-v["bytes"], v["name"]))[:top]

@@ -30,12 +30,13 @@ import os
 import pathlib
 import platform
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
 import jax
 
-from specdec_jax.jobs import resolver, tables, tpu_aot, tpu_programs
+from specdec_jax.jobs import hlo_stats, resolver, tables, tpu_aot, tpu_programs
 from specdec_jax.runtime import jsonio, resume
 
 TARGET = "qwen2.5-coder-1.5b"
@@ -106,12 +107,24 @@ def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip
     try:
         program = tpu_programs.build(name, shapes, mesh, models)
         record["note"] = program.note
-        compiled, seconds, log = tpu_aot.compile_abstract(
-            program.fn, program.args, donate_argnums=program.donate_argnums,
-            compiler_options=compiler_options)
-        record.update(status="compiled", compile_s=round(seconds, 1), **tpu_aot.program_record(
-            compiled, chip, data=shapes.data, model=shapes.model,
-            weight_bytes=program.weight_bytes, cache_bytes=program.cache_bytes))
+        with tempfile.TemporaryDirectory() as dump:
+            # A decode program's temporaries are read from the compiler's buffer
+            # assignment, which it writes only to a dump folder.
+            options = compiler_options if kind not in ("generate", "round") else {
+                **compiler_options, "xla_dump_to": dump, "xla_dump_hlo_pass_re": "^$"}
+            compiled, seconds, log = tpu_aot.compile_abstract(
+                program.fn, program.args, donate_argnums=program.donate_argnums,
+                compiler_options=options)
+            record.update(status="compiled", compile_s=round(seconds, 1),
+                          **tpu_aot.program_record(
+                              compiled, chip, data=shapes.data, model=shapes.model,
+                              weight_bytes=program.weight_bytes,
+                              cache_bytes=program.cache_bytes))
+            assignment = sorted(pathlib.Path(dump).glob(
+                "*after_optimizations-buffer-assignment.txt"))
+            if assignment:
+                record["temp_buffers"] = hlo_stats.temp_buffers(
+                    assignment[-1].read_text(), compiled.as_text())
         if interesting_log(log):
             record["compiler_log"] = interesting_log(log)
     except Exception as error:  # noqa: BLE001 - a program that does not compile is a result
@@ -303,6 +316,11 @@ def _loop_values(record: dict) -> str:
                      for v in values[:4]) + (" ..." if len(values) > 4 else "") or "none"
 
 
+def _value(value: dict) -> str:
+    where = value["source"] or value["op_name"] or value["name"]
+    return f"{value['bytes'] / 1e6:.1f} MB {value['type']} at {where.rsplit('/', 1)[-1]}"
+
+
 def markdown(report: dict) -> str:
     """The report as Markdown: settings, then one table row per program."""
     s, env = report["settings"], report.get("environment", {})
@@ -350,6 +368,16 @@ def markdown(report: dict) -> str:
          "copy-start/slice-start"], rows)
     if errors:
         lines += ["", "Errors:", *errors]
+    buffers = [(name, r["temp_buffers"]) for name, r in report["programs"].items()
+               if r.get("temp_buffers")]
+    if buffers:
+        lines += ["", "The largest values behind each decode program's HBM temporaries (the "
+                  "compiler's buffer assignment; values share their allocation over their "
+                  "lifetimes, so they do not add up):", ""]
+        lines += tables.markdown_table(
+            ["program", "largest temporary values (MB, type, source)"],
+            [[f"`{name}`", "; ".join(_value(v) for v in values[:3])]
+             for name, values in buffers])
     lines += ["", "HBM: arguments + outputs + temporaries + generated code, less donated "
               "(aliased) buffers, per chip; its temporaries are the compiler's buffers beside "
               "arguments and outputs. A weight-sized value written per loop iteration is a "
