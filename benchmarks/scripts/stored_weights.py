@@ -8,8 +8,13 @@ int8 activations; ``"f32"``: the file dequantised once):
   agreement of the next-token argmax at every prompt position, the mean
   KL(f32 || stored) and the largest logit difference;
 - **one function**: the largest logit difference between 9 tokens scored in
-  one call and the same 9 fed one by one (the products are the same bits,
-  tests/test_stored_blocks.py; attention over 1 or 9 queries may differ);
+  one call and the same 9 fed one by one (0 when the target is one function
+  of each row: row-independent block products, each query scored alone,
+  ``DecoderConfig.attention_by_query``; tests/test_stored_blocks.py);
+- **greedy identity** (``--greedy`` prompts, ``--greedy-tokens`` each):
+  greedy speculative decoding (the 0.5B drafter, stored, G = 3, and a
+  ``dynamic:4,2,2`` token tree) against the stored target's own
+  autoregressive output, token for token;
 - **steps**: in-loop seconds of a 1-token step and a 9-token call for both
   storages, interleaved ``--rounds`` times (medians, and their ratios), and
   the bytes each stores.
@@ -75,6 +80,34 @@ def one_function(model, params, ids: list[int]) -> float:
     return float(jnp.max(jnp.abs(together - jnp.stack(rows))))
 
 
+def greedy_identity(target, target_params, prompts: list[list[int]], max_new_tokens: int
+                    ) -> dict:
+    """Prompts on which greedy speculative output (chain and tree) equals the
+    stored target's autoregressive output, and where the first difference is."""
+    import specdec_jax as sj  # noqa: PLC0415 - the public API, as a user calls it
+
+    drafter, drafter_params, _ = load.load_for_decoding("qwen2.5-coder-0.5b", "float32",
+                                                        weights="stored")
+    common = dict(target=target, target_params=target_params, max_new_tokens=max_new_tokens,
+                  temperature=0.0)
+    out = {"prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    for label, how in (("chain_g3", dict(gamma=3)), ("tree_dynamic_4_2_2",
+                                                     dict(tree="dynamic:4,2,2"))):
+        equal, first_differences = 0, []
+        for ids in prompts:
+            alone = np.asarray(sj.generate(method="autoregressive", prompts=[ids],
+                                           **common).tokens)[0]
+            ours = np.asarray(sj.generate(drafter=drafter, drafter_params=drafter_params,
+                                          prompts=[ids], **common, **how).tokens)[0]
+            differ = np.flatnonzero(alone != ours)
+            equal += int(differ.size == 0)
+            if differ.size:
+                first_differences.append(int(differ[0]))
+        out[label] = {"equal": equal, "first_differences": first_differences}
+        print(f"greedy {label}: {equal} of {len(prompts)} prompts equal", flush=True)
+    return out
+
+
 def steps(models: dict, rounds: int) -> dict:
     times: dict[str, list[float]] = {f"{name}_k{k}": [] for name in models for k in (1, 9)}
     for _ in range(rounds):  # interleaved: a drift hits both storages alike
@@ -96,25 +129,35 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--greedy", type=int, default=12, help="prompts for greedy identity")
+    parser.add_argument("--greedy-tokens", type=int, default=48)
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["agreement", "one_function", "greedy", "steps"])
     parser.add_argument("--out", default="benchmarks/reports/stored_weights_cpu.json")
     args = parser.parse_args(argv)
     if not cpu_kernels.enable():
         print("the CPU kernel could not be built: nothing to compare", file=sys.stderr)
         return 1
     stored = load.load_for_decoding(args.model, "float32", weights="stored")
-    f32 = load.load_for_decoding(args.model, "float32")
     tok = stored[2]
     prompts = [tok.encode(text) for text in humaneval.load_prompts(args.prompts)]
-    models = {"stored": stored[:2], "f32": f32[:2]}
+    models = {"stored": stored[:2]}
+    if {"agreement", "steps"} - set(args.skip):  # the float32 copy: 6 GB for the 1.5B
+        models["f32"] = load.load_for_decoding(args.model, "float32")[:2]
     report = {"model": args.model, "commit": tpu_compile.source_commit(),
               "date": datetime.date.today().isoformat(), "environment": timing.environment(),
               "precision": "float32 activations; stored: int8 activations per 64/256 values"}
-    report["agreement"] = agreement(models, prompts)
-    timing.write_report(report, args.out)
-    report["one_function_max_logit_difference"] = one_function(*models["stored"], prompts[0])
-    timing.write_report(report, args.out)
-    report["steps"] = steps(models, args.rounds)
-    timing.write_report(report, args.out)
+    sections = {
+        "agreement": lambda: agreement(models, prompts),
+        "one_function_max_logit_difference": lambda: one_function(*models["stored"],
+                                                                  prompts[0]),
+        "greedy": lambda: greedy_identity(*models["stored"], prompts[:args.greedy],
+                                          args.greedy_tokens),
+        "steps": lambda: steps(models, args.rounds)}
+    for name, run in sections.items():
+        if name.split("_max")[0] not in args.skip:
+            report[name] = run()
+            timing.write_report(report, args.out)
     print(report)
     return 0
 

@@ -85,14 +85,17 @@ def query_blocks(k: int, scores_bytes: int, limit: int) -> int:
 
 def blocked_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: Array,
                       mask_BxKxS: Array, scale: float, *, precision: str | None = None,
-                      limit: int | None = None) -> Array:
+                      limit: int | None = None, by_query: bool = False) -> Array:
     """``masked_softmax_attention``, its queries scored in ``query_blocks``
     blocks (a ``lax.map``) when the float32 scores of the whole call exceed
     ``limit`` (default ``ATTENTION_SCORES_LIMIT_BYTES``): the memory of one
-    block's scores instead of all of them, the same result per query."""
+    block's scores instead of all of them, the same result per query. With
+    ``by_query``, one query per block: each query's result is the same bits
+    as a one-query call's (``DecoderConfig.attention_by_query``)."""
     batch, k, heads, groups, _ = q_BxKxHxGxD.shape
     scores_bytes = 4 * batch * heads * groups * k * keys_BxSxHxD.shape[1]
-    blocks = query_blocks(k, scores_bytes, limit or ATTENTION_SCORES_LIMIT_BYTES)
+    blocks = k if by_query else query_blocks(k, scores_bytes,
+                                             limit or ATTENTION_SCORES_LIMIT_BYTES)
     if blocks == 1:
         return masked_softmax_attention(q_BxKxHxGxD, keys_BxSxHxD, values_BxSxHxD, mask_BxKxS,
                                         scale, precision=precision)
@@ -137,6 +140,14 @@ class DecoderConfig:
     head_vocab: int = 0
     # out_in only: q/k/v in one kernel and gate/up in one (module docstring).
     fused_projections: bool = False
+    # Score each query of a call alone (``blocked_attention``), as a one-token
+    # step scores its one: with row-independent products (the block kernel's
+    # int8 activations) a row's logits in a G + 1 scoring call are then the
+    # same bits as in a step, so the target is one function of each row.
+    # Without it XLA's attention product for K queries sums in another order
+    # than for one; int8 activations turn those 1e-7 differences into flipped
+    # codes. Costs K reads of the KV cache per layer instead of one.
+    attention_by_query: bool = False
 
     def __post_init__(self):
         if self.kernel_layout not in KERNEL_LAYOUTS:
@@ -245,7 +256,8 @@ class Attention(nn.Module):
         # [B, K, H*G, D] -> [B, K, H, G, D]: query head h*G + g reads kv head h.
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
         out = blocked_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
-                                precision=cfg.compute_precision)
+                                precision=cfg.compute_precision,
+                                by_query=cfg.attention_by_query)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
         out = _linear(cfg, cfg.hidden_size, "out")(out)
         return out, keys, values
