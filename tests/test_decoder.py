@@ -210,3 +210,17 @@ def test_logits_at_runs_the_head_on_the_chosen_positions_only(pair):
     assert none.logits.shape == (2, 0, model.vocab_size)
     for new, old in zip(jax.tree.leaves(none.cache), jax.tree.leaves(full.cache)):
         np.testing.assert_allclose(np.asarray(new), np.asarray(old), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("width", [256, 896, 1536, 4864])
+def test_row_sum_is_one_function_of_each_row(width):
+    """``layers.row_sum`` (the norms of a ``row_independent`` decoder) gives a
+    row the same bits alone or among 9 rows, and the row's sum to float32
+    rounding."""
+    from specdec_jax.models.layers import row_sum
+
+    x = jax.random.normal(jax.random.PRNGKey(width), (1, 9, width), jnp.float32) ** 2
+    together = np.asarray(jax.jit(row_sum)(x))
+    alone = np.concatenate([np.asarray(jax.jit(row_sum)(x[:, i:i + 1])) for i in range(9)], 1)
+    np.testing.assert_array_equal(together, alone)
+    np.testing.assert_allclose(together[..., 0], np.asarray(x, np.float64).sum(-1), rtol=1e-5)

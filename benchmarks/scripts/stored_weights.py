@@ -9,8 +9,8 @@ int8 activations; ``"f32"``: the file dequantised once):
   KL(f32 || stored) and the largest logit difference;
 - **one function**: the largest logit difference between 9 tokens scored in
   one call and the same 9 fed one by one (0 when the target is one function
-  of each row: row-independent block products, each query scored alone,
-  ``DecoderConfig.attention_by_query``; tests/test_stored_blocks.py);
+  of each row: row-independent block products, attention and norms computed
+  row by row, ``DecoderConfig.row_independent``; tests/test_stored_blocks.py);
 - **greedy identity** (``--greedy`` prompts, ``--greedy-tokens`` each):
   greedy speculative decoding (the 0.5B drafter, stored, G = 3, and a
   ``dynamic:4,2,2`` token tree) against the stored target's own

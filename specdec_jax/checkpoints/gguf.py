@@ -224,10 +224,11 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
     meta = read_metadata(reader)
     arch = meta["general.architecture"]
     names = {t.name for t in reader.tensors}
-    # On a CPU a stored product takes int8 activations, row by row; scoring each
-    # query alone too makes the target one function of each row there
-    # (``DecoderConfig.attention_by_query``): a scoring call's rows are a step's.
-    config_overrides.setdefault("attention_by_query", jax.default_backend() == "cpu")
+    # On a CPU a stored product takes int8 activations, row by row; computing
+    # attention and norms row by row too makes the target one function of each
+    # row there (``DecoderConfig.row_independent``): a scoring call's rows are
+    # a step's.
+    config_overrides.setdefault("row_independent", jax.default_backend() == "cpu")
     cfg = config_from_metadata(meta, "output.weight" in names, kernel_layout=OUT_IN,
                                fused_projections=False, **config_overrides)
     params: dict[str, Any] = {}

@@ -91,7 +91,7 @@ def blocked_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: A
     ``limit`` (default ``ATTENTION_SCORES_LIMIT_BYTES``): the memory of one
     block's scores instead of all of them, the same result per query. With
     ``by_query``, one query per block: each query's result is the same bits
-    as a one-query call's (``DecoderConfig.attention_by_query``)."""
+    as a one-query call's (``DecoderConfig.row_independent``)."""
     batch, k, heads, groups, _ = q_BxKxHxGxD.shape
     scores_bytes = 4 * batch * heads * groups * k * keys_BxSxHxD.shape[1]
     blocks = k if by_query else query_blocks(k, scores_bytes,
@@ -140,14 +140,15 @@ class DecoderConfig:
     head_vocab: int = 0
     # out_in only: q/k/v in one kernel and gate/up in one (module docstring).
     fused_projections: bool = False
-    # Score each query of a call alone (``blocked_attention``), as a one-token
-    # step scores its one: with row-independent products (the block kernel's
-    # int8 activations) a row's logits in a G + 1 scoring call are then the
-    # same bits as in a step, so the target is one function of each row.
-    # Without it XLA's attention product for K queries sums in another order
-    # than for one; int8 activations turn those 1e-7 differences into flipped
-    # codes. Costs K reads of the KV cache per layer instead of one.
-    attention_by_query: bool = False
+    # Compute every per-row reduction the same way whatever K: each query's
+    # attention alone (``blocked_attention``), as a one-token step scores its
+    # one, and norms summed by a fixed tree (``layers.row_sum``). With
+    # row-independent products (the block kernel's int8 activations) a row's
+    # logits in a G + 1 scoring call are then the same bits as in a step: the
+    # target is one function of each row. Without it XLA sums K rows in
+    # another order than one; int8 activations turn those 1e-7 differences
+    # into flipped codes. Costs K reads of the KV cache per layer instead of one.
+    row_independent: bool = False
 
     def __post_init__(self):
         if self.kernel_layout not in KERNEL_LAYOUTS:
@@ -257,7 +258,7 @@ class Attention(nn.Module):
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
         out = blocked_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
                                 precision=cfg.compute_precision,
-                                by_query=cfg.attention_by_query)
+                                by_query=cfg.row_independent)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
         out = _linear(cfg, cfg.hidden_size, "out")(out)
         return out, keys, values
@@ -314,16 +315,19 @@ class _DecoderNet(nn.Module):
              else stored_embedding.take_rows(tokens_BxK).astype(dtype))
         new_keys, new_values = [], []
         for i in range(cfg.num_layers):
-            norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_attention_norm")
+            norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.row_independent,
+                           name=f"layers_{i}_pre_attention_norm")
             attn_out, keys, values = Attention(cfg, name=f"layers_{i}_attention")(
                 norm(x), positions_BxK, mask_BxKxS, cache.keys[i], cache.values[i],
                 write_at_B)
             x = x + attn_out
-            norm = RMSNorm(cfg.rms_norm_eps, dtype, name=f"layers_{i}_pre_mlp_norm")
+            norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.row_independent,
+                           name=f"layers_{i}_pre_mlp_norm")
             x = x + SwiGLU(cfg, name=f"layers_{i}_mlp")(norm(x))
             new_keys.append(keys)
             new_values.append(values)
-        every_hidden = RMSNorm(cfg.rms_norm_eps, dtype, name="decoder_norm")(x)
+        every_hidden = RMSNorm(cfg.rms_norm_eps, dtype, cfg.row_independent,
+                               name="decoder_norm")(x)
         hidden = interface.select_positions(every_hidden, select_BxN)
         h32 = hidden.astype(jnp.float32)
         if head is not None:  # (token ids [N], their head rows [N, D])

@@ -24,13 +24,44 @@ class RMSNorm(nn.Module):
 
     eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
+    # Sum the squares by ``row_sum`` (a fixed tree of elementwise adds): each
+    # row's norm is then the same bits however many rows share the call.
+    by_row: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
         x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        squares = jnp.square(x32)
+        if self.by_row:
+            mean = row_sum(squares) / x.shape[-1]
+        else:
+            mean = jnp.mean(squares, axis=-1, keepdims=True)
+        x32 = x32 * jax.lax.rsqrt(mean + self.eps)
         return (x32 * scale).astype(self.dtype)
+
+
+def row_sum(x: Array) -> Array:
+    """``x.sum(-1, keepdims=True)`` by a fixed tree of elementwise adds.
+
+    XLA's reduction of ``[K, N]`` may order a row's additions differently for
+    different ``K`` (it vectorises across rows or along them); an elementwise
+    add has one result per element. So the last axis is folded in halves
+    (after summing an odd factor's equal parts), each fold one elementwise
+    add: a row's sum is the same bits alone or among any number of rows."""
+    n = x.shape[-1]
+    while n > 1:
+        if n % 2:  # e.g. 1,536 = 3 x 512: add the three 512-wide parts first
+            factor = next(f for f in range(3, n + 1, 2) if n % f == 0)
+            parts = x.reshape(*x.shape[:-1], factor, n // factor)
+            x = parts[..., 0, :]
+            for i in range(1, factor):
+                x = x + parts[..., i, :]
+            n //= factor
+            continue
+        x = x[..., :n // 2] + x[..., n // 2:]
+        n //= 2
+    return x
 
 
 def rotary_embedding(x_BxKxHxD: Array, positions_BxK: Array, theta: float) -> Array:
