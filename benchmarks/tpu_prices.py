@@ -128,13 +128,15 @@ def between_calls(reports: Sequence[Mapping], gamma: int) -> dict | None:
     """What a round at ``gamma`` spends outside its priced calls, from the
     first of ``reports`` whose round program (``round_specdecode_g<G>``) and
     every call it makes (``target_k<G+1>``, G x ``drafter_k1``, one
-    ``drafter_k1_no_head``) have positive estimates: ``{"seconds", "round_s",
-    "calls_s", "source"}`` (seconds negative where the compiler overlaps work
-    across calls), or None. One report: one compiler setting for all four."""
+    ``drafter_k1_no_head``) have positive estimates and were compiled from one
+    commit: ``{"seconds", "round_s", "calls_s", "source"}`` (seconds negative
+    where the compiler overlaps work across calls), or None. One report and
+    one commit: one compiler setting and one model code for all four."""
     names = [f"{ROUND}{gamma}", f"target_k{gamma + 1}", "drafter_k1", "drafter_k1_no_head"]
     for report in reports:
         found = [program_seconds([report], n) for n in names]
-        if all(found):
+        commits = {report["programs"][n].get("commit") for n in names if n in report["programs"]}
+        if all(found) and len(commits) == 1:
             whole, target, drafter, catch_up = (f["estimate_s"] for f in found)
             calls = target + gamma * drafter + catch_up
             return {"seconds": whole - calls, "round_s": whole, "calls_s": calls,

@@ -111,6 +111,9 @@ def test_a_round_program_prices_the_work_between_its_calls():
     split = {"path": "c.json", "programs": {"round_specdecode_g3": record(10.0)}}
     assert tpu_prices.between_calls([split, {"path": "d.json", "programs": calls}], 3) is None
     assert tpu_prices.between_calls([second], 4) is None  # no round program at G = 4
+    # Calls compiled from another commit than the round are not subtracted from it.
+    stale = {**second["programs"], "target_k4": {**record(4.0), "commit": "old"}}
+    assert tpu_prices.between_calls([{"path": "e.json", "programs": stale}], 3) is None
 
     costs = {"target": cost.CallCost.from_steps({1: 1.0, 4: 1.0}),
              "drafter": cost.CallCost.from_steps({1: 0.25})}

@@ -16,8 +16,10 @@ int8 activations; ``"f32"``: the file dequantised once):
   ``dynamic:4,2,2`` token tree) against the stored target's own
   autoregressive output, token for token;
 - **steps**: in-loop seconds of a 1-token step and a 9-token call for both
-  storages, interleaved ``--rounds`` times (medians, and their ratios), and
-  the bytes each stores.
+  storages and for the stored target with its reductions over K rows at once
+  (``row_independent=False``: what scoring rows one by one costs),
+  interleaved ``--rounds`` times (medians, and their ratios), and the bytes
+  each stores.
 
     python benchmarks/scripts/stored_weights.py \\
         --out benchmarks/reports/stored_weights_1.5b_cpu.json
@@ -29,6 +31,7 @@ nothing else on the machine: the step times are bandwidth- and compute-bound.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 
@@ -40,6 +43,7 @@ from specdec_jax.checkpoints import load
 from specdec_jax.data import humaneval
 from specdec_jax.jobs import tpu_compile
 from specdec_jax.models import weight_storage
+from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.runtime import cpu_kernels, timing
 
 
@@ -83,27 +87,24 @@ def one_function(model, params, ids: list[int]) -> float:
 def greedy_identity(target, target_params, prompts: list[list[int]], max_new_tokens: int
                     ) -> dict:
     """Prompts on which greedy speculative output (chain and tree) equals the
-    stored target's autoregressive output, and where the first difference is."""
+    stored target's autoregressive output, and where the first difference is.
+    All prompts in one batch (one compile per decoder; rows are independent)."""
     import specdec_jax as sj  # noqa: PLC0415 - the public API, as a user calls it
 
     drafter, drafter_params, _ = load.load_for_decoding("qwen2.5-coder-0.5b", "float32",
                                                         weights="stored")
-    common = dict(target=target, target_params=target_params, max_new_tokens=max_new_tokens,
-                  temperature=0.0)
+    common = dict(target=target, target_params=target_params, prompts=prompts,
+                  max_new_tokens=max_new_tokens, temperature=0.0)
+    alone = np.asarray(sj.generate(method="autoregressive", **common).tokens)
     out = {"prompts": len(prompts), "max_new_tokens": max_new_tokens}
     for label, how in (("chain_g3", dict(gamma=3)), ("tree_dynamic_4_2_2",
                                                      dict(tree="dynamic:4,2,2"))):
-        equal, first_differences = 0, []
-        for ids in prompts:
-            alone = np.asarray(sj.generate(method="autoregressive", prompts=[ids],
-                                           **common).tokens)[0]
-            ours = np.asarray(sj.generate(drafter=drafter, drafter_params=drafter_params,
-                                          prompts=[ids], **common, **how).tokens)[0]
-            differ = np.flatnonzero(alone != ours)
-            equal += int(differ.size == 0)
-            if differ.size:
-                first_differences.append(int(differ[0]))
-        out[label] = {"equal": equal, "first_differences": first_differences}
+        ours = np.asarray(sj.generate(drafter=drafter, drafter_params=drafter_params,
+                                      **common, **how).tokens)
+        differ = [np.flatnonzero(a != b) for a, b in zip(alone, ours)]
+        equal = sum(d.size == 0 for d in differ)
+        out[label] = {"equal": int(equal), "first_differences": [int(d[0]) for d in differ
+                                                                 if d.size]}
         print(f"greedy {label}: {equal} of {len(prompts)} prompts equal", flush=True)
     return out
 
@@ -153,7 +154,11 @@ def main(argv=None) -> int:
                                                                   prompts[0]),
         "greedy": lambda: greedy_identity(*models["stored"], prompts[:args.greedy],
                                           args.greedy_tokens),
-        "steps": lambda: steps(models, args.rounds)}
+        # What scoring rows one by one costs: the same blocks, reductions over K rows.
+        "steps": lambda: steps({**models, "stored_rows_together": (
+            DecoderOnlyLM(dataclasses.replace(models["stored"][0].config,
+                                              row_independent=False)),
+            models["stored"][1])}, args.rounds)}
     for name, run in sections.items():
         if name.split("_max")[0] not in args.skip:
             report[name] = run()
