@@ -53,17 +53,17 @@ from specdec_jax.models.interface import Prompt, StepOutput
 from specdec_jax.models.layers import (
     HEAD_VOCAB,
     IN_OUT,
-    KERNEL_LAYOUTS,
     OUT_IN,
     Linear,
     RMSNorm,
-    is_kernel,
+    check_kernel_layout,
     masked_softmax_attention,
     matmul_out_in,
     rotary_embedding,
     stored_in,
     stored_matrix,
     stored_scale,
+    transpose_kernels,
 )
 
 Array = jax.Array
@@ -139,9 +139,7 @@ class DecoderConfig:
     fused_projections: bool = False
 
     def __post_init__(self):
-        if self.kernel_layout not in KERNEL_LAYOUTS:
-            raise ValueError(f"DecoderConfig: kernel_layout={self.kernel_layout!r}; choose one "
-                             f"of {', '.join(KERNEL_LAYOUTS)}.")
+        check_kernel_layout(self.kernel_layout, "DecoderConfig: kernel_layout")
         if self.fused_projections and self.kernel_layout != OUT_IN:
             raise ValueError("DecoderConfig: fused_projections is part of the decode layout "
                              "(kernels stored [out, in]); convert with with_kernel_layout.")
@@ -551,8 +549,7 @@ def kernel_layout_converter(old: DecoderConfig, layout: str = OUT_IN, *,
     source entry as they go (the converted-checkpoint cache writes a
     decode-layout copy this way), so the old and new trees never both sit in
     memory."""
-    if layout not in KERNEL_LAYOUTS:
-        raise ValueError(f"kernel layout {layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
+    check_kernel_layout(layout)
     fused = layout == OUT_IN if fused is None else fused
     if fused and layout != OUT_IN:
         raise ValueError("fused projections are part of the out_in decode layout; pass "
@@ -560,10 +557,6 @@ def kernel_layout_converter(old: DecoderConfig, layout: str = OUT_IN, *,
     if layout == old.kernel_layout and fused == old.fused_projections:
         return old, None
     config = dataclasses.replace(old, kernel_layout=layout, fused_projections=fused)
-
-    def transpose_kernels(entry):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, leaf: jnp.transpose(leaf) if is_kernel(path) else leaf, entry)
 
     @jax.jit  # one program for every layer (same shapes)
     def convert_layer(layer: dict) -> dict:
@@ -575,13 +568,23 @@ def kernel_layout_converter(old: DecoderConfig, layout: str = OUT_IN, *,
 
     transpose = jax.jit(jnp.transpose)
     other = (lambda entry: entry) if layout == old.kernel_layout else (
-        lambda entry: jax.tree_util.tree_map_with_path(
-            lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, entry))
+        lambda entry: transpose_kernels(entry, transpose))
 
     def convert_entry(name: str, entry):
         return convert_layer(entry) if name.startswith("layers_") else other(entry)
 
     return config, convert_entry
+
+
+def head_rows(config: DecoderConfig, params: dict) -> Array:
+    """[V, D]: the full output head as one row per token, in either kernel
+    layout (the tied embedding; an ``out_in`` kernel as stored, an ``in_out``
+    one transposed), for those that read the head row by row."""
+    if config.tie_embeddings:
+        return params["embedder"]["embedding"]
+    if config.kernel_layout == OUT_IN:
+        return params["logits_dense"]["kernel"]
+    return params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
 
 
 def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[DecoderOnlyLM, dict]:
@@ -617,14 +620,8 @@ def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[Deco
     if stored is not None:  # the kept rows stay in their file's blocks
         head = {f"rows_{stored.format}": jnp.take(stored.blocks, jnp.asarray(ids), axis=0)}
     else:
-        if model.config.tie_embeddings:
-            full = params["embedder"]["embedding"]  # [V, D]
-        elif model.config.kernel_layout == OUT_IN:
-            full = params["logits_dense"]["kernel"]  # [V, D]
-        else:
-            full = params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
         head = {"rows": jax.jit(lambda full, ids: jnp.take(full, ids, axis=0))(
-            full, jnp.asarray(ids))}
+            head_rows(model.config, params), jnp.asarray(ids))}
     config = dataclasses.replace(model.config, head_vocab=int(ids.size))
     kept = {name: entry for name, entry in params.items() if name != "logits_dense"}
     return DecoderOnlyLM(config), {**kept, HEAD_VOCAB: {"token_ids": jnp.asarray(ids), **head}}

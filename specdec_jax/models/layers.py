@@ -130,6 +130,22 @@ def is_kernel(path) -> bool:
     return getattr(path[-1], "key", None) == "kernel"
 
 
+def check_kernel_layout(layout: str, name: str = "layout") -> None:
+    """Refuses a layout that is not one of ``KERNEL_LAYOUTS``; ``name`` is what
+    the message calls it (the argument, or ``"Config: kernel_layout"``)."""
+    if layout not in KERNEL_LAYOUTS:
+        raise ValueError(f"{name}={layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
+
+
+def transpose_kernels(tree, transpose=lambda leaf: leaf.T):
+    """``tree`` with every dense ``kernel`` transposed (``is_kernel``): the
+    other layout of the same weights; everything else as it was. ``leaf.T``
+    keeps a NumPy leaf NumPy (and its dtype); pass a jitted transpose to
+    convert device arrays one program per shape."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, tree)
+
+
 class Linear(nn.Module):
     """``y = x W (+ b)`` with ``W`` stored in ``kernel_layout`` (names and
     initialisation of ``nn.Dense`` in the default layout: ``kernel``,
