@@ -62,7 +62,6 @@ from specdec_jax.models.layers import (
     rotary_embedding,
     stored_in,
     stored_matrix,
-    stored_scale,
     transpose_kernels,
 )
 
@@ -171,43 +170,13 @@ class DecoderCache:
         return self.keys[0].shape[1]
 
 
-def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = False) -> Linear:
+def _linear(cfg: DecoderConfig, features: int | tuple[int, ...], name: str, *,
+            use_bias: bool = False) -> Linear:
+    """A dense layer as ``cfg`` stores it; a shape of ``features`` fuses
+    projections (the ``out_in`` layout's ``fused_projections``)."""
     return Linear(features, use_bias=use_bias, kernel_layout=cfg.kernel_layout,
                   dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
                   precision=cfg.compute_precision, name=name)
-
-
-class FusedLinear(nn.Module):
-    """``y[..., *out_shape] = x W^T (+ b)`` with ``W`` stored ``[*out_shape, in]``:
-    several projections of the same input as one product (the decode layout's
-    ``qkv`` and ``wi``): one dot over the kernel as stored (never reshaped:
-    ``matmul_out_in``), whose rows are contiguous in memory."""
-
-    out_shape: tuple[int, ...]
-    use_bias: bool = False
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-    precision: str | None = None
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        fan_in = x.shape[-1]
-        out_axes = tuple(range(len(self.out_shape)))
-        init = nn.initializers.lecun_normal(in_axis=-1, out_axis=out_axes)
-        kernel = self.param("kernel", init, (*self.out_shape, fan_in), self.param_dtype)
-        y = matmul_out_in(x.astype(self.dtype), kernel, self.precision,
-                          scale_N=stored_scale(self))  # [..., *out_shape]
-        if self.use_bias:
-            bias = self.param("bias", nn.initializers.zeros, self.out_shape, self.param_dtype)
-            y = y + bias.astype(self.dtype)
-        return y
-
-
-def _fused(cfg: DecoderConfig, out_shape: tuple[int, ...], name: str, *,
-           use_bias: bool = False) -> FusedLinear:
-    return FusedLinear(out_shape, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
-                       param_dtype=jnp.dtype(cfg.param_dtype), precision=cfg.compute_precision,
-                       name=name)
 
 
 class Attention(nn.Module):
@@ -227,8 +196,8 @@ class Attention(nn.Module):
             return dense(x_BxKxD).reshape(batch, k, heads, head_dim)
 
         if cfg.fused_projections:
-            qkv = _fused(cfg, (cfg.num_kv_heads, groups + 2, head_dim), "qkv",
-                         use_bias=cfg.qkv_bias)(x_BxKxD)  # [B, K, H_kv, G + 2, D_head]
+            qkv = _linear(cfg, (cfg.num_kv_heads, groups + 2, head_dim), "qkv",
+                          use_bias=cfg.qkv_bias)(x_BxKxD)  # [B, K, H_kv, G + 2, D_head]
             # [B, K, H_kv, G, D_head] -> [B, K, H_kv * G, D_head]: head h * G + g.
             q = qkv[:, :, :, :groups].reshape(batch, k, cfg.num_heads, head_dim)
             new_k, new_v = qkv[:, :, :, groups], qkv[:, :, :, groups + 1]
@@ -258,7 +227,7 @@ class SwiGLU(nn.Module):
     def __call__(self, x):
         cfg = self.config
         if cfg.fused_projections:
-            gate_up = _fused(cfg, (2, cfg.intermediate_size), "wi")(x)  # [..., 2, I]
+            gate_up = _linear(cfg, (2, cfg.intermediate_size), "wi")(x)  # [..., 2, I]
             gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
         else:
             gate = _linear(cfg, cfg.intermediate_size, "wi_0")(x)
