@@ -46,9 +46,8 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling, target_functions
 from specdec_jax.decoding import (
-    EndOfBlockStop,
+    DecoderOptions,
     GenerationOutput,
-    check_rounds_per_sync,
     count_round,
     emit_round,
     extend_bucketed,
@@ -103,7 +102,7 @@ class _State:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftUntilDecoder:
+class DraftUntilDecoder(DecoderOptions):
     """Sequential token cascade (``mode="token-cascade"``) or
     the original Big-Little Decoder (``mode="bild-original"``).
 
@@ -122,14 +121,9 @@ class DraftUntilDecoder:
     fallback_alpha: float = 0.5
     max_drafts: int = MAX_CONSECUTIVE_DRAFTS
     target_widths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 11)
-    sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
-    eos_ids: tuple[int, ...] = ()
-    pad_id: int = 0
-    stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
-    rounds_per_sync: int = 1  # rounds between two reads of the loop condition
 
     def __post_init__(self):
-        check_rounds_per_sync(self.rounds_per_sync)
+        super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}.")
         if self.max_drafts < 1:

@@ -27,7 +27,7 @@ with the tokens.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.struct
 import jax
@@ -286,8 +286,123 @@ def initial_history(prompt: Prompt, width: int, encoder_decoder: bool, start_id:
     return history, prompt.lengths.astype(jnp.int32)
 
 
+def check_normalised_law(verifier, target_fn: TargetFunction, advice: str) -> None:
+    """Refuses a verifier that needs a normalised ``pi`` (``needs_normalised_law``:
+    it reproduces that law over many rounds or along a tree's residuals) with a
+    target function whose ``pi`` is unnormalised by design (the lossy rule)."""
+    if getattr(verifier, "needs_normalised_law", False) and not target_fn.normalised:
+        raise ValueError(
+            f"the {verifier.name!r} verifier needs a normalised pi, and {target_fn.name!r} "
+            f"weighs tokens with an unnormalised pi by design; {advice}.")
+
+
+def first_loop_state(prefilled: Prefilled, key, tokens_width: int, pad_id: int, *,
+                     verifier_state, stats: GenerationStats) -> _LoopState:
+    """The loop state before the first round: nothing emitted, no row done, the
+    caches and history as ``prefill`` left them; ``tokens_width`` is
+    ``max_new_tokens`` plus the most one round can emit (slack for the last)."""
+    batch = prefilled.length.shape[0]
+    return _LoopState(
+        tokens=jnp.full((batch, tokens_width), pad_id, jnp.int32),
+        num_generated=jnp.zeros((batch,), jnp.int32), history=prefilled.history,
+        length=prefilled.length, done=jnp.zeros((batch,), bool),
+        target_cache=prefilled.target_cache, drafter_state=prefilled.drafter_state,
+        verifier_state=verifier_state, key=key, stats=stats, features=prefilled.features)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecoderOptions:
+    """The options every decoder takes (keyword-only, after its own fields):
+    how it samples, which tokens end a row, what pads a finished row, and how
+    often its loop reads the loop condition."""
+
+    sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+    stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
+    # Rounds between two reads of the loop condition (``loop_until_done``):
+    # > 1 saves a GPU's per-round host sync; outputs are identical.
+    rounds_per_sync: int = 1
+
+    def __post_init__(self):
+        check_rounds_per_sync(self.rounds_per_sync)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoundDecoder(DecoderOptions):
+    """What every decoder of draft-score-verify rounds (chains, trees) shares:
+    the prefill of both models, ``generate`` = ``prefill`` then ``decode``, and
+    the cache-room checks. A subclass has ``target`` and ``drafter`` fields and defines
+    ``max_new_tokens``, ``gamma`` (the scratch room a round needs beyond the
+    emitted tokens), ``init_state``, ``round`` and, for its error messages,
+    ``kind`` and ``scratch_room``."""
+
+    kind: ClassVar[str] = "decoder"
+
+    def scratch_room(self) -> str:
+        return f"gamma {self.gamma}"
+
+    def _needed_room(self, prompt_width: int) -> tuple[int, str]:
+        """The cache length this decoder needs after a prompt, and its terms in words."""
+        needed = required_cache_length(prompt_width, self.max_new_tokens, self.gamma)
+        return needed, (f"prompt width {prompt_width} + max_new_tokens "
+                        f"{self.max_new_tokens} + {self.scratch_room()} + 1")
+
+    def prefill_length(self, prompt_width: int, max_length: int | None) -> int:
+        """``max_length`` (default: what this decoder needs), refused if too short."""
+        needed, terms = self._needed_room(prompt_width)
+        max_length = needed if max_length is None else max_length
+        if max_length < needed:
+            raise ValueError(f"max_length {max_length} is below the {needed} positions this "
+                             f"{self.kind} needs ({terms}).")
+        return max_length
+
+    def prefill(self, target_params, drafter_params, prompt: Prompt,
+                max_length: int | None = None) -> Prefilled:
+        """Feeds the prompt to the target and the drafter. Deterministic (no key),
+        so one prefill can seed many decodes: other seeds, verifiers, target
+        functions, hyperparameters, or any ``gamma`` whose
+        ``required_cache_length`` fits in ``max_length`` (default: this
+        decoder's own requirement)."""
+        width = prompt.tokens.shape[1]
+        max_length = self.prefill_length(width, max_length)
+        features = None
+        if needs_features(self.drafter):
+            target_cache, _, features = start_token_and_prefill(
+                self.target, target_params, prompt, max_length, all_hidden=True)
+        else:
+            target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
+                                                      max_length)
+        encoder_decoder = is_encoder_decoder(self.target)
+        drafter_state = self.drafter.init(drafter_params, prompt, max_length, encoder_decoder)
+        history, length = initial_history(prompt, max_length, encoder_decoder,
+                                          getattr(self.target, "decoder_start_token_id", None))
+        return Prefilled(target_cache=target_cache, drafter_state=drafter_state,
+                         history=history, length=length, prompt_width=width,
+                         features=features)
+
+    def generate(self, target_params, drafter_params, prompt: Prompt, key,
+                 sp: SamplingParams) -> GenerationOutput:
+        """Prefills, then runs rounds until every row is done. Pure; jit it (see ``api``)."""
+        return self.decode(target_params, drafter_params,
+                           self.prefill(target_params, drafter_params, prompt), key, sp)
+
+    def decode(self, target_params, drafter_params, prefilled: Prefilled, key,
+               sp: SamplingParams) -> GenerationOutput:
+        """Runs rounds from a ``prefill`` until every row is done. Pure; jit it."""
+        needed, terms = self._needed_room(prefilled.prompt_width)
+        capacity = min(prefilled.target_cache.max_length, prefilled.history.shape[1])
+        if capacity < needed:
+            raise ValueError(
+                f"the prefilled caches hold {capacity} positions but this {self.kind} needs "
+                f"{needed} ({terms}); prefill with max_length={needed} or more.")
+        state = self.init_state(prefilled, key)
+        return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
+                          self.max_new_tokens, self.rounds_per_sync)
+
+
 @dataclasses.dataclass(frozen=True)
-class SpeculativeDecoder:
+class SpeculativeDecoder(RoundDecoder):
     """Static configuration of a speculative generation (hashable: closes over jit).
 
     ``drafter`` is any strategy of ``specdec_jax.drafting`` (a bare
@@ -307,27 +422,16 @@ class SpeculativeDecoder:
     gamma: int
     max_new_tokens: int
     verifier: Any = TokenVerifier()
-    sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
-    eos_ids: tuple[int, ...] = ()
-    pad_id: int = 0
-    stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
     # None: ask the drafter for q_{G+1} only when the target function needs it.
     # True forces the classic G + 1 drafter steps (to measure what skipping saves).
     draft_next_q: bool | None = None
-    # Rounds between two reads of the loop condition (``loop_until_done``):
-    # > 1 saves a GPU's per-round host sync; outputs are identical.
-    rounds_per_sync: int = 1
 
     def __post_init__(self):
         if not is_drafter(self.drafter):
             object.__setattr__(self, "drafter", ModelDrafter(self.drafter))
-        check_rounds_per_sync(self.rounds_per_sync)
-        if getattr(self.verifier, "needs_normalised_law", False) and \
-                not self.target_fn.normalised:
-            raise ValueError(
-                f"the {self.verifier.name!r} verifier reproduces a normalised law over many "
-                f"rounds, and {self.target_fn.name!r} weighs tokens with an unnormalised "
-                "pi by design; use the 'token' or 'block' verifier for it.")
+        super().__post_init__()
+        check_normalised_law(self.verifier, self.target_fn,
+                             "use the 'token' or 'block' verifier for it")
 
     @property
     def needs_next_q(self) -> bool:
@@ -335,46 +439,12 @@ class SpeculativeDecoder:
             return self.draft_next_q
         return not self.target_fn.bonus_from_target
 
-    def prefill(self, target_params, drafter_params, prompt: Prompt,
-                max_length: int | None = None) -> Prefilled:
-        """Feeds the prompt to the target and the drafter. Deterministic (no key),
-        so one prefill can seed many decodes: other seeds, verifiers, target
-        functions, hyperparameters, or any ``gamma`` whose
-        ``required_cache_length`` fits in ``max_length`` (default: this
-        decoder's own requirement)."""
-        width = prompt.tokens.shape[1]
-        needed = required_cache_length(width, self.max_new_tokens, self.gamma)
-        max_length = needed if max_length is None else max_length
-        if max_length < needed:
-            raise ValueError(f"max_length {max_length} is below the {needed} positions this "
-                             f"decoder needs (prompt width {width} + max_new_tokens "
-                             f"{self.max_new_tokens} + gamma {self.gamma} + 1).")
-        features = None
-        if needs_features(self.drafter):
-            target_cache, _, features = start_token_and_prefill(
-                self.target, target_params, prompt, max_length, all_hidden=True)
-        else:
-            target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
-                                                      max_length)
-        encoder_decoder = is_encoder_decoder(self.target)
-        drafter_state = self.drafter.init(drafter_params, prompt, max_length, encoder_decoder)
-        history, length = initial_history(prompt, max_length, encoder_decoder,
-                                          getattr(self.target, "decoder_start_token_id", None))
-        return Prefilled(target_cache=target_cache, drafter_state=drafter_state,
-                         history=history, length=length, prompt_width=width,
-                         features=features)
-
     def init_state(self, prefilled: Prefilled, key) -> _LoopState:
         batch = prefilled.length.shape[0]
-        return _LoopState(
-            tokens=jnp.full((batch, self.max_new_tokens + self.gamma + 1), self.pad_id,
-                            jnp.int32),
-            num_generated=jnp.zeros((batch,), jnp.int32), history=prefilled.history,
-            length=prefilled.length, done=jnp.zeros((batch,), bool),
-            target_cache=prefilled.target_cache, drafter_state=prefilled.drafter_state,
-            verifier_state=self.verifier.init_state(batch), key=key,
-            stats=zero_stats(batch, self.gamma, len(self.drafter.model_names)),
-            features=prefilled.features)
+        return first_loop_state(
+            prefilled, key, self.max_new_tokens + self.gamma + 1, self.pad_id,
+            verifier_state=self.verifier.init_state(batch),
+            stats=zero_stats(batch, self.gamma, len(self.drafter.model_names)))
 
     def round(self, target_params, drafter_params, state: _LoopState,
               sp: SamplingParams) -> _LoopState:
@@ -453,27 +523,6 @@ class SpeculativeDecoder:
                 drafter_state, state.length + jnp.where(active_B, accepted_B, 0)),
             verifier_state=verifier_state, key=key, stats=stats)
 
-    def generate(self, target_params, drafter_params, prompt: Prompt, key,
-                 sp: SamplingParams) -> GenerationOutput:
-        """Prefills, then runs rounds until every row is done. Pure; jit it (see ``api``)."""
-        return self.decode(target_params, drafter_params,
-                           self.prefill(target_params, drafter_params, prompt), key, sp)
-
-    def decode(self, target_params, drafter_params, prefilled: Prefilled, key,
-               sp: SamplingParams) -> GenerationOutput:
-        """Runs rounds from a ``prefill`` until every row is done. Pure; jit it."""
-        needed = required_cache_length(prefilled.prompt_width, self.max_new_tokens, self.gamma)
-        capacity = min(prefilled.target_cache.max_length, prefilled.history.shape[1])
-        if capacity < needed:
-            raise ValueError(
-                f"the prefilled caches hold {capacity} positions but this decoder needs "
-                f"{needed} (prompt width {prefilled.prompt_width} + max_new_tokens "
-                f"{self.max_new_tokens} + gamma {self.gamma} + 1); prefill with "
-                f"max_length={needed} or more.")
-        state = self.init_state(prefilled, key)
-        return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
-                          self.max_new_tokens, self.rounds_per_sync)
-
 
 def check_rounds_per_sync(rounds_per_sync: int) -> None:
     loops.check_every(rounds_per_sync, "rounds_per_sync")
@@ -510,20 +559,13 @@ class _AutoregressiveState:
 
 
 @dataclasses.dataclass(frozen=True)
-class AutoregressiveDecoder:
+class AutoregressiveDecoder(DecoderOptions):
     """Target-only sampling, one token per call: the baseline every method is
-    measured against, on the same machinery (prefill, sampling, EOS, stats)."""
+    measured against, on the same machinery (prefill, sampling, EOS, stats;
+    its ``rounds_per_sync`` counts steps)."""
 
     target: LanguageModel
     max_new_tokens: int
-    sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
-    eos_ids: tuple[int, ...] = ()
-    pad_id: int = 0
-    stop_rule: EndOfBlockStop | None = None  # ends rows besides eos_ids
-    rounds_per_sync: int = 1  # steps between two reads of the loop condition
-
-    def __post_init__(self):
-        check_rounds_per_sync(self.rounds_per_sync)
 
     def generate(self, target_params, drafter_params, prompt: Prompt, key,
                  sp: SamplingParams) -> GenerationOutput:

@@ -43,30 +43,26 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling, target_functions, verify_tree
 from specdec_jax.decoding import (
-    EndOfBlockStop,
-    GenerationOutput,
     Prefilled,
+    RoundDecoder,
     _LoopState,
-    check_rounds_per_sync,
+    check_normalised_law,
     count_round,
     emit_round,
-    initial_history,
-    required_cache_length,
-    run_rounds,
+    first_loop_state,
     zero_stats,
 )
 from specdec_jax.drafting.base import (
     Context,
     is_drafter,
     needs_features,
-    start_token_and_prefill,
     write_rows,
 )
 from specdec_jax.drafting.maxgram import MaxGramDrafter
@@ -79,8 +75,6 @@ from specdec_jax.drafting.tree import (
 )
 from specdec_jax.models.interface import (
     LanguageModel,
-    Prompt,
-    is_encoder_decoder,
     supports_trees,
     tree_with_root,
 )
@@ -304,7 +298,7 @@ def make_tree_drafter(drafter, tree, draws: str | None = None) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class TreeDecoder:
+class TreeDecoder(RoundDecoder):
     """Static configuration of a tree generation (hashable: closes over jit).
 
     ``drafter`` drafts trees (``propose_tree``: ``drafting.tree``);
@@ -322,14 +316,10 @@ class TreeDecoder:
     target_fn: TargetFunction
     max_new_tokens: int
     verifier: Any = verify_tree.TraversalVerifier()
-    sampling_config: sampling.SamplingConfig = sampling.SamplingConfig()
-    eos_ids: tuple[int, ...] = ()
-    pad_id: int = 0
-    stop_rule: EndOfBlockStop | None = None
-    rounds_per_sync: int = 1
+    kind: ClassVar[str] = "tree decoder"
 
     def __post_init__(self):
-        check_rounds_per_sync(self.rounds_per_sync)
+        super().__post_init__()
         if not is_tree_drafter(self.drafter):
             raise ValueError(f"{type(self.drafter).__name__} does not draft trees "
                              "(make_tree_drafter builds one).")
@@ -340,12 +330,8 @@ class TreeDecoder:
             raise ValueError(f"{type(self.target).__name__} cannot score token trees "
                              "(score_tree / commit_path); tree decoding needs a decoder-only "
                              "target.")
-        if getattr(self.verifier, "needs_normalised_law", False) and \
-                not self.target_fn.normalised:
-            raise ValueError(
-                f"the {self.verifier.name!r} tree verifier needs a normalised pi, and "
-                f"{self.target_fn.name!r} weighs tokens with an unnormalised pi by design; "
-                "use the 'greedy' tree verifier (T = 0) or a chain.")
+        check_normalised_law(self.verifier, self.target_fn,
+                             "use the 'greedy' tree verifier (T = 0) or a chain")
         check_drafter_draws(self.drafter, self.verifier)
 
     @property
@@ -367,39 +353,20 @@ class TreeDecoder:
         scratch slots): what ``required_cache_length`` takes as ``gamma``."""
         return self.num_nodes
 
+    def scratch_room(self) -> str:
+        return f"{self.num_nodes} tree nodes"
+
     @property
     def needs_next_q(self) -> bool:
         return not self.target_fn.bonus_from_target
 
-    def prefill(self, target_params, drafter_params, prompt: Prompt,
-                max_length: int | None = None) -> Prefilled:
-        """Feeds the prompt to the target and the drafter (deterministic)."""
-        width = prompt.tokens.shape[1]
-        needed = required_cache_length(width, self.max_new_tokens, self.gamma)
-        max_length = needed if max_length is None else max_length
-        if max_length < needed:
-            raise ValueError(f"max_length {max_length} is below the {needed} positions this "
-                             f"tree decoder needs (prompt width {width} + max_new_tokens "
-                             f"{self.max_new_tokens} + {self.num_nodes} tree nodes + 1).")
-        target_cache, _ = start_token_and_prefill(self.target, target_params, prompt,
-                                                  max_length)
-        encoder_decoder = is_encoder_decoder(self.target)
-        drafter_state = self.drafter.init(drafter_params, prompt, max_length, encoder_decoder)
-        history, length = initial_history(prompt, max_length, encoder_decoder, None)
-        return Prefilled(target_cache=target_cache, drafter_state=drafter_state,
-                         history=history, length=length, prompt_width=width)
-
     def init_state(self, prefilled: Prefilled, key) -> _LoopState:
         batch = prefilled.length.shape[0]
-        return _LoopState(
-            tokens=jnp.full((batch, self.max_new_tokens + self.depth + 1), self.pad_id,
-                            jnp.int32),
-            num_generated=jnp.zeros((batch,), jnp.int32), history=prefilled.history,
-            length=prefilled.length, done=jnp.zeros((batch,), bool),
-            target_cache=prefilled.target_cache, drafter_state=prefilled.drafter_state,
-            verifier_state=None, key=key,
-            stats=zero_stats(batch, self.depth, len(self.drafter.model_names),
-                             self.max_children))
+        return first_loop_state(
+            prefilled, key, self.max_new_tokens + self.depth + 1, self.pad_id,
+            verifier_state=None, stats=zero_stats(batch, self.depth,
+                                                  len(self.drafter.model_names),
+                                                  self.max_children))
 
     def verify(self, key, tree: verify_tree.Tree, q_BxN1xV, pi_BxN1xV, sp: SamplingParams):
         """The configured verifier, or greedy at temperature 0 (module docstring)."""
@@ -484,22 +451,3 @@ class TreeDecoder:
             history=write_rows(state.history, candidates, state.length),
             length=state.length + keep_B, done=done, target_cache=target_cache,
             drafter_state=drafter_state, key=key, stats=stats)
-
-    def generate(self, target_params, drafter_params, prompt: Prompt, key,
-                 sp: SamplingParams) -> GenerationOutput:
-        """Prefills, then runs rounds until every row is done. Pure; jit it (see ``api``)."""
-        return self.decode(target_params, drafter_params,
-                           self.prefill(target_params, drafter_params, prompt), key, sp)
-
-    def decode(self, target_params, drafter_params, prefilled: Prefilled, key,
-               sp: SamplingParams) -> GenerationOutput:
-        """Runs rounds from a ``prefill`` until every row is done. Pure; jit it."""
-        needed = required_cache_length(prefilled.prompt_width, self.max_new_tokens, self.gamma)
-        capacity = min(prefilled.target_cache.max_length, prefilled.history.shape[1])
-        if capacity < needed:
-            raise ValueError(f"the prefilled caches hold {capacity} positions but this tree "
-                             f"decoder needs {needed}; prefill with max_length={needed} or "
-                             "more.")
-        state = self.init_state(prefilled, key)
-        return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
-                          self.max_new_tokens, self.rounds_per_sync)

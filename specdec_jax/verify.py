@@ -145,11 +145,26 @@ def correction_or_bonus(key: Array, num_accepted_B: Array, q_BxGxV: Array, pi_Bx
 
 @dataclasses.dataclass(frozen=True)
 class StatelessVerifier:
-    """Base of verifiers that carry nothing from one round to the next."""
+    """Base of verifiers that carry nothing from one round to the next.
+
+    Both kinds of test here draw one uniform per draft (token verification
+    compares ``u_i q_i(x_i) < pi_i(x_i)``, block verification ``eta_i <= h_i``),
+    so ``__call__`` draws them, with one key, and a second key for the token
+    emitted after the accepted drafts; a subclass's ``decide`` turns them into
+    ``(num_accepted_B, next_token_B)``. The state passes through untouched."""
 
     def init_state(self, batch_size: int) -> None:
         del batch_size
         return None
+
+    def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
+                 bonus_BxV: Array, state: Any = None,
+                 count_B: Array | None = None) -> VerifyOutput:
+        accept_key, sample_key = jax.random.split(key)
+        u_BxG = jax.random.uniform(accept_key, drafts_BxG.shape)
+        num_accepted_B, next_token_B = self.decide(u_BxG, sample_key, drafts_BxG, q_BxGxV,
+                                                   pi_BxGxV, bonus_BxV, count_B)
+        return VerifyOutput(num_accepted=num_accepted_B, next_token=next_token_B, state=state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,16 +173,13 @@ class TokenVerifier(StatelessVerifier):
 
     name: str = "token"
 
-    def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
-                 bonus_BxV: Array, state: Any = None,
-                 count_B: Array | None = None) -> VerifyOutput:
-        accept_key, sample_key = jax.random.split(key)
+    def decide(self, u_BxG: Array, sample_key: Array, drafts_BxG: Array, q_BxGxV: Array,
+               pi_BxGxV: Array, bonus_BxV: Array, count_B: Array | None
+               ) -> tuple[Array, Array]:
         q_tok_BxG = gather_token_probs(q_BxGxV, drafts_BxG)
         pi_tok_BxG = gather_token_probs(pi_BxGxV, drafts_BxG)
         # Accept iff u < pi/q, i.e. u * q < pi (no division: q(x) > 0 for a drawn x).
-        u_BxG = jax.random.uniform(accept_key, drafts_BxG.shape)
         num_accepted_B = jnp.minimum(leading_accepts(u_BxG * q_tok_BxG < pi_tok_BxG),
                                      block_lengths(drafts_BxG, count_B))
-        next_token_B = correction_or_bonus(sample_key, num_accepted_B, q_BxGxV, pi_BxGxV,
-                                           bonus_BxV, count_B=count_B)
-        return VerifyOutput(num_accepted=num_accepted_B, next_token=next_token_B, state=state)
+        return num_accepted_B, correction_or_bonus(sample_key, num_accepted_B, q_BxGxV,
+                                                   pi_BxGxV, bonus_BxV, count_B=count_B)

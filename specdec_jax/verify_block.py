@@ -183,19 +183,19 @@ def block_weights(drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
 
 @dataclasses.dataclass(frozen=True)
 class BlockVerifier(StatelessVerifier):
-    """Stateless block verification (see module docstring)."""
+    """Stateless block verification (module docstring): one decision for the
+    block, ``tau`` = the last prefix length ``i`` whose test ``eta_i <= h_i``
+    passes (0 when none does)."""
 
     name: str = "block"
 
-    def __call__(self, key: Array, drafts_BxG: Array, q_BxGxV: Array, pi_BxGxV: Array,
-                 bonus_BxV: Array, state: None = None,
-                 count_B: Array | None = None) -> VerifyOutput:
-        accept_key, sample_key = jax.random.split(key)
+    def decide(self, eta_BxG: Array, sample_key: Array, drafts_BxG: Array, q_BxGxV: Array,
+               pi_BxGxV: Array, bonus_BxV: Array, count_B: Array | None
+               ) -> tuple[Array, Array]:
         w_BxG1, h_BxG1 = block_weights(drafts_BxG, q_BxGxV, pi_BxGxV, count_B)
-        tau_B = last_passing(jax.random.uniform(accept_key, drafts_BxG.shape), h_BxG1)
-        next_B = _next_token(sample_key, tau_B, jnp.log(w_BxG1), q_BxGxV, pi_BxGxV,
-                             bonus_BxV, count_B)
-        return VerifyOutput(num_accepted=tau_B, next_token=next_B, state=state)
+        tau_B = last_passing(eta_BxG, h_BxG1)
+        return tau_B, _next_token(sample_key, tau_B, jnp.log(w_BxG1), q_BxGxV, pi_BxGxV,
+                                  bonus_BxV, count_B)
 
 
 # ---------------------------------------------------------------------------

@@ -380,7 +380,29 @@ class GreedyTreeVerifier:
 
 
 @dataclasses.dataclass(frozen=True)
-class RecursiveRejectionVerifier:
+class SamplingTreeVerifier:
+    """Base of the tree verifiers that sample (RRS, traversal): each node gets
+    one uniform, each child is tested against the law it was drawn from
+    (``sibling_laws``), and a subclass's ``walk_row`` walks one row's tree to
+    ``(accepted node, weights the next token is drawn from)``. Rows run one
+    after another (``lax.map``), so each walk takes its own data-dependent
+    branches instead of touching every [V] row of the batch."""
+
+    needs_normalised_law: ClassVar[bool] = True
+
+    def __call__(self, key: Array, tree: Tree, q_BxN1xV: Array,
+                 pi_BxN1xV: Array) -> TreeVerifyOutput:
+        accept_key, sample_key = jax.random.split(key)
+        u_BxN = jax.random.uniform(accept_key, tree.tokens.shape)
+        law_BxNxV = sibling_laws(tree, q_BxN1xV)
+        node_B, weights_BxV = jax.lax.map(lambda args: self.walk_row(*args),
+                                          (tree, law_BxNxV, pi_BxN1xV, u_BxN))
+        return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
+                                next_token=sample_from_weights(sample_key, weights_BxV))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecursiveRejectionVerifier(SamplingTreeVerifier):
     """Recursive rejection sampling over each node's children (module docstring).
 
     Each child is tested against the law it was drawn from (``sibling_laws``
@@ -396,45 +418,35 @@ class RecursiveRejectionVerifier:
     """
 
     name: str = "rrs"
-    needs_normalised_law: ClassVar[bool] = True
 
     def sibling_residual(self, r_V: Array, law_V: Array) -> Array:
         """The law left for the next sibling after one with law ``law`` was
         rejected: ``norm((r - law)_+)`` (``r`` itself if that has no mass)."""
         return normalised(residual(r_V, law_V))
 
-    def __call__(self, key: Array, tree: Tree, q_BxN1xV: Array,
-                 pi_BxN1xV: Array) -> TreeVerifyOutput:
-        accept_key, sample_key = jax.random.split(key)
-        u_BxN = jax.random.uniform(accept_key, tree.tokens.shape)
-        law_BxNxV = sibling_laws(tree, q_BxN1xV)
-        n = tree.num_nodes
+    def walk_row(self, tree_row: Tree, law_NxV: Array, pi_N1xV: Array, u_N: Array
+                 ) -> tuple[Array, Array]:
+        n = tree_row.tokens.shape[-1]
 
-        def row(tree_row: Tree, law_NxV, pi_N1xV, u_N):
-            def body_fn(i, carry):
-                node, r_V = carry  # int32 []: current node; float32 [V]: its law left
-                x = tree_row.tokens[i]
-                law_x = law_NxV[i, x]
-                tested = _is_child(tree_row, i, node)
-                accept = tested & (law_x > 0) & (u_N[i] * law_x < r_V[x])
-                reject = tested & ~accept
-                # A real branch per row (``lax.map`` below): slots that are not
-                # children of the current node touch no [V] row.
-                r_V = jax.lax.switch(accept.astype(jnp.int32) + 2 * reject.astype(jnp.int32),
-                                     [lambda r_V: r_V, lambda r_V: pi_N1xV[i + 1],
-                                      lambda r_V: self.sibling_residual(r_V, law_NxV[i])], r_V)
-                return jnp.where(accept, i, node), r_V
+        def body_fn(i, carry):
+            node, r_V = carry  # int32 []: current node; float32 [V]: its law left
+            x = tree_row.tokens[i]
+            law_x = law_NxV[i, x]
+            tested = _is_child(tree_row, i, node)
+            accept = tested & (law_x > 0) & (u_N[i] * law_x < r_V[x])
+            reject = tested & ~accept
+            # A real branch per row (``lax.map`` in ``__call__``): slots that are not
+            # children of the current node touch no [V] row.
+            r_V = jax.lax.switch(accept.astype(jnp.int32) + 2 * reject.astype(jnp.int32),
+                                 [lambda r_V: r_V, lambda r_V: pi_N1xV[i + 1],
+                                  lambda r_V: self.sibling_residual(r_V, law_NxV[i])], r_V)
+            return jnp.where(accept, i, node), r_V
 
-            return jax.lax.fori_loop(0, n, body_fn, (jnp.int32(ROOT), pi_N1xV[0]))
-
-        node_B, weights_BxV = jax.lax.map(lambda args: row(*args),
-                                          (tree, law_BxNxV, pi_BxN1xV, u_BxN))
-        return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
-                                next_token=sample_from_weights(sample_key, weights_BxV))
+        return jax.lax.fori_loop(0, n, body_fn, (jnp.int32(ROOT), pi_N1xV[0]))
 
 
 @dataclasses.dataclass(frozen=True)
-class TraversalVerifier:
+class TraversalVerifier(SamplingTreeVerifier):
     """Traversal verification (Weng et al.), leaf to root (module docstring).
 
     How the children were drawn (``tree.draws``; the paper's setting is
@@ -448,69 +460,59 @@ class TraversalVerifier:
     """
 
     name: str = "traversal"
-    needs_normalised_law: ClassVar[bool] = True
 
-    def __call__(self, key: Array, tree: Tree, q_BxN1xV: Array,
-                 pi_BxN1xV: Array) -> TreeVerifyOutput:
-        accept_key, sample_key = jax.random.split(key)
-        u_BxN = jax.random.uniform(accept_key, tree.tokens.shape)
-        law_BxNxV = sibling_laws(tree, q_BxN1xV)
-        n = tree.num_nodes
+    def walk_row(self, tree_row: Tree, law_NxV: Array, pi_N1xV: Array, u_N: Array
+                 ) -> tuple[Array, Array]:
+        n = tree_row.tokens.shape[-1]
         index_N = jnp.arange(n, dtype=jnp.int32)
 
-        def row(tree_row: Tree, law_NxV, pi_N1xV, u_N):
-            def body_fn(_, carry):
-                # node: current node; after: its children up to this index are done;
-                # alpha_N1 [N + 1], p_N1xV [N + 1, V]: (alpha, P) per context
-                node, after, alpha_N1, p_N1xV, done, accepted = carry
-                is_next = _is_child(tree_row, index_N, node) & (index_N > after)
-                child = jnp.min(jnp.where(is_next, index_N, n))
-                enter = ~done & (child < n)
-                leave = ~done & (child >= n)
-                # Enter ``child``: alpha = min(1, alpha_node P_node(x) / q_j(x)).
-                c = jnp.minimum(child, n - 1)
-                x = tree_row.tokens[c]
-                law_x = law_NxV[c, x]
-                ratio = (alpha_N1[node + 1] * p_N1xV[node + 1, x]
-                         / jnp.where(law_x > 0, law_x, 1.0))
-                alpha_child = jnp.where(law_x > 0, jnp.minimum(ratio, 1.0), 0.0)
-                # Leave ``node``: test it; on rejection update its parent.
-                accept = leave & ((node == ROOT) | (u_N[jnp.maximum(node, 0)]
-                                                    < alpha_N1[node + 1]))
-                reject = leave & ~accept
-                parent = tree_row.parents[jnp.maximum(node, 0)]
+        def body_fn(_, carry):
+            # node: current node; after: its children up to this index are done;
+            # alpha_N1 [N + 1], p_N1xV [N + 1, V]: (alpha, P) per context
+            node, after, alpha_N1, p_N1xV, done, accepted = carry
+            is_next = _is_child(tree_row, index_N, node) & (index_N > after)
+            child = jnp.min(jnp.where(is_next, index_N, n))
+            enter = ~done & (child < n)
+            leave = ~done & (child >= n)
+            # Enter ``child``: alpha = min(1, alpha_node P_node(x) / q_j(x)).
+            c = jnp.minimum(child, n - 1)
+            x = tree_row.tokens[c]
+            law_x = law_NxV[c, x]
+            ratio = (alpha_N1[node + 1] * p_N1xV[node + 1, x]
+                     / jnp.where(law_x > 0, law_x, 1.0))
+            alpha_child = jnp.where(law_x > 0, jnp.minimum(ratio, 1.0), 0.0)
+            # Leave ``node``: test it; on rejection update its parent.
+            accept = leave & ((node == ROOT) | (u_N[jnp.maximum(node, 0)]
+                                                < alpha_N1[node + 1]))
+            reject = leave & ~accept
+            parent = tree_row.parents[jnp.maximum(node, 0)]
 
-                def reject_update(state):
-                    # The parent's (alpha, P) after its child ``node`` (law q_j) is rejected.
-                    alpha_N1, p_N1xV = state
-                    alpha_p, p_V = alpha_N1[parent + 1], p_N1xV[parent + 1]
-                    diff_V = alpha_p * p_V - law_NxV[jnp.maximum(node, 0)]
-                    s = jnp.sum(jnp.maximum(diff_V, 0.0))
-                    denom = s + 1.0 - alpha_p
-                    alpha_p = jnp.where(denom > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
-                    p_V = jnp.where(s > RESIDUAL_EPS,
-                                    jnp.maximum(diff_V, 0.0) / jnp.maximum(s, RESIDUAL_EPS), p_V)
-                    return alpha_N1.at[parent + 1].set(alpha_p), p_N1xV.at[parent + 1].set(p_V)
+            def reject_update(state):
+                # The parent's (alpha, P) after its child ``node`` (law q_j) is rejected.
+                alpha_N1, p_N1xV = state
+                alpha_p, p_V = alpha_N1[parent + 1], p_N1xV[parent + 1]
+                diff_V = alpha_p * p_V - law_NxV[jnp.maximum(node, 0)]
+                s = jnp.sum(jnp.maximum(diff_V, 0.0))
+                denom = s + 1.0 - alpha_p
+                alpha_p = jnp.where(denom > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
+                p_V = jnp.where(s > RESIDUAL_EPS,
+                                jnp.maximum(diff_V, 0.0) / jnp.maximum(s, RESIDUAL_EPS), p_V)
+                return alpha_N1.at[parent + 1].set(alpha_p), p_N1xV.at[parent + 1].set(p_V)
 
-                alpha_N1 = alpha_N1.at[c + 1].set(jnp.where(enter, alpha_child, alpha_N1[c + 1]))
-                # A real branch per row (``lax.map`` below): only rejections touch [V] rows.
-                alpha_N1, p_N1xV = jax.lax.cond(reject, reject_update, lambda state: state,
-                                                (alpha_N1, p_N1xV))
-                new_node = jnp.where(enter, c, jnp.where(reject, parent, node))
-                new_after = jnp.where(enter, c, jnp.where(reject, node, after))
-                accepted = jnp.where(accept, node, accepted)
-                return new_node, new_after, alpha_N1, p_N1xV, done | accept, accepted
+            alpha_N1 = alpha_N1.at[c + 1].set(jnp.where(enter, alpha_child, alpha_N1[c + 1]))
+            # A real branch per row (``lax.map`` in ``__call__``): only rejections touch [V] rows.
+            alpha_N1, p_N1xV = jax.lax.cond(reject, reject_update, lambda state: state,
+                                            (alpha_N1, p_N1xV))
+            new_node = jnp.where(enter, c, jnp.where(reject, parent, node))
+            new_after = jnp.where(enter, c, jnp.where(reject, node, after))
+            accepted = jnp.where(accept, node, accepted)
+            return new_node, new_after, alpha_N1, p_N1xV, done | accept, accepted
 
-            alpha_N1 = jnp.ones((n + 1,), jnp.float32)
-            init = (jnp.int32(ROOT), jnp.int32(ROOT), alpha_N1, pi_N1xV, jnp.bool_(False),
-                    jnp.int32(ROOT))
-            *_, p_N1xV, _, accepted = jax.lax.fori_loop(0, 2 * n + 1, body_fn, init)
-            return accepted, p_N1xV[accepted + 1]
-
-        node_B, weights_BxV = jax.lax.map(lambda args: row(*args),
-                                          (tree, law_BxNxV, pi_BxN1xV, u_BxN))
-        return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
-                                next_token=sample_from_weights(sample_key, weights_BxV))
+        alpha_N1 = jnp.ones((n + 1,), jnp.float32)
+        init = (jnp.int32(ROOT), jnp.int32(ROOT), alpha_N1, pi_N1xV, jnp.bool_(False),
+                jnp.int32(ROOT))
+        *_, p_N1xV, _, accepted = jax.lax.fori_loop(0, 2 * n + 1, body_fn, init)
+        return accepted, p_N1xV[accepted + 1]
 
 
 # The names a tree decoder takes, the default first. 'rrs-replacement' is RRS

@@ -22,6 +22,14 @@ SUPPORTED_FEED_FORWARD = "gated-gelu"  # T5 v1.1, Flan-T5, mT5
 
 _ATTENTION = (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))
 _MLP = ("wi_0", "wi_1", "wo")
+# The sublayers of a block, in HF's order (``{stack}.block.{i}.layer.{j}``):
+# (our pre-norm, our attention module or None for the MLP, HF's attention module).
+_ENCODER_SUBLAYERS = (("pre_attention_layer_norm", "attention", "SelfAttention"),
+                      ("pre_mlp_layer_norm", None, None))
+_DECODER_SUBLAYERS = (
+    ("pre_self_attention_layer_norm", "self_attention", "SelfAttention"),
+    ("pre_cross_attention_layer_norm", "encoder_decoder_attention", "EncDecAttention"),
+    ("pre_mlp_layer_norm", None, None))
 
 
 def _tensor_map(cfg: T5Config) -> list[tuple[tuple[str, ...], str, bool]]:
@@ -37,25 +45,17 @@ def _tensor_map(cfg: T5Config) -> list[tuple[tuple[str, ...], str, bool]]:
             mapping.append((ours + ("mlp", name, "kernel"),
                             f"{theirs}.DenseReluDense.{name}.weight", True))
 
-    for i in range(cfg.num_encoder_layers):
-        ours, theirs = ("encoder", f"layers_{i}"), f"encoder.block.{i}.layer"
-        mapping.append((ours + ("pre_attention_layer_norm", "scale"),
-                        f"{theirs}.0.layer_norm.weight", False))
-        attention(ours + ("attention",), f"{theirs}.0.SelfAttention")
-        mapping.append((ours + ("pre_mlp_layer_norm", "scale"),
-                        f"{theirs}.1.layer_norm.weight", False))
-        mlp(ours, f"{theirs}.1")
-    for i in range(cfg.num_decoder_layers):
-        ours, theirs = ("decoder", f"layers_{i}"), f"decoder.block.{i}.layer"
-        mapping.append((ours + ("pre_self_attention_layer_norm", "scale"),
-                        f"{theirs}.0.layer_norm.weight", False))
-        attention(ours + ("self_attention",), f"{theirs}.0.SelfAttention")
-        mapping.append((ours + ("pre_cross_attention_layer_norm", "scale"),
-                        f"{theirs}.1.layer_norm.weight", False))
-        attention(ours + ("encoder_decoder_attention",), f"{theirs}.1.EncDecAttention")
-        mapping.append((ours + ("pre_mlp_layer_norm", "scale"),
-                        f"{theirs}.2.layer_norm.weight", False))
-        mlp(ours, f"{theirs}.2")
+    for stack, num_layers, sublayers in (("encoder", cfg.num_encoder_layers, _ENCODER_SUBLAYERS),
+                                         ("decoder", cfg.num_decoder_layers, _DECODER_SUBLAYERS)):
+        for i in range(num_layers):
+            ours = (stack, f"layers_{i}")
+            for j, (norm, our_attention, their_attention) in enumerate(sublayers):
+                theirs = f"{stack}.block.{i}.layer.{j}"
+                mapping.append((ours + (norm, "scale"), f"{theirs}.layer_norm.weight", False))
+                if our_attention is None:
+                    mlp(ours, theirs)
+                else:
+                    attention(ours + (our_attention,), f"{theirs}.{their_attention}")
     for stack in ("encoder", "decoder"):
         # Only the first block carries the table; every layer of the stack shares it.
         mapping.append(((stack, "relpos_bias", "rel_embedding"),

@@ -207,8 +207,56 @@ def _pick(x_BxWx_: Array, index_BxM: Array) -> Array:
         x_BxWx_.ndim - 2)), axis=1)
 
 
-def _counts(calls_B, fed_B, single_B):
-    return calls_B[:, None], fed_B[:, None], single_B[:, None]
+class FixedShapeDrafter:
+    """Mixin of the drafters that draft one static ``shape`` every round: its
+    depth, node count and widest node are the drafter's."""
+
+    @property
+    def depth(self) -> int:
+        return self.shape.depth
+
+    @property
+    def num_nodes(self) -> int:
+        return self.shape.num_nodes
+
+    @property
+    def max_children(self) -> int:
+        return self.shape.max_children
+
+
+@dataclasses.dataclass(frozen=True)
+class _DraftedLevels:
+    """What a model tree drafter records while its level loop unrolls (a
+    Python loop, traced once): each level's laws (``q`` / ``q_stat``: [B, W, V]
+    per level, the root's first) and the counters of the calls that scored them."""
+
+    q: tuple[Array, ...]
+    q_stat: tuple[Array, ...]
+    calls_B: Array
+    fed_B: Array
+    single_B: Array
+    nan_B: Array
+
+    def scored(self, dist: sampling.Distributions, logits: Array, width: int
+               ) -> _DraftedLevels:
+        """After one call that scored ``width`` nodes, with these laws."""
+        return _DraftedLevels(q=self.q + (dist.probs,), q_stat=self.q_stat + (dist.stats,),
+                              calls_B=self.calls_B + 1, fed_B=self.fed_B + width,
+                              single_B=self.single_B + int(width == 1),
+                              nan_B=self.nan_B + has_nan(logits))
+
+    def unscored(self, width: int) -> _DraftedLevels:
+        """After a last level drafted without ``with_next``: no call, so no laws
+        (zeros: verification reads only laws that children were drawn from)."""
+        zeros = jnp.zeros((self.q[0].shape[0], width, self.q[0].shape[-1]), jnp.float32)
+        return dataclasses.replace(self, q=self.q + (zeros,), q_stat=self.q_stat + (zeros,))
+
+    def proposal(self, tokens_BxN: Array, parents_BxN: Array, draws: str) -> TreeProposal:
+        return TreeProposal(tokens=tokens_BxN, parents=parents_BxN,
+                            q=jnp.concatenate(self.q, axis=1),
+                            q_stat=jnp.concatenate(self.q_stat, axis=1),
+                            calls=self.calls_B[:, None], fed=self.fed_B[:, None],
+                            single=self.single_B[:, None], nan=self.nan_B, draws=draws)
 
 
 class _ModelTreeDrafter(SingleModelDrafter):
@@ -255,14 +303,39 @@ class _ModelTreeDrafter(SingleModelDrafter):
         return state.replace(cache=self.model.commit_path(state.cache, nodes_BxA, kept_B),
                              scored_depth=jnp.zeros_like(state.scored_depth))
 
-    def _root(self, params, state, context):
+    def _root(self, params, state, context, sp, config):
+        """The round's first call (the history not yet fed, up to the pending
+        token): ``(levels, logits, dist, cache)`` with the root's law [B, 1, V]."""
         logits, hidden, cache, calls_B, fed_B, single_B = extend_from_history(
             self.model, params, state.cache, context, None, self.widths)
-        return logits[:, :1], cache, calls_B, fed_B, single_B
+        logits = logits[:, :1]
+        dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
+        levels = _DraftedLevels(q=(dist.probs,), q_stat=(dist.stats,), calls_B=calls_B,
+                                fed_B=fed_B, single_B=single_B, nan_B=has_nan(logits))
+        return levels, logits, dist, cache
+
+    def _score_level(self, params, levels: _DraftedLevels, tokens_BxW, parents_BxN, cache,
+                     start: int, sp, config):
+        """One call that scores a drafted level (nodes ``start ..``):
+        ``(levels, logits, dist, cache)`` with the level's laws [B, W, V]."""
+        out = self.model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
+        dist = sampling.distributions(out.logits, sp.temperature, sp.top_p, config)
+        return (levels.scored(dist, out.logits, tokens_BxW.shape[1]), out.logits, dist,
+                out.cache)
+
+    def _finish(self, levels: _DraftedLevels, level_tokens, parents_BxN, cache,
+                with_next: bool) -> tuple[TreeProposal, TreeDrafterState]:
+        """The proposal, and the state that remembers how many depths the cache
+        holds in its scratch slots (``commit_path``)."""
+        proposal = levels.proposal(jnp.concatenate(level_tokens, axis=1), parents_BxN,
+                                   self.draws)
+        scored = self.depth if with_next else self.depth - 1
+        return proposal, TreeDrafterState(cache=cache,
+                                          scored_depth=jnp.full_like(cache.lengths, scored))
 
 
 @dataclasses.dataclass(frozen=True)
-class StaticTreeDrafter(_ModelTreeDrafter):
+class StaticTreeDrafter(FixedShapeDrafter, _ModelTreeDrafter):
     """A fixed tree shape drafted from ``model`` (module docstring): depth d's
     nodes are drawn from the laws at depth d - 1 (keys ``split(key, depth +
     1)[d - 1]``, as ``ModelDrafter`` draws its chain) and scored in one call.
@@ -275,58 +348,28 @@ class StaticTreeDrafter(_ModelTreeDrafter):
     catch_up_widths: tuple[int, ...] | None = None
     replacement: bool = False
 
-    @property
-    def depth(self) -> int:
-        return self.shape.depth
-
-    @property
-    def num_nodes(self) -> int:
-        return self.shape.num_nodes
-
-    @property
-    def max_children(self) -> int:
-        return self.shape.max_children
-
     def propose_tree(self, params, state: TreeDrafterState, context: Context, with_next: bool,
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
                      ) -> tuple[TreeProposal, TreeDrafterState]:
         shape = self.shape
         keys = jax.random.split(key, shape.depth + 1)
-        logits, cache, calls_B, fed_B, single_B = self._root(params, state, context)
+        levels, logits, dist, cache = self._root(params, state, context, sp, config)
         batch = logits.shape[0]
-        nan_B = has_nan(logits)
-        dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
-        qs, q_stats = [dist.probs], [dist.stats]  # per level: [B, W, V]
         parents_BxN = jnp.broadcast_to(jnp.asarray(shape.parents, jnp.int32),
                                        (batch, shape.num_nodes))
         level_tokens = []
         for level, (start, stop) in enumerate(shape.levels):
             local, rank, k = shape.level_slots(level)
-            children_BxWxk = draw_children(keys[level], qs[-1], logits, k, sp.temperature,
-                                           self.replacement)
+            children_BxWxk = draw_children(keys[level], levels.q[-1], logits, k,
+                                           sp.temperature, self.replacement)
             tokens_BxW = children_BxWxk[:, local, rank]
             level_tokens.append(tokens_BxW)
-            width = stop - start
             if level + 1 < shape.depth or with_next:
-                out = self.model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
-                cache, logits = out.cache, out.logits
-                dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
-                qs.append(dist.probs)
-                q_stats.append(dist.stats)
-                nan_B = nan_B + has_nan(logits)
-                calls_B, fed_B = calls_B + 1, fed_B + width
-                single_B = single_B + int(width == 1)
+                levels, logits, dist, cache = self._score_level(
+                    params, levels, tokens_BxW, parents_BxN, cache, start, sp, config)
             else:
-                qs.append(jnp.zeros((batch, width, qs[0].shape[-1]), jnp.float32))
-                q_stats.append(qs[-1])
-        calls, fed, single = _counts(calls_B, fed_B, single_B)
-        proposal = TreeProposal(tokens=jnp.concatenate(level_tokens, axis=1),
-                                parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
-                                q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
-                                single=single, nan=nan_B, draws=self.draws)
-        scored = shape.depth if with_next else shape.depth - 1
-        return proposal, TreeDrafterState(cache=cache,
-                                          scored_depth=jnp.full_like(cache.lengths, scored))
+                levels = levels.unscored(stop - start)
+        return self._finish(levels, level_tokens, parents_BxN, cache, with_next)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,12 +415,9 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
                      ) -> tuple[TreeProposal, TreeDrafterState]:
         keys = jax.random.split(key, self.depth + 1)
-        logits, cache, calls_B, fed_B, single_B = self._root(params, state, context)
+        levels, logits, dist, cache = self._root(params, state, context, sp, config)
         batch = logits.shape[0]
         n, k = self.num_nodes, self.children
-        nan_B = has_nan(logits)
-        dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
-        qs, q_stats = [dist.probs], [dist.stats]
         kids_BxWxk = draw_children(keys[0], dist.probs, logits, k, sp.temperature,
                                    self.replacement)  # W = 1
         tokens_BxW = kids_BxWxk[:, 0]
@@ -387,17 +427,10 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
         for level, width in enumerate(self.level_sizes):
             last = level + 1 == self.depth
             if not last or with_next:
-                out = self.model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
-                cache, logits = out.cache, out.logits
-                dist = sampling.distributions(logits, sp.temperature, sp.top_p, config)
-                qs.append(dist.probs)
-                q_stats.append(dist.stats)
-                nan_B = nan_B + has_nan(logits)
-                calls_B, fed_B = calls_B + 1, fed_B + width
-                single_B = single_B + int(width == 1)
+                levels, logits, dist, cache = self._score_level(
+                    params, levels, tokens_BxW, parents_BxN, cache, start, sp, config)
             else:
-                qs.append(jnp.zeros((batch, width, qs[0].shape[-1]), jnp.float32))
-                q_stats.append(qs[-1])
+                levels = levels.unscored(width)
             if last:
                 break
             # The `expand` most probable paths of this depth get children; sorted
@@ -415,14 +448,7 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
             tokens_BxW = kids_BxMxk.reshape(batch, -1)
             value_BxW = child_value.reshape(batch, -1)
             level_tokens.append(tokens_BxW)
-        calls, fed, single = _counts(calls_B, fed_B, single_B)
-        proposal = TreeProposal(tokens=jnp.concatenate(level_tokens, axis=1),
-                                parents=parents_BxN, q=jnp.concatenate(qs, axis=1),
-                                q_stat=jnp.concatenate(q_stats, axis=1), calls=calls, fed=fed,
-                                single=single, nan=nan_B, draws=self.draws)
-        scored = self.depth if with_next else self.depth - 1
-        return proposal, TreeDrafterState(cache=cache,
-                                          scored_depth=jnp.full_like(cache.lengths, scored))
+        return self._finish(levels, level_tokens, parents_BxN, cache, with_next)
 
 
 def ranked_candidates(text_BxT: Array, n_B: Array, bigram_V: Array, max_ngram: int,
@@ -462,7 +488,7 @@ def ranked_candidates(text_BxT: Array, n_B: Array, bigram_V: Array, max_ngram: i
 
 
 @dataclasses.dataclass(frozen=True)
-class MaxGramTreeDrafter:
+class MaxGramTreeDrafter(FixedShapeDrafter):
     """A static tree of Max-Gram proposals: each node's children are its
     context's ``ranked_candidates`` (every n-gram match, then the bigram
     table). With one child per node it is ``MaxGramDrafter``'s chain.
@@ -478,14 +504,6 @@ class MaxGramTreeDrafter:
     @property
     def _chain(self) -> MaxGramDrafter:
         return MaxGramDrafter(self.vocab_size, self.max_ngram, self.name)
-
-    @property
-    def num_nodes(self) -> int:
-        return self.shape.num_nodes
-
-    @property
-    def max_children(self) -> int:
-        return self.shape.max_children
 
     def select_params(self, named: dict):
         return named[self.name]

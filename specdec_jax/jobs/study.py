@@ -38,6 +38,20 @@ def job_mesh(model_parallel: int | None):
     return sharding.make_mesh(model=model_parallel or 1)
 
 
+def _examples_and_pair(the_task, split: str, num_examples: int, points, where: str, *,
+                       target: str, drafter: str, dtype: str, drafter_head_vocab,
+                       draft_weights, mesh=None) -> tuple[list, resolver.ModelPair]:
+    """A job's examples and its loaded pair, refused (naming ``where``) when a
+    planned tree point needs models the pair lacks (``sweep.check_tree_models``)."""
+    examples = the_task.load(split, num_examples)
+    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
+                              stop_at_block_end=the_task.stop_at_block_end, mesh=mesh,
+                              drafter_head_vocab=drafter_head_vocab,
+                              draft_weights=draft_weights)
+    sweep.check_tree_models(pair, points, where)
+    return examples, pair
+
+
 def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequence[float]],
               out_dir: str, stem: str, split: str = "test", num_examples: int = 30,
               gammas: Sequence[int] = (5,), temperatures: Sequence[float] = (0.0,),
@@ -64,12 +78,9 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                                trees=trees, verifier=verifier, where="run_study.trees")
     if max_new_tokens < 1 or batch_size < 1 or num_examples < 1:
         raise ValueError("max_new_tokens, batch_size and num_examples must all be >= 1.")
-    examples = the_task.load(split, num_examples)
-    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
-                     stop_at_block_end=the_task.stop_at_block_end,
-                     drafter_head_vocab=drafter_head_vocab,
-                     draft_weights=draft_weights)
-    sweep.check_tree_models(pair, points, "run_study.trees")
+    examples, pair = _examples_and_pair(
+        the_task, split, num_examples, points, "run_study.trees", target=target, drafter=drafter,
+        dtype=dtype, drafter_head_vocab=drafter_head_vocab, draft_weights=draft_weights)
     settings = {"task": task, "split": split, "num_examples": num_examples,
                 "target": target, "drafter": drafter, "max_new_tokens": max_new_tokens,
                 "seed": seed, "dtype": dtype, "batch_size": batch_size,
@@ -143,12 +154,10 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
         verifier=verifier, where="run_generate.tree") if p.method == method]
     if not points:
         raise ValueError(f"method {method!r} needs an alpha (and cannot be derived alone).")
-    examples = the_task.load(split, num_examples)
-    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
-                     stop_at_block_end=the_task.stop_at_block_end,
-                     mesh=job_mesh(model_parallel), drafter_head_vocab=drafter_head_vocab,
-                     draft_weights=draft_weights)
-    sweep.check_tree_models(pair, points, "run_generate.tree")
+    examples, pair = _examples_and_pair(
+        the_task, split, num_examples, points, "run_generate.tree", target=target,
+        drafter=drafter, dtype=dtype, drafter_head_vocab=drafter_head_vocab,
+        draft_weights=draft_weights, mesh=job_mesh(model_parallel))
     rows = sweep.generate_point(pair, points[0], examples, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, width=sweep.prompt_width(pair, examples),
                                 seed=seed, progress=progress)
@@ -193,12 +202,10 @@ def run_benchmark(*, task: str, target: str, drafter: str, out_path: str,
     the_task = tasks.get_task(task)
     points = sweep.plan_points(methods=methods, gammas=gammas, temperatures=temperatures,
                                trees=trees, verifier=verifier, where="run_benchmark.trees")
-    examples = the_task.load(split, num_examples)
-    pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype,
-                     stop_at_block_end=the_task.stop_at_block_end,
-                     drafter_head_vocab=drafter_head_vocab,
-                     draft_weights=draft_weights)
-    sweep.check_tree_models(pair, points, "run_benchmark.trees")
+    examples, pair = _examples_and_pair(
+        the_task, split, num_examples, points, "run_benchmark.trees", target=target,
+        drafter=drafter, dtype=dtype, drafter_head_vocab=drafter_head_vocab,
+        draft_weights=draft_weights)
     data = {"settings": {"task": task, "split": split, "target": target, "drafter": drafter,
                          "drafter_head_vocab": drafter_head_vocab,
                          "draft_weights": draft_weights, "max_new_tokens": max_new_tokens,

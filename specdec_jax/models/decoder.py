@@ -53,17 +53,16 @@ from specdec_jax.models.interface import Prompt, StepOutput
 from specdec_jax.models.layers import (
     HEAD_VOCAB,
     IN_OUT,
-    KERNEL_LAYOUTS,
     OUT_IN,
     Linear,
     RMSNorm,
-    is_kernel,
+    check_kernel_layout,
     masked_softmax_attention,
     matmul_out_in,
     rotary_embedding,
     stored_in,
     stored_matrix,
-    stored_scale,
+    transpose_kernels,
 )
 
 Array = jax.Array
@@ -151,9 +150,7 @@ class DecoderConfig:
     row_independent: bool = False
 
     def __post_init__(self):
-        if self.kernel_layout not in KERNEL_LAYOUTS:
-            raise ValueError(f"DecoderConfig: kernel_layout={self.kernel_layout!r}; choose one "
-                             f"of {', '.join(KERNEL_LAYOUTS)}.")
+        check_kernel_layout(self.kernel_layout, "DecoderConfig: kernel_layout")
         if self.fused_projections and self.kernel_layout != OUT_IN:
             raise ValueError("DecoderConfig: fused_projections is part of the decode layout "
                              "(kernels stored [out, in]); convert with with_kernel_layout.")
@@ -185,43 +182,13 @@ class DecoderCache:
         return self.keys[0].shape[1]
 
 
-def _linear(cfg: DecoderConfig, features: int, name: str, *, use_bias: bool = False) -> Linear:
+def _linear(cfg: DecoderConfig, features: int | tuple[int, ...], name: str, *,
+            use_bias: bool = False) -> Linear:
+    """A dense layer as ``cfg`` stores it; a shape of ``features`` fuses
+    projections (the ``out_in`` layout's ``fused_projections``)."""
     return Linear(features, use_bias=use_bias, kernel_layout=cfg.kernel_layout,
                   dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
                   precision=cfg.compute_precision, name=name)
-
-
-class FusedLinear(nn.Module):
-    """``y[..., *out_shape] = x W^T (+ b)`` with ``W`` stored ``[*out_shape, in]``:
-    several projections of the same input as one product (the decode layout's
-    ``qkv`` and ``wi``): one dot over the kernel as stored (never reshaped:
-    ``matmul_out_in``), whose rows are contiguous in memory."""
-
-    out_shape: tuple[int, ...]
-    use_bias: bool = False
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-    precision: str | None = None
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        fan_in = x.shape[-1]
-        out_axes = tuple(range(len(self.out_shape)))
-        init = nn.initializers.lecun_normal(in_axis=-1, out_axis=out_axes)
-        kernel = self.param("kernel", init, (*self.out_shape, fan_in), self.param_dtype)
-        y = matmul_out_in(x.astype(self.dtype), kernel, self.precision,
-                          scale_N=stored_scale(self))  # [..., *out_shape]
-        if self.use_bias:
-            bias = self.param("bias", nn.initializers.zeros, self.out_shape, self.param_dtype)
-            y = y + bias.astype(self.dtype)
-        return y
-
-
-def _fused(cfg: DecoderConfig, out_shape: tuple[int, ...], name: str, *,
-           use_bias: bool = False) -> FusedLinear:
-    return FusedLinear(out_shape, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
-                       param_dtype=jnp.dtype(cfg.param_dtype), precision=cfg.compute_precision,
-                       name=name)
 
 
 class Attention(nn.Module):
@@ -241,8 +208,8 @@ class Attention(nn.Module):
             return dense(x_BxKxD).reshape(batch, k, heads, head_dim)
 
         if cfg.fused_projections:
-            qkv = _fused(cfg, (cfg.num_kv_heads, groups + 2, head_dim), "qkv",
-                         use_bias=cfg.qkv_bias)(x_BxKxD)  # [B, K, H_kv, G + 2, D_head]
+            qkv = _linear(cfg, (cfg.num_kv_heads, groups + 2, head_dim), "qkv",
+                          use_bias=cfg.qkv_bias)(x_BxKxD)  # [B, K, H_kv, G + 2, D_head]
             # [B, K, H_kv, G, D_head] -> [B, K, H_kv * G, D_head]: head h * G + g.
             q = qkv[:, :, :, :groups].reshape(batch, k, cfg.num_heads, head_dim)
             new_k, new_v = qkv[:, :, :, groups], qkv[:, :, :, groups + 1]
@@ -273,7 +240,7 @@ class SwiGLU(nn.Module):
     def __call__(self, x):
         cfg = self.config
         if cfg.fused_projections:
-            gate_up = _fused(cfg, (2, cfg.intermediate_size), "wi")(x)  # [..., 2, I]
+            gate_up = _linear(cfg, (2, cfg.intermediate_size), "wi")(x)  # [..., 2, I]
             gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
         else:
             gate = _linear(cfg, cfg.intermediate_size, "wi_0")(x)
@@ -567,8 +534,7 @@ def kernel_layout_converter(old: DecoderConfig, layout: str = OUT_IN, *,
     source entry as they go (the converted-checkpoint cache writes a
     decode-layout copy this way), so the old and new trees never both sit in
     memory."""
-    if layout not in KERNEL_LAYOUTS:
-        raise ValueError(f"kernel layout {layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
+    check_kernel_layout(layout)
     fused = layout == OUT_IN if fused is None else fused
     if fused and layout != OUT_IN:
         raise ValueError("fused projections are part of the out_in decode layout; pass "
@@ -576,10 +542,6 @@ def kernel_layout_converter(old: DecoderConfig, layout: str = OUT_IN, *,
     if layout == old.kernel_layout and fused == old.fused_projections:
         return old, None
     config = dataclasses.replace(old, kernel_layout=layout, fused_projections=fused)
-
-    def transpose_kernels(entry):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, leaf: jnp.transpose(leaf) if is_kernel(path) else leaf, entry)
 
     @jax.jit  # one program for every layer (same shapes)
     def convert_layer(layer: dict) -> dict:
@@ -591,13 +553,23 @@ def kernel_layout_converter(old: DecoderConfig, layout: str = OUT_IN, *,
 
     transpose = jax.jit(jnp.transpose)
     other = (lambda entry: entry) if layout == old.kernel_layout else (
-        lambda entry: jax.tree_util.tree_map_with_path(
-            lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, entry))
+        lambda entry: transpose_kernels(entry, transpose))
 
     def convert_entry(name: str, entry):
         return convert_layer(entry) if name.startswith("layers_") else other(entry)
 
     return config, convert_entry
+
+
+def head_rows(config: DecoderConfig, params: dict) -> Array:
+    """[V, D]: the full output head as one row per token, in either kernel
+    layout (the tied embedding; an ``out_in`` kernel as stored, an ``in_out``
+    one transposed), for those that read the head row by row."""
+    if config.tie_embeddings:
+        return params["embedder"]["embedding"]
+    if config.kernel_layout == OUT_IN:
+        return params["logits_dense"]["kernel"]
+    return params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
 
 
 def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[DecoderOnlyLM, dict]:
@@ -633,14 +605,8 @@ def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[Deco
     if stored is not None:  # the kept rows stay in their file's blocks
         head = {f"rows_{stored.format}": jnp.take(stored.blocks, jnp.asarray(ids), axis=0)}
     else:
-        if model.config.tie_embeddings:
-            full = params["embedder"]["embedding"]  # [V, D]
-        elif model.config.kernel_layout == OUT_IN:
-            full = params["logits_dense"]["kernel"]  # [V, D]
-        else:
-            full = params["logits_dense"]["kernel"].T  # [D, V] -> [V, D]
         head = {"rows": jax.jit(lambda full, ids: jnp.take(full, ids, axis=0))(
-            full, jnp.asarray(ids))}
+            head_rows(model.config, params), jnp.asarray(ids))}
     config = dataclasses.replace(model.config, head_vocab=int(ids.size))
     kept = {name: entry for name, entry in params.items() if name != "logits_dense"}
     return DecoderOnlyLM(config), {**kept, HEAD_VOCAB: {"token_ids": jnp.asarray(ids), **head}}

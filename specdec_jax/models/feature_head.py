@@ -28,15 +28,16 @@ from specdec_jax.models.decoder import (
     DecoderConfig,
     DecoderOnlyLM,
     SwiGLU,
+    head_rows,
 )
 from specdec_jax.models.layers import (
     HEAD_VOCAB,
     IN_OUT,
-    KERNEL_LAYOUTS,
     OUT_IN,
     Linear,
     RMSNorm,
-    is_kernel,
+    check_kernel_layout,
+    transpose_kernels,
 )
 
 Array = jax.Array
@@ -64,9 +65,7 @@ class FeatureHeadConfig:
     kernel_layout: str = IN_OUT
 
     def __post_init__(self):
-        if self.kernel_layout not in KERNEL_LAYOUTS:
-            raise ValueError(f"FeatureHeadConfig: kernel_layout={self.kernel_layout!r}; choose "
-                             f"one of {', '.join(KERNEL_LAYOUTS)}.")
+        check_kernel_layout(self.kernel_layout, "FeatureHeadConfig: kernel_layout")
         for name in ("vocab_size", "feature_size", "embed_size", "num_heads", "num_kv_heads",
                      "intermediate_size"):
             if getattr(self, name) < 1:
@@ -196,13 +195,11 @@ def with_kernel_layout(head: FeatureHead, net_params: dict, layout: str = OUT_IN
                        ) -> tuple[FeatureHead, dict]:
     """The same head with its dense kernels stored in ``layout`` (every
     ``kernel`` transposed; the decode layout is ``out_in``, as for decoders)."""
-    if layout not in KERNEL_LAYOUTS:
-        raise ValueError(f"kernel layout {layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
+    check_kernel_layout(layout)
     if layout == head.config.kernel_layout:
         return head, net_params
-    convert = lambda path, leaf: leaf.T if is_kernel(path) else leaf  # noqa: E731
     config = dataclasses.replace(head.config, kernel_layout=layout)
-    return FeatureHead(config), jax.tree_util.tree_map_with_path(convert, net_params)
+    return FeatureHead(config), transpose_kernels(net_params)
 
 
 def shared_params(target: DecoderOnlyLM, target_params: dict, token_ids=None) -> dict:
@@ -216,12 +213,7 @@ def shared_params(target: DecoderOnlyLM, target_params: dict, token_ids=None) ->
         raise ValueError("the target's own head is restricted (with_head_vocab); share the "
                          "full target and restrict the feature head with token_ids instead.")
     embedding = target_params["embedder"]["embedding"]
-    if target.config.tie_embeddings:
-        rows = embedding
-    elif target.config.kernel_layout == OUT_IN:
-        rows = target_params["logits_dense"]["kernel"]
-    else:
-        rows = target_params["logits_dense"]["kernel"].T
+    rows = head_rows(target.config, target_params)
     if token_ids is None:
         return {"embedding": embedding, "head": {"rows": rows}}
     ids = np.asarray(token_ids)

@@ -161,12 +161,34 @@ def is_kernel(path) -> bool:
     return getattr(path[-1], "key", None) == "kernel"
 
 
+def check_kernel_layout(layout: str, name: str = "layout") -> None:
+    """Refuses a layout that is not one of ``KERNEL_LAYOUTS``; ``name`` is what
+    the message calls it (the argument, or ``"Config: kernel_layout"``)."""
+    if layout not in KERNEL_LAYOUTS:
+        raise ValueError(f"{name}={layout!r}; choose one of {', '.join(KERNEL_LAYOUTS)}.")
+
+
+def transpose_kernels(tree, transpose=lambda leaf: leaf.T):
+    """``tree`` with every dense ``kernel`` transposed (``is_kernel``): the
+    other layout of the same weights; everything else as it was. ``leaf.T``
+    keeps a NumPy leaf NumPy (and its dtype); pass a jitted transpose to
+    convert device arrays one program per shape."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: transpose(leaf) if is_kernel(path) else leaf, tree)
+
+
 class Linear(nn.Module):
     """``y = x W (+ b)`` with ``W`` stored in ``kernel_layout`` (names and
     initialisation of ``nn.Dense`` in the default layout: ``kernel``,
-    ``bias``)."""
+    ``bias``).
 
-    features: int
+    In the ``out_in`` layout ``features`` may be a shape: ``W`` is stored
+    ``[*features, in]`` and ``y`` is ``[..., *features]``, several projections
+    of the same input as one product (the decode layout's fused ``qkv`` and
+    ``wi``): one dot over the kernel as stored (never reshaped:
+    ``matmul_out_in``), whose rows are contiguous in memory."""
+
+    features: int | tuple[int, ...]
     use_bias: bool = False
     kernel_layout: str = IN_OUT
     dtype: Any = jnp.float32
@@ -176,18 +198,23 @@ class Linear(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         fan_in = x.shape[-1]
+        out_shape = (self.features,) if isinstance(self.features, int) else self.features
         if self.kernel_layout == OUT_IN:
-            init = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2)
-            kernel = stored_matrix(self) or self.param("kernel", init, (self.features, fan_in),
+            out_axes = tuple(range(len(out_shape)))
+            init = nn.initializers.lecun_normal(in_axis=-1, out_axis=out_axes)
+            kernel = stored_matrix(self) or self.param("kernel", init, (*out_shape, fan_in),
                                                        self.param_dtype)
             y = matmul_out_in(x.astype(self.dtype), kernel, self.precision,
-                              scale_N=stored_scale(self))
-        else:
+                              scale_N=stored_scale(self))  # [..., *out_shape]
+        elif len(out_shape) == 1:
             kernel = self.param("kernel", nn.initializers.lecun_normal(),
                                 (fan_in, self.features), self.param_dtype)
             y = jnp.einsum("...i,io->...o", x.astype(self.dtype), kernel.astype(self.dtype),
                            precision=self.precision)
+        else:
+            raise ValueError(f"Linear: features={self.features} (several projections in one "
+                             "kernel) needs the out_in layout.")
         if self.use_bias:
-            bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
+            bias = self.param("bias", nn.initializers.zeros, out_shape, self.param_dtype)
             y = y + bias.astype(self.dtype)
         return y
