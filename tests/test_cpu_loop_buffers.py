@@ -16,13 +16,11 @@ import jax
 import pytest
 
 from specdec_jax import sharding
-from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_programs
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.jobs import tpu_programs
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels
+from tests.loop_programs import SHAPES, figures, qwen_width_models
 
-SHAPES = tpu_programs.Shapes(target="qwen-widths-2", drafter="qwen-widths-1",
-                             cache_length=1024, prompt_len=512, max_new_tokens=16, gamma=5)
 FAMILIES = ["generate_autoregressive", "generate_specdecode_token", "generate_tree_dynamic",
             "generate_feature"]
 # Temporaries a program may hold, as a share of its weights (activations of the
@@ -39,24 +37,14 @@ def kernel():
     native_matmul.set_enabled(was_enabled)
 
 
-def _config(hidden, intermediate, layers, heads):
-    return DecoderConfig(vocab_size=2048, hidden_size=hidden, intermediate_size=intermediate,
-                         num_layers=layers, num_heads=heads, num_kv_heads=2,
-                         dtype="float32", param_dtype="bfloat16")
-
-
 @functools.lru_cache(maxsize=None)
 def compiled(name: str) -> dict:
-    models = {"target": tpu_programs.abstract_decoder(DecoderOnlyLM(_config(1536, 8960, 2, 12))),
-              "drafter": tpu_programs.abstract_decoder(DecoderOnlyLM(_config(896, 4864, 1, 14)))}
     mesh = sharding.make_mesh(1, 1, devices=jax.devices("cpu")[:1])
-    program = tpu_programs.build(name, SHAPES, mesh, models)
+    program = tpu_programs.build(name, SHAPES, mesh,
+                                 qwen_width_models("float32", "bfloat16"))
     executable = jax.jit(program.fn, donate_argnums=program.donate_argnums).lower(
         *program.args).compile()
-    return {"temp": executable.memory_analysis().temp_size_in_bytes,
-            "weights": program.weight_bytes,
-            "loop_values": hlo_stats.loop_values(
-                executable.as_text(), tpu_aot.LOOP_VALUE_FRACTION * program.weight_bytes)}
+    return figures(executable, program)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -16,16 +16,14 @@ import functools
 
 import pytest
 
-from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_programs
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.jobs import tpu_aot, tpu_programs
 from tests import tpu_topology
+from tests.loop_programs import SHAPES, figures, qwen_width_models
 
 pytestmark = pytest.mark.long
 TOPOLOGY = "v5e:2x2"
 tpu_topology.require(TOPOLOGY)
 
-SHAPES = tpu_programs.Shapes(target="qwen-widths-2", drafter="qwen-widths-1",
-                             cache_length=1024, prompt_len=512, max_new_tokens=16, gamma=5)
 # A family's temporaries may exceed the autoregressive program's by this share of its
 # weights (the drafter's caches, logits of G + 1 positions, a tree's buffers).
 EXTRA_TEMPORARIES = 0.05
@@ -34,25 +32,14 @@ FAMILIES = ["generate_specdecode_token", "generate_tree_dynamic", "generate_casc
             "generate_tree_maxgram"]
 
 
-def _config(hidden, intermediate, layers, heads):
-    return DecoderConfig(vocab_size=2048, hidden_size=hidden, intermediate_size=intermediate,
-                         num_layers=layers, num_heads=heads, num_kv_heads=2,
-                         dtype="bfloat16", param_dtype="bfloat16")
-
-
 @functools.lru_cache(maxsize=None)
 def compiled(name: str) -> dict:
     """``{"temp", "weights", "loop_values"}`` of one generate program."""
-    models = {"target": tpu_programs.abstract_decoder(DecoderOnlyLM(_config(1536, 8960, 2, 12))),
-              "drafter": tpu_programs.abstract_decoder(DecoderOnlyLM(_config(896, 4864, 1, 14)))}
-    program = tpu_programs.build(name, SHAPES, tpu_aot.make_mesh(TOPOLOGY), models)
+    program = tpu_programs.build(name, SHAPES, tpu_aot.make_mesh(TOPOLOGY),
+                                 qwen_width_models("bfloat16", "bfloat16"))
     executable, _, _ = tpu_aot.compile_abstract(program.fn, program.args,
                                                 donate_argnums=program.donate_argnums)
-    text = executable.as_text()
-    return {"temp": executable.memory_analysis().temp_size_in_bytes,
-            "weights": program.weight_bytes,
-            "loop_values": hlo_stats.loop_values(
-                text, tpu_aot.LOOP_VALUE_FRACTION * program.weight_bytes)}
+    return figures(executable, program)
 
 
 def test_the_families_cover_every_generate_method():
