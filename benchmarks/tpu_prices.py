@@ -40,9 +40,9 @@ Priced calls leave out what a round does between them (sampling and
 verification over the vocabulary, the commit, the loop's own work). Where a
 chip's report holds the whole round compiled as one program
 (``round_specdecode_g<G>``, ``jobs.tpu_programs``), ``between_calls`` is its
-estimate less the estimates of the calls it makes (from the same report), and the 0.5B drafter's
-speedup is priced again with that per round (``round_overhead_s``): the
-"whole round" column.
+estimate less the estimates of the calls it makes (from the same report and
+commit), and the 0.5B drafter's speedup is priced again with that per round
+(``round_overhead_s``): the "whole round" column.
 
 The same code prices an accelerator's measured in-loop steps
 (``benchmarks/configs/feature_steps.gin``'s report) for the GPU column, and
@@ -61,7 +61,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import tables, tpu_aot
+from specdec_jax.jobs import tables, tpu_aot, tpu_programs
 from specdec_jax.jobs.tpu_compile import program_seconds, read_report
 from specdec_jax.runtime import jsonio
 
@@ -77,7 +77,7 @@ CASCADE_NEURAL = 4  # the cascade's 0.5B drafts this many, Max-Gram the rest
 MAG = "mag"
 FEATURE = "feature"
 MAX_TARGET_WIDTH = 9
-ROUND = "round_specdecode_g"  # jobs.tpu_programs.ROUND: one whole round at G
+ROUND = tpu_programs.ROUND  # one whole round at G, compiled as one program
 WHOLE_ROUND = f"{ESTIMATE}, whole round"
 # counted configuration -> (drafting kind, the cost-model columns it prices).
 CONFIGS = {"drafter": ("model", (cost_lib.DRAFTER,)), MAG: (MAG, (MAG,)),

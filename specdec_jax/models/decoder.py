@@ -191,6 +191,11 @@ def _linear(cfg: DecoderConfig, features: int | tuple[int, ...], name: str, *,
                   precision=cfg.compute_precision, name=name)
 
 
+def _norm(cfg: DecoderConfig, name: str) -> RMSNorm:
+    """An RMSNorm as ``cfg`` computes it (by row where ``row_independent``)."""
+    return RMSNorm(cfg.rms_norm_eps, jnp.dtype(cfg.dtype), cfg.row_independent, name=name)
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention against a cache (rotary positions, Qwen2's
     optional q/k/v bias); returns the output and the updated key/value buffers."""
@@ -282,19 +287,14 @@ class _DecoderNet(nn.Module):
              else stored_embedding.take_rows(tokens_BxK).astype(dtype))
         new_keys, new_values = [], []
         for i in range(cfg.num_layers):
-            norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.row_independent,
-                           name=f"layers_{i}_pre_attention_norm")
             attn_out, keys, values = Attention(cfg, name=f"layers_{i}_attention")(
-                norm(x), positions_BxK, mask_BxKxS, cache.keys[i], cache.values[i],
-                write_at_B)
+                _norm(cfg, f"layers_{i}_pre_attention_norm")(x), positions_BxK, mask_BxKxS,
+                cache.keys[i], cache.values[i], write_at_B)
             x = x + attn_out
-            norm = RMSNorm(cfg.rms_norm_eps, dtype, cfg.row_independent,
-                           name=f"layers_{i}_pre_mlp_norm")
-            x = x + SwiGLU(cfg, name=f"layers_{i}_mlp")(norm(x))
+            x = x + SwiGLU(cfg, name=f"layers_{i}_mlp")(_norm(cfg, f"layers_{i}_pre_mlp_norm")(x))
             new_keys.append(keys)
             new_values.append(values)
-        every_hidden = RMSNorm(cfg.rms_norm_eps, dtype, cfg.row_independent,
-                               name="decoder_norm")(x)
+        every_hidden = _norm(cfg, "decoder_norm")(x)
         hidden = interface.select_positions(every_hidden, select_BxN)
         h32 = hidden.astype(jnp.float32)
         if head is not None:  # (token ids [N], their head rows [N, D])
