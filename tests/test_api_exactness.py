@@ -84,6 +84,35 @@ def test_every_accepted_pairing_follows_the_target(verifier, kind, tree):
     assert hist[0] > 0 and hist[1:].sum() > 0, hist
 
 
+def _nucleus(probs, top_p):
+    """The target's law after top-p, by its definition (a sort, ties kept)."""
+    probs = np.asarray(probs, np.float64)
+    desc = -np.sort(-probs)
+    before = np.cumsum(desc) - desc
+    kept = probs >= np.min(desc[before < top_p])
+    return np.where(kept, probs, 0.0) / probs[kept].sum()
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("tree", [None, "dynamic:2,1,2"], ids=["chain", "tree"])
+def test_top_p_decoding_follows_the_targets_nucleus(tree):
+    """With top_p = 0.8 both models' laws are cut to their nucleus (found by
+    bisection, not a sort) and the sequences follow the target's nucleus law:
+    no sequence outside it, a chi-square over the rest. The full law instead
+    (a decoder that ignored top_p) is refused by the zero cells alone."""
+    top_p = 0.8
+    expected = exactness.exact_sequence_probs(lambda context: _nucleus(
+        exactness.TARGET.next_probs(exactness.TARGET_PARAMS, context), top_p))
+    out = _sample(exactness.DRAFTER, exactness.DRAFTER_PARAMS, seed=5, tree=tree, top_p=top_p)
+    tokens = np.asarray(out.tokens)[:, :exactness.LENGTH]
+    outside = [seq for seq, prob in expected.items() if prob == 0]
+    assert outside, "top_p must cut some sequences for this test to mean anything"
+    seen = {tuple(int(t) for t in row) for row in tokens}
+    assert not seen & set(outside)
+    inside = {seq: prob for seq, prob in expected.items() if prob > 0}
+    assert exactness.chi_square_pvalue(tokens, inside) > exactness.P_MIN
+
+
 class MislabelledTreeDrafter(StaticTreeDrafter):
     """Known-wrong: draws children without replacement but says it draws them
     with replacement, so the verifier tests each sibling against ``q`` itself

@@ -108,6 +108,41 @@ def test_top_k_and_top_p():
     np.testing.assert_allclose(np.asarray(nucleus), [[0.625, 0.375, 0, 0]], atol=1e-6)
 
 
+def sorted_top_p_mask(probs, top_p):
+    """The nucleus by its definition: sort, keep while the mass before a token
+    is below top_p, and every token tied with the least likely one kept."""
+    desc = -np.sort(-probs, axis=-1)
+    before = np.cumsum(desc, axis=-1) - desc
+    threshold = np.min(np.where(before < top_p, desc, np.inf), axis=-1, keepdims=True)
+    return probs >= threshold
+
+
+def test_top_p_keeps_what_a_sort_keeps_ties_included():
+    """The sort-free nucleus (a bisection on the threshold) against the sort's,
+    on rows with ties, zeros and every scale of logits. Rows whose boundary
+    mass is within float rounding of top_p are skipped (either side is the
+    rule there)."""
+    rng = np.random.default_rng(0)
+    compared = 0
+    for trial in range(60):
+        vocab = int(rng.integers(2, 2000))
+        logits = rng.normal(size=(4, vocab)) * rng.uniform(0.1, 8.0)
+        if trial % 2:
+            logits = np.round(logits)  # many exact ties
+        probs = np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1))
+        top_p = np.float32(rng.uniform(0.01, 1.0))
+        got = np.asarray(sampling._top_p_mask(jnp.asarray(probs), jnp.float32(top_p)))
+        for row, mask in zip(probs, got, strict=True):
+            larger = np.array([row[row > v].sum(dtype=np.float64) for v in row])
+            if np.min(np.abs(larger - top_p)) < 1e-6:
+                continue
+            np.testing.assert_array_equal(mask, sorted_top_p_mask(row, top_p))
+            compared += 1
+    assert compared > 200
+    uniform = jnp.full((1, 4), 0.25)  # ties at the boundary are all kept
+    assert np.asarray(sampling._top_p_mask(uniform, jnp.float32(0.5))).all()
+
+
 @pytest.mark.parametrize("method, alpha, beta", [
     ("chow", 1.5, 1.0), ("bild", -0.1, 1.0), ("lossy", 1.0, 1.0), ("lossy", 0.5, 0.4)])
 def test_out_of_range_hyperparameters_are_named(method, alpha, beta):
