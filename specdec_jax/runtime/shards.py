@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from specdec_jax.runtime.jsonio import read_json, write_json
+from specdec_jax.runtime.progress import tqdm
 from specdec_jax.runtime.resume import as_json, differences
 
 MANIFEST = "manifest.json"
@@ -110,6 +112,25 @@ def write_shard(out_dir: str | os.PathLike, manifest: Mapping, name: str,
     updated = {**manifest, "shards": {**manifest["shards"], name: dict(record)}}
     write_json(out / MANIFEST, updated)
     return updated
+
+
+def write_missing_shards(out_dir: str | os.PathLike, manifest: Mapping, *, items: int,
+                         per_shard: int, make_shard: Callable[[int], tuple[Mapping, Mapping]],
+                         desc: str, progress: bool = True) -> dict:
+    """Writes every shard of a build not written by an earlier (interrupted)
+    run, then finishes it. Shard ``i`` holds items ``i * per_shard ..``;
+    ``make_shard(first_item)`` returns its ``(arrays, record)``, and the
+    record gets the seconds it took. Returns the finished manifest."""
+    for first in tqdm(range(0, items, per_shard), desc=desc, unit="shard",
+                      disable=not progress):
+        name = shard_name(first // per_shard)
+        if is_written(manifest, name):
+            continue
+        began = time.perf_counter()
+        arrays, record = make_shard(first)
+        manifest = write_shard(out_dir, manifest, name, arrays,
+                               {**record, "seconds": time.perf_counter() - began})
+    return finish_build(out_dir, manifest)
 
 
 def finish_build(out_dir: str | os.PathLike, manifest: Mapping) -> dict:

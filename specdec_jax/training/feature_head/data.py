@@ -22,7 +22,6 @@ another target's data and an unfinished build.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Sequence
 
 import jax
@@ -34,7 +33,6 @@ from specdec_jax.checkpoints.feature_heads import target_fingerprint
 from specdec_jax.models import feature_head
 from specdec_jax.models.interface import Prompt
 from specdec_jax.runtime import shards as shard_build
-from specdec_jax.runtime.progress import tqdm
 
 MANIFEST = shard_build.MANIFEST
 WHAT = "feature data"
@@ -127,13 +125,9 @@ def build_shards(out_dir: str | os.PathLike, *, target, target_params, record: d
                 "positions": int(sum(len(s) for s in sequences))}
     manifest = shard_build.open_build(out_dir, identity=record, settings=settings, what=WHAT)
     fn = jax.jit(make_feature_fn(target, _rows_of(target)))
-    for shard_start in tqdm(range(0, len(sequences), shard_sequences), desc="feature data",
-                            unit="shard", disable=not progress):
-        name = shard_build.shard_name(shard_start // shard_sequences)
-        if shard_build.is_written(manifest, name):
-            continue  # written by an earlier (interrupted) run
-        began = time.perf_counter()
-        rows = list(sequences[shard_start:shard_start + shard_sequences])
+
+    def make_shard(first):
+        rows = list(sequences[first:first + shard_sequences])
         n = len(rows)
         tokens = np.zeros((n, width), np.int32)
         lengths = np.array([len(r) for r in rows], np.int32)
@@ -149,14 +143,14 @@ def build_shards(out_dir: str | os.PathLike, *, target, target_params, record: d
                                      jnp.asarray(lengths[pick])))
             features[b:b + real] = f[:real].astype(np.float16)
             greedy[b:b + real] = g[:real]
-        manifest = shard_build.write_shard(
-            out_dir, manifest, name,
-            {"tokens": tokens, "lengths": lengths,
-             "starts": np.asarray(starts[shard_start:shard_start + n], np.int32),
-             "features": features, "greedy": greedy},
-            {"sequences": n, "positions": int(lengths.sum()),
-             "seconds": time.perf_counter() - began})
-    return shard_build.finish_build(out_dir, manifest)
+        arrays = {"tokens": tokens, "lengths": lengths,
+                  "starts": np.asarray(starts[first:first + n], np.int32),
+                  "features": features, "greedy": greedy}
+        return arrays, {"sequences": n, "positions": int(lengths.sum())}
+
+    return shard_build.write_missing_shards(out_dir, manifest, items=len(sequences),
+                                            per_shard=shard_sequences, make_shard=make_shard,
+                                            desc="feature data", progress=progress)
 
 
 def load_shards(out_dir: str | os.PathLike, record: dict, shards: slice = slice(None)

@@ -22,7 +22,6 @@ wrote; ``load_shards`` refuses another pair's data and an unfinished build.
 from __future__ import annotations
 
 import pathlib
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +32,6 @@ import numpy as np
 from specdec_jax import batching
 from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint
 from specdec_jax.runtime import shards
-from specdec_jax.runtime.progress import tqdm
 from specdec_jax.training.forward import Batch, teacher_forced
 
 MANIFEST = shards.MANIFEST
@@ -137,26 +135,22 @@ def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
     ordered = [seq for s in range(0, len(sequences), per_shard)
                for seq in sorted(sequences[s:s + per_shard], key=length)]
     batches = list(_batches(ordered, batch_size))
-    for shard_start in tqdm(range(0, len(sequences), per_shard), desc="acceptance data",
-                            unit="shard", disable=not progress):
-        name = shards.shard_name(shard_start // per_shard)
-        if shards.is_written(manifest, name):
-            continue  # written by an earlier (interrupted) run
-        began = time.perf_counter()
+
+    def make_shard(first):
         features, labels = [], []
         for start, batch in batches:
-            if not shard_start <= start < shard_start + per_shard:
+            if not first <= start < first + per_shard:
                 continue
             f, y, keep = jax.device_get(fn(target_params, drafter_params, batch,
                                            jax.random.fold_in(jax.random.PRNGKey(seed), start)))
             features.append(f[keep].astype(np.float16))
             labels.append(y[keep].astype(np.float32))
-        manifest = shards.write_shard(
-            out_dir, manifest, name,
-            {"features": np.concatenate(features), "labels": np.concatenate(labels)},
-            {"examples": int(sum(len(y) for y in labels)),
-             "seconds": time.perf_counter() - began})
-    return shards.finish_build(out_dir, manifest)
+        return ({"features": np.concatenate(features), "labels": np.concatenate(labels)},
+                {"examples": int(sum(len(y) for y in labels))})
+
+    return shards.write_missing_shards(out_dir, manifest, items=len(sequences),
+                                       per_shard=per_shard, make_shard=make_shard,
+                                       desc="acceptance data", progress=progress)
 
 
 def load_shards(out_dir: str | pathlib.Path, pair: dict) -> tuple[np.ndarray, np.ndarray, dict]:
