@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import precision
-from specdec_jax.models import interface
+from specdec_jax.models import interface, layers
 from specdec_jax.models.decoder import (
     Attention,
     DecoderCache,
@@ -29,15 +29,6 @@ from specdec_jax.models.decoder import (
     DecoderOnlyLM,
     SwiGLU,
     head_rows,
-)
-from specdec_jax.models.layers import (
-    HEAD_VOCAB,
-    IN_OUT,
-    OUT_IN,
-    Linear,
-    RMSNorm,
-    check_kernel_layout,
-    transpose_kernels,
 )
 
 Array = jax.Array
@@ -62,10 +53,10 @@ class FeatureHeadConfig:
     matmul_precision: str | None = None
     # How the layer's dense kernels are stored (models.layers): "in_out" as
     # trained, "out_in" the decode layout (``with_kernel_layout`` converts).
-    kernel_layout: str = IN_OUT
+    kernel_layout: str = layers.IN_OUT
 
     def __post_init__(self):
-        check_kernel_layout(self.kernel_layout, "FeatureHeadConfig: kernel_layout")
+        layers.check_kernel_layout(self.kernel_layout, "FeatureHeadConfig: kernel_layout")
         for name in ("vocab_size", "feature_size", "embed_size", "num_heads", "num_kv_heads",
                      "intermediate_size"):
             if getattr(self, name) < 1:
@@ -125,7 +116,7 @@ class _FeatureNet(nn.Module):
         layer = self.config.layer_config()
         dtype = jnp.dtype(layer.dtype)
         inputs = jnp.concatenate([embeds_BxKxE.astype(dtype), features_BxKxD.astype(dtype)], -1)
-        x = Linear(layer.hidden_size, use_bias=True, kernel_layout=layer.kernel_layout,
+        x = layers.Linear(layer.hidden_size, use_bias=True, kernel_layout=layer.kernel_layout,
                    dtype=dtype,
                    param_dtype=jnp.dtype(layer.param_dtype), precision=layer.compute_precision,
                    name="fc")(inputs)
@@ -133,10 +124,10 @@ class _FeatureNet(nn.Module):
         positions_BxK = cache.lengths[:, None] + jnp.arange(k)[None, :]
         mask_BxKxS = interface.causal_cache_mask(cache.lengths, k, cache.max_length)
         attn_out, keys, values = Attention(layer, name="attention")(
-            RMSNorm(layer.rms_norm_eps, dtype, name="pre_attention_norm")(x), positions_BxK,
+            layers.RMSNorm(layer.rms_norm_eps, dtype, name="pre_attention_norm")(x), positions_BxK,
             mask_BxKxS, cache.keys[0], cache.values[0], cache.lengths)
         x = x + attn_out
-        x = x + SwiGLU(layer, name="mlp")(RMSNorm(layer.rms_norm_eps, dtype,
+        x = x + SwiGLU(layer, name="mlp")(layers.RMSNorm(layer.rms_norm_eps, dtype,
                                                   name="pre_mlp_norm")(x))
         return x, cache.replace(keys=(keys,), values=(values,), lengths=cache.lengths + k)
 
@@ -191,15 +182,15 @@ class FeatureHead:
         return full.at[..., head["token_ids"]].set(scores)
 
 
-def with_kernel_layout(head: FeatureHead, net_params: dict, layout: str = OUT_IN
+def with_kernel_layout(head: FeatureHead, net_params: dict, layout: str = layers.OUT_IN
                        ) -> tuple[FeatureHead, dict]:
     """The same head with its dense kernels stored in ``layout`` (every
     ``kernel`` transposed; the decode layout is ``out_in``, as for decoders)."""
-    check_kernel_layout(layout)
+    layers.check_kernel_layout(layout)
     if layout == head.config.kernel_layout:
         return head, net_params
     config = dataclasses.replace(head.config, kernel_layout=layout)
-    return FeatureHead(config), transpose_kernels(net_params)
+    return FeatureHead(config), layers.transpose_kernels(net_params)
 
 
 def shared_params(target: DecoderOnlyLM, target_params: dict, token_ids=None) -> dict:
@@ -209,7 +200,7 @@ def shared_params(target: DecoderOnlyLM, target_params: dict, token_ids=None) ->
     if not isinstance(target, DecoderOnlyLM):
         raise ValueError("a feature head shares a decoder-only target's embedding and head; "
                          f"got {type(target).__name__}.")
-    if target.config.head_vocab or HEAD_VOCAB in target_params:
+    if target.config.head_vocab or layers.HEAD_VOCAB in target_params:
         raise ValueError("the target's own head is restricted (with_head_vocab); share the "
                          "full target and restrict the feature head with token_ids instead.")
     embedding = target_params["embedder"]["embedding"]
