@@ -63,7 +63,8 @@ setup(
     # The lab (benchmarks/) is not installed.
     packages=find_packages(include=["specdec_jax", "specdec_jax.*"]) + ["specdec_jax.configs"],
     package_dir={"specdec_jax.configs": "configs"},
-    package_data={"specdec_jax.data": ["tables/*.npz"], "specdec_jax.native": ["*.cc"],
+    package_data={"specdec_jax.data": ["tables/*.npz", "tables/*.json"],
+                  "specdec_jax.native": ["*.cc"],
                   "specdec_jax.configs": ["models/*.gin", "runs/*.gin"]},
     python_requires=">=3.10",
     install_requires=CORE,

@@ -97,50 +97,19 @@ class DebPin:
         return f"{self.package}_{self.version.replace(':', '%3a')}_all.deb"
 
 
-DEBIAN_HANDBOOK = DebPin(
-    package="debian-handbook", version="11.20220922",
-    sha256="3d5dbeac1f1afc9c094eab9d0f701f6ecff99c4927d5a4794cf6c85678134faa",
-    pool="pool/main/d/debian-handbook", licence="GPL-2.0+ or CC-BY-SA-3.0")
-TRANS_DE_EN = DebPin(
-    package="trans-de-en", version="1.9-6",
-    sha256="45f6b4cf1c434776fba6811d7bc522efabb5425c43ba8afd0e289bf9e2e53df4",
-    pool="pool/main/d/ding", licence="GPL-2+")
-DICT_GCIDE = DebPin(
-    package="dict-gcide", version="0.48.5+nmu2",
-    sha256="7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
-    pool="pool/main/d/dict-gcide", licence="GPL-3+")
-LIBC_L10N = DebPin(
-    package="libc-l10n", version="2.36-9+deb12u14",
-    sha256="95285badd0b02ca7e90e8f20d17c912170ffaeb48db10f113d1ece042b59248d",
-    pool="pool/main/g/glibc", licence="LGPL-2.1+ (translations: same as glibc)")
-PYTHON_TESTSUITE = DebPin(
-    package="libpython3.11-testsuite", version="3.11.2-6+deb12u9",
-    sha256="5dd0f85e950b344a51374e0ef68089e808f73c6c594c80e5232936b5c7ea4a28",
-    pool="pool/main/p/python3.11", licence="PSF-2.0")
-# German message catalogues (ui-messages): system tools whose vocabulary the handbook shares
-# (disks, file systems, keys), the GTK/GLib desktop stack, and LibreOffice's UI strings.
-UI_MESSAGE_DEBS = (
-    DebPin(package="util-linux-locales", version="2.38.1-5+deb12u3",
-           sha256="2cb091d6fdc2f38d3ce414102877dcc7434e4d42f18b58e73708219c2b9ec18e",
-           pool="pool/main/u/util-linux", licence="GPL-2+"),
-    DebPin(package="e2fsprogs-l10n", version="1.47.0-2",
-           sha256="30830c185a0d02d444ad7b900ee5353d13f442dc5479847ce700ba34136a2df8",
-           pool="pool/main/e/e2fsprogs", licence="GPL-2"),
-    DebPin(package="gnupg-l10n", version="2.2.40-1.1+deb12u2",
-           sha256="c985452d06cc7b3b1044cd1eb3f2acac773836d34cafb35b5a4bebae02c1caa0",
-           pool="pool/main/g/gnupg2", licence="GPL-3+"),
-    DebPin(package="libglib2.0-data", version="2.74.6-2+deb12u9",
-           sha256="d98434e097009dedd2f2382c48b7debab5b14261966c0e0506a991b2496bea5f",
-           pool="pool/main/g/glib2.0", licence="LGPL-2.1+"),
-    DebPin(package="libgtk-3-common", version="3.24.38-2~deb12u3",
-           sha256="f2642d127d85440acbfc2ed404d3932d8b2fbe8a576ead7f93f35ac1fa999c92",
-           pool="pool/main/g/gtk+3.0", licence="LGPL-2+"),
-    DebPin(package="libreoffice-l10n-de", version="4:7.4.7-1+deb12u14",
-           sha256="aee22c8e3b3c0431f6e1b0bc66f757ba36c860e2651a05eb050fde4897f06548",
-           pool="pool/main/libr/libreoffice", licence="MPL-2.0"),
-)
-DEBS = {pin.package: pin for pin in (DEBIAN_HANDBOOK, TRANS_DE_EN, DICT_GCIDE, LIBC_L10N,
-                                     PYTHON_TESTSUITE, *UI_MESSAGE_DEBS)}
+def _pins() -> tuple[dict[str, DebPin], tuple[DebPin, ...]]:
+    """Every pinned package by name, and the message catalogues' pins (data file
+    ``tables/debian_pins.json``: versions and hashes are data, not code)."""
+    table = json.loads((pathlib.Path(__file__).parent / "tables" / "debian_pins.json")
+                       .read_text())
+    ui_messages = tuple(DebPin(**pin) for pin in table["ui_messages"])
+    pins = [DebPin(**pin) for pin in table["corpora"]] + list(ui_messages)
+    return {pin.package: pin for pin in pins}, ui_messages
+
+
+DEBS, UI_MESSAGE_DEBS = _pins()
+DEBIAN_HANDBOOK, TRANS_DE_EN, DICT_GCIDE, LIBC_L10N, PYTHON_TESTSUITE = (DEBS[name] for name in (
+    "debian-handbook", "trans-de-en", "dict-gcide", "libc-l10n", "libpython3.11-testsuite"))
 
 # Debian 12.15 (bookworm) main, InRelease "Date: Sat, 11 Jul 2026 10:16:37 UTC".
 DESCRIPTIONS_SOURCE = {
@@ -183,49 +152,38 @@ class Corpus:
     records: int
 
 
-CORPORA = {
-    "debian-handbook": Corpus(
-        name="debian-handbook",
-        source=f"Debian package debian-handbook {DEBIAN_HANDBOOK.version} "
-               "(html/en-US + html/de-DE)",
-        licence=DEBIAN_HANDBOOK.licence, records=HANDBOOK_RECORDS),
-    "trans-de-en": Corpus(
-        name="trans-de-en",
-        source=f"Debian package trans-de-en {TRANS_DE_EN.version} (Ding dictionary, "
-               "/usr/share/trans/de-en)",
-        licence=TRANS_DE_EN.licence, records=DING_RECORDS),
-    "ding-phrases": Corpus(
-        name="ding-phrases",
-        source=f"Debian package trans-de-en {TRANS_DE_EN.version} (Ding dictionary words and "
-               "phrases, /usr/share/trans/de-en)",
-        licence=TRANS_DE_EN.licence, records=DING_PHRASE_RECORDS),
-    "ui-messages": Corpus(
-        name="ui-messages",
-        source="German gettext catalogues (de/LC_MESSAGES/*.mo) of the Debian 12 packages "
-               + ", ".join(f"{pin.package} {pin.version}" for pin in UI_MESSAGE_DEBS),
-        licence="; ".join(f"{pin.package}: {pin.licence}" for pin in UI_MESSAGE_DEBS),
-        records=UI_MESSAGE_RECORDS),
-    "debian-descriptions": Corpus(
-        name="debian-descriptions",
-        source=f"{DESCRIPTIONS_SOURCE['release']}, {DESCRIPTIONS_SOURCE['list']} "
-               f"(sha256 {DESCRIPTIONS_SOURCE['sha256'][:16]}...)",
-        licence="each description belongs to its package and is under that package's "
-                "licence (Debian main: DFSG-free); no single licence",
-        records=DESCRIPTION_RECORDS),
+def _from_package(name: str, pin: DebPin, what: str, records: int) -> Corpus:
+    """A corpus read from one pinned package (``what``: which of its files)."""
+    return Corpus(name=name, source=f"Debian package {pin.package} {pin.version} ({what})",
+                  licence=pin.licence, records=records)
+
+
+CORPORA = {corpus.name: corpus for corpus in (
+    _from_package("debian-handbook", DEBIAN_HANDBOOK, "html/en-US + html/de-DE",
+                  HANDBOOK_RECORDS),
+    _from_package("trans-de-en", TRANS_DE_EN, "Ding dictionary, /usr/share/trans/de-en",
+                  DING_RECORDS),
+    _from_package("ding-phrases", TRANS_DE_EN,
+                  "Ding dictionary words and phrases, /usr/share/trans/de-en",
+                  DING_PHRASE_RECORDS),
+    Corpus(name="ui-messages",
+           source="German gettext catalogues (de/LC_MESSAGES/*.mo) of the Debian 12 packages "
+                  + ", ".join(f"{pin.package} {pin.version}" for pin in UI_MESSAGE_DEBS),
+           licence="; ".join(f"{pin.package}: {pin.licence}" for pin in UI_MESSAGE_DEBS),
+           records=UI_MESSAGE_RECORDS),
+    Corpus(name="debian-descriptions",
+           source=f"{DESCRIPTIONS_SOURCE['release']}, {DESCRIPTIONS_SOURCE['list']} "
+                  f"(sha256 {DESCRIPTIONS_SOURCE['sha256'][:16]}...)",
+           licence="each description belongs to its package and is under that package's "
+                   "licence (Debian main: DFSG-free); no single licence",
+           records=DESCRIPTION_RECORDS),
     # Pre-training text (specdec_jax.data.pretraining).
-    "gcide": Corpus(
-        name="gcide", source=f"Debian package dict-gcide {DICT_GCIDE.version} "
-                             "(/usr/share/dictd/gcide.dict.dz)",
-        licence=DICT_GCIDE.licence, records=GCIDE_RECORDS),
-    "libc-de": Corpus(
-        name="libc-de", source=f"Debian package libc-l10n {LIBC_L10N.version} "
-                               "(/usr/share/locale/de/LC_MESSAGES/libc.mo)",
-        licence=LIBC_L10N.licence, records=LIBC_DE_RECORDS),
-    "python": Corpus(
-        name="python", source=f"Debian package libpython3.11-testsuite "
-                              f"{PYTHON_TESTSUITE.version} (/usr/lib/python3.11/test/**.py)",
-        licence=PYTHON_TESTSUITE.licence, records=PYTHON_RECORDS),
-}
+    _from_package("gcide", DICT_GCIDE, "/usr/share/dictd/gcide.dict.dz", GCIDE_RECORDS),
+    _from_package("libc-de", LIBC_L10N, "/usr/share/locale/de/LC_MESSAGES/libc.mo",
+                  LIBC_DE_RECORDS),
+    _from_package("python", PYTHON_TESTSUITE, "/usr/lib/python3.11/test/**.py",
+                  PYTHON_RECORDS),
+)}
 
 
 # --------------------------------------------------------------------------- packages
