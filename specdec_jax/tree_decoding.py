@@ -390,7 +390,8 @@ class TreeDecoder(RoundDecoder):
         batch = pending_B.shape[0]
         tree = verify_tree.Tree(parents=proposal.parents.astype(jnp.int32),
                                 tokens=proposal.tokens.astype(jnp.int32),
-                                valid=jnp.ones((batch, n), bool), draws=proposal.draws)
+                                valid=jnp.ones((batch, n), bool), draws=proposal.draws,
+                                max_depth=depth)
 
         # One target call: the pending token (node 0) and the N drafted nodes.
         fed_tokens, fed_parents = tree_with_root(pending_B, tree.tokens, tree.parents)

@@ -142,6 +142,10 @@ class Tree:
     # How each node's children were drawn (``sampling.TREE_DRAWS``): the laws
     # the verifiers test them against follow from it (``sibling_laws``).
     draws: str = flax.struct.field(pytree_node=False, default=WITHOUT_REPLACEMENT)
+    # A bound on the depth of every tree of the batch, known when tracing (a
+    # drafter's tree shape): traversal keeps one [V] law per depth of its path,
+    # not per node. None: the node count (a chain's depth).
+    max_depth: int | None = flax.struct.field(pytree_node=False, default=None)
 
     def __post_init__(self):
         check_tree_draws(self.draws)
@@ -156,7 +160,7 @@ def chain(drafts_BxG: Array) -> Tree:
     batch, g = drafts_BxG.shape
     parents_BxG = jnp.broadcast_to(jnp.arange(g, dtype=jnp.int32) - 1, (batch, g))
     return Tree(parents=parents_BxG, tokens=drafts_BxG.astype(jnp.int32),
-                valid=jnp.ones((batch, g), bool))
+                valid=jnp.ones((batch, g), bool), max_depth=g)
 
 
 def static_tree(widths: tuple[int, ...]) -> np.ndarray:
@@ -299,6 +303,28 @@ def sibling_laws(tree: Tree, q_BxN1xV: Array) -> Array:
     return kept_BxNxV / jnp.where(mass_BxNx1 > 0, mass_BxNx1, 1.0)
 
 
+def node_law(tree_row: Tree, q_N1xV: Array, i: Array) -> Array:
+    """float32 [V]: row ``i`` of ``sibling_laws`` for one row's tree (``tree_row``
+    and ``q_N1xV`` without the batch axis), made when a walk needs it: the
+    walks test a few nodes a round, and ``sibling_laws``'s [N, V] array and its
+    intermediates were the largest temporaries of a tree round (a 27-node tree
+    at the 152k vocabulary: 18.5 MB each)."""
+    v = q_N1xV.shape[-1]
+    token = tree_row.tokens[i]
+    if tree_row.draws == POINT_MASS:
+        return jax.nn.one_hot(token, v, dtype=jnp.float32) * tree_row.valid[i]
+    parent = tree_row.parents[i]
+    q_V = q_N1xV[parent + 1]
+    if tree_row.draws == WITH_REPLACEMENT:
+        return q_V
+    index_N = jnp.arange(tree_row.tokens.shape[-1])
+    earlier_N = (tree_row.parents == parent) & tree_row.valid & (index_N < i)
+    removed_V = jnp.zeros((v,), bool).at[tree_row.tokens].max(earlier_N)
+    kept_V = jnp.where(removed_V, 0.0, q_V)
+    mass = jnp.sum(kept_V)
+    return kept_V / jnp.where(mass > 0, mass, 1.0)
+
+
 class Children(NamedTuple):
     tokens: Array  # int32 [..., K]: the children in drafting order
     laws: Array  # float32 [..., K, V]: the law child j was drawn from (q_j)
@@ -383,7 +409,8 @@ class GreedyTreeVerifier:
 class SamplingTreeVerifier:
     """Base of the tree verifiers that sample (RRS, traversal): each node gets
     one uniform, each child is tested against the law it was drawn from
-    (``sibling_laws``), and a subclass's ``walk_row`` walks one row's tree to
+    (``sibling_laws``; a walk makes a node's row, ``node_law``, only when it
+    tests the node), and a subclass's ``walk_row`` walks one row's tree to
     ``(accepted node, weights the next token is drawn from)``. Rows run one
     after another (``lax.map``), so each walk takes its own data-dependent
     branches instead of touching every [V] row of the batch."""
@@ -394,9 +421,8 @@ class SamplingTreeVerifier:
                  pi_BxN1xV: Array) -> TreeVerifyOutput:
         accept_key, sample_key = jax.random.split(key)
         u_BxN = jax.random.uniform(accept_key, tree.tokens.shape)
-        law_BxNxV = sibling_laws(tree, q_BxN1xV)
         node_B, weights_BxV = jax.lax.map(lambda args: self.walk_row(*args),
-                                          (tree, law_BxNxV, pi_BxN1xV, u_BxN))
+                                          (tree, q_BxN1xV, pi_BxN1xV, u_BxN))
         return TreeVerifyOutput(node=node_B, num_accepted=node_depth(tree, node_B),
                                 next_token=sample_from_weights(sample_key, weights_BxV))
 
@@ -424,23 +450,25 @@ class RecursiveRejectionVerifier(SamplingTreeVerifier):
         rejected: ``norm((r - law)_+)`` (``r`` itself if that has no mass)."""
         return normalised(residual(r_V, law_V))
 
-    def walk_row(self, tree_row: Tree, law_NxV: Array, pi_N1xV: Array, u_N: Array
+    def walk_row(self, tree_row: Tree, q_N1xV: Array, pi_N1xV: Array, u_N: Array
                  ) -> tuple[Array, Array]:
         n = tree_row.tokens.shape[-1]
 
+        def test(i, node, r_V):
+            """Slot ``i`` is a child of ``node``: accept it, or leave the residual."""
+            x = tree_row.tokens[i]
+            law_V = node_law(tree_row, q_N1xV, i)
+            accept = (law_V[x] > 0) & (u_N[i] * law_V[x] < r_V[x])
+            r_V = jax.lax.cond(accept, lambda: pi_N1xV[i + 1],
+                               lambda: self.sibling_residual(r_V, law_V))
+            return jnp.where(accept, i, node), r_V
+
         def body_fn(i, carry):
             node, r_V = carry  # int32 []: current node; float32 [V]: its law left
-            x = tree_row.tokens[i]
-            law_x = law_NxV[i, x]
-            tested = _is_child(tree_row, i, node)
-            accept = tested & (law_x > 0) & (u_N[i] * law_x < r_V[x])
-            reject = tested & ~accept
             # A real branch per row (``lax.map`` in ``__call__``): slots that are not
             # children of the current node touch no [V] row.
-            r_V = jax.lax.switch(accept.astype(jnp.int32) + 2 * reject.astype(jnp.int32),
-                                 [lambda r_V: r_V, lambda r_V: pi_N1xV[i + 1],
-                                  lambda r_V: self.sibling_residual(r_V, law_NxV[i])], r_V)
-            return jnp.where(accept, i, node), r_V
+            return jax.lax.cond(_is_child(tree_row, i, node), test,
+                                lambda i, node, r_V: (node, r_V), i, node, r_V)
 
         return jax.lax.fori_loop(0, n, body_fn, (jnp.int32(ROOT), pi_N1xV[0]))
 
@@ -461,15 +489,24 @@ class TraversalVerifier(SamplingTreeVerifier):
 
     name: str = "traversal"
 
-    def walk_row(self, tree_row: Tree, law_NxV: Array, pi_N1xV: Array, u_N: Array
+    def walk_row(self, tree_row: Tree, q_N1xV: Array, pi_N1xV: Array, u_N: Array
                  ) -> tuple[Array, Array]:
         n = tree_row.tokens.shape[-1]
         index_N = jnp.arange(n, dtype=jnp.int32)
+        max_depth = min(tree_row.max_depth or n, n)
+
+        def law_of_token(c):  # q_j(x) of node c's own token
+            return node_law(tree_row, q_N1xV, c)[tree_row.tokens[c]]
 
         def body_fn(_, carry):
-            # node: current node; after: its children up to this index are done;
-            # alpha_N1 [N + 1], p_N1xV [N + 1, V]: (alpha, P) per context
-            node, after, alpha_N1, p_N1xV, done, accepted = carry
+            # node: current node, at depth `level` of the walk's path; after: its
+            # children up to this index are done; alpha_N1 [N + 1]: alpha per
+            # context. P per context: a node's P differs from its pi only after a
+            # child of it was rejected, which happens only while the walk is below
+            # it, so only the path's nodes need their own P: p_DxV [max_depth + 1,
+            # V] holds it for depth d once changed_D[d] (a new node at depth d
+            # starts unchanged: its P is read from pi, no [V] copy).
+            node, after, level, alpha_N1, p_DxV, changed_D, done, accepted, accepted_level = carry
             is_next = _is_child(tree_row, index_N, node) & (index_N > after)
             child = jnp.min(jnp.where(is_next, index_N, n))
             enter = ~done & (child < n)
@@ -477,42 +514,55 @@ class TraversalVerifier(SamplingTreeVerifier):
             # Enter ``child``: alpha = min(1, alpha_node P_node(x) / q_j(x)).
             c = jnp.minimum(child, n - 1)
             x = tree_row.tokens[c]
-            law_x = law_NxV[c, x]
-            ratio = (alpha_N1[node + 1] * p_N1xV[node + 1, x]
-                     / jnp.where(law_x > 0, law_x, 1.0))
+            # Only entering a child reads its law (a [V] row: a real branch).
+            law_x = jax.lax.cond(enter, law_of_token, lambda c: jnp.float32(0.0), c)
+            p_x = jnp.where(changed_D[level], p_DxV[level, x], pi_N1xV[node + 1, x])
+            ratio = alpha_N1[node + 1] * p_x / jnp.where(law_x > 0, law_x, 1.0)
             alpha_child = jnp.where(law_x > 0, jnp.minimum(ratio, 1.0), 0.0)
             # Leave ``node``: test it; on rejection update its parent.
             accept = leave & ((node == ROOT) | (u_N[jnp.maximum(node, 0)]
                                                 < alpha_N1[node + 1]))
             reject = leave & ~accept
             parent = tree_row.parents[jnp.maximum(node, 0)]
+            up = jnp.maximum(level - 1, 0)
 
             def reject_update(state):
                 # The parent's (alpha, P) after its child ``node`` (law q_j) is rejected.
-                alpha_N1, p_N1xV = state
-                alpha_p, p_V = alpha_N1[parent + 1], p_N1xV[parent + 1]
-                diff_V = alpha_p * p_V - law_NxV[jnp.maximum(node, 0)]
+                alpha_N1, p_DxV = state
+                alpha_p = alpha_N1[parent + 1]
+                p_V = jnp.where(changed_D[up], p_DxV[up], pi_N1xV[parent + 1])
+                diff_V = alpha_p * p_V - node_law(tree_row, q_N1xV, jnp.maximum(node, 0))
                 s = jnp.sum(jnp.maximum(diff_V, 0.0))
                 denom = s + 1.0 - alpha_p
                 alpha_p = jnp.where(denom > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
                 p_V = jnp.where(s > RESIDUAL_EPS,
                                 jnp.maximum(diff_V, 0.0) / jnp.maximum(s, RESIDUAL_EPS), p_V)
-                return alpha_N1.at[parent + 1].set(alpha_p), p_N1xV.at[parent + 1].set(p_V)
+                return alpha_N1.at[parent + 1].set(alpha_p), p_DxV.at[up].set(p_V)
 
             alpha_N1 = alpha_N1.at[c + 1].set(jnp.where(enter, alpha_child, alpha_N1[c + 1]))
             # A real branch per row (``lax.map`` in ``__call__``): only rejections touch [V] rows.
-            alpha_N1, p_N1xV = jax.lax.cond(reject, reject_update, lambda state: state,
-                                            (alpha_N1, p_N1xV))
+            alpha_N1, p_DxV = jax.lax.cond(reject, reject_update, lambda state: state,
+                                           (alpha_N1, p_DxV))
+            deeper = jnp.minimum(level + 1, max_depth)
+            changed_D = changed_D.at[deeper].set(jnp.where(enter, False, changed_D[deeper]))
+            changed_D = changed_D.at[up].set(changed_D[up] | reject)
             new_node = jnp.where(enter, c, jnp.where(reject, parent, node))
             new_after = jnp.where(enter, c, jnp.where(reject, node, after))
+            new_level = jnp.where(enter, level + 1, jnp.where(reject, up, level))
             accepted = jnp.where(accept, node, accepted)
-            return new_node, new_after, alpha_N1, p_N1xV, done | accept, accepted
+            accepted_level = jnp.where(accept, level, accepted_level)
+            return (new_node, new_after, new_level, alpha_N1, p_DxV, changed_D, done | accept,
+                    accepted, accepted_level)
 
         alpha_N1 = jnp.ones((n + 1,), jnp.float32)
-        init = (jnp.int32(ROOT), jnp.int32(ROOT), alpha_N1, pi_N1xV, jnp.bool_(False),
-                jnp.int32(ROOT))
-        *_, p_N1xV, _, accepted = jax.lax.fori_loop(0, 2 * n + 1, body_fn, init)
-        return accepted, p_N1xV[accepted + 1]
+        p_DxV = jnp.zeros((max_depth + 1,) + pi_N1xV.shape[1:], jnp.float32)
+        changed_D = jnp.zeros((max_depth + 1,), bool)
+        init = (jnp.int32(ROOT), jnp.int32(ROOT), jnp.int32(0), alpha_N1, p_DxV, changed_D,
+                jnp.bool_(False), jnp.int32(ROOT), jnp.int32(0))
+        *_, p_DxV, changed_D, _, accepted, accepted_level = jax.lax.fori_loop(
+            0, 2 * n + 1, body_fn, init)
+        return accepted, jnp.where(changed_D[accepted_level], p_DxV[accepted_level],
+                                   pi_N1xV[accepted + 1])
 
 
 # The names a tree decoder takes, the default first. 'rrs-replacement' is RRS

@@ -51,6 +51,7 @@ from specdec_jax.verify_tree import (
     depths,
     emitted_tokens,
     get_tree_verifier,
+    node_law,
     path_nodes,
     path_tokens,
     sample_children,
@@ -549,6 +550,24 @@ def test_point_mass_sibling_laws():
         tree.replace(draws="sometimes")
 
 
+@pytest.mark.parametrize("draws", [WITHOUT_REPLACEMENT, WITH_REPLACEMENT, POINT_MASS])
+def test_a_walk_makes_each_nodes_law_as_sibling_laws_does(draws):
+    """``node_law`` (one row's node, made when a walk tests it) is row ``i`` of
+    ``sibling_laws`` for every node: siblings removed and renormalised, a
+    repeated token, an invalid slot, a sibling whose parent's law has no mass
+    left after removals."""
+    tree = Tree(parents=jnp.asarray([[-1, -1, -1, 0, 0, 1]]),
+                tokens=jnp.asarray([[2, 0, 2, 1, 3, 0]]),
+                valid=jnp.asarray([[True, True, True, True, False, True]]), draws=draws)
+    q = jax.random.dirichlet(jax.random.PRNGKey(0), jnp.ones(V), (1, 7))
+    q = q.at[0, 2].set(jnp.asarray([0.0, 0.0, 1.0, 0.0]))  # node 1's law: only token 2
+    row = jax.tree_util.tree_map(lambda x: x[0], tree)
+    want = np.asarray(sibling_laws(tree, q))[0]
+    for i in range(tree.num_nodes):
+        np.testing.assert_allclose(np.asarray(node_law(row, q[0], i)), want[i], rtol=1e-6,
+                                   err_msg=f"node {i}")
+
+
 # ---------------------------------------------------------------------------
 # Chains: traversal = block verification, RRS = token verification
 # ---------------------------------------------------------------------------
@@ -588,6 +607,30 @@ def test_traversal_equals_block_verification_on_chains():
     tree = jitted(TraversalVerifier())(key, ragged, q, pi)
     np.testing.assert_array_equal(tree.num_accepted, block.num_accepted)
     np.testing.assert_array_equal(tree.next_token, block.next_token)
+
+
+def test_traversal_keeps_one_law_per_depth_of_its_path():
+    """Traversal keeps one P per depth of the walk's path: a stack sized by
+    ``Tree.max_depth`` (the drafter's tree depth, 3 here) decides every row as
+    one sized by the node count: the same accepted node and next token for one
+    key, on a 15-node tree with rejections at every depth. (That the walk
+    follows pi is ``test_tree_verifier_follows_pi``'s chi-square.)"""
+    rng = np.random.default_rng(3)
+    rows, v = 400, 6
+    parents = np.asarray(static_tree((3, 2, 1)))
+    n = len(parents)
+    q = rng.dirichlet(np.full(v, 0.5), size=(rows, n + 1)).astype(np.float32)
+    pi = rng.dirichlet(np.full(v, 0.5), size=(rows, n + 1)).astype(np.float32)
+    tree = Tree(parents=jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (rows, n)),
+                tokens=jnp.asarray(rng.integers(0, v, size=(rows, n)), jnp.int32),
+                valid=jnp.ones((rows, n), bool), draws=WITH_REPLACEMENT)
+    key = jax.random.PRNGKey(4)
+    per_node = jitted(TraversalVerifier())(key, tree, jnp.asarray(q), jnp.asarray(pi))
+    per_depth = jitted(TraversalVerifier())(key, tree.replace(max_depth=3), jnp.asarray(q),
+                                            jnp.asarray(pi))
+    np.testing.assert_array_equal(per_depth.node, per_node.node)
+    np.testing.assert_array_equal(per_depth.next_token, per_node.next_token)
+    assert set(np.asarray(per_node.num_accepted).tolist()) == {0, 1, 2, 3}
 
 
 def test_rrs_equals_token_verification_on_chains():
