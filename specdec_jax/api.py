@@ -308,7 +308,7 @@ def sampling_params(*, temperature: float = 0.0, top_p: float = 1.0, alpha: floa
     if not 0 < stop_threshold < 1:
         raise ValueError(f"stop_threshold (SpecDec++'s h) must be in (0, 1), got "
                          f"{stop_threshold}; drafting stops once the predicted chance of a "
-                         "rejection in the block exceeds it (0.7 is the seed's choice).")
+                         "rejection in the block exceeds it (0.7 is SpecDec++'s choice).")
     return SamplingParams(temperature=jnp.float32(temperature), top_p=jnp.float32(top_p),
                           alpha=jnp.float32(alpha), beta=jnp.float32(beta),
                           lenience=jnp.float32(lenience),

@@ -28,7 +28,8 @@ eta_i <= h_i at i = 1 and i = 3 -> tau = 3: all drafts kept, y from the bonus.
 Unlike token verification, a rejection at i = 2 does not end the block:
 acceptance looks at the *last* index that passes.
 
-Seed form (``SeedBlockVerifier``, name ``block-seed``; the seed's Alg. 3) uses
+Seed form (``SeedBlockVerifier``, name ``block-seed``; Alg. 3 of Sun et al.,
+*Optimal Block-Level Draft Verification*, as published) uses
 the unclipped joint ratios ``rho_i = exp(L_i)``:
 
     remain(k) = sum_x (rho_k p_{k+1}(x) - q_{k+1}(x))_+,
@@ -208,7 +209,7 @@ class SeedBlockState:
 
     A correction at ``tau < G - 1`` in some round opens a *zone*: the
     ``G - tau - 1`` positions after the correction token, up to the end of that
-    round's block. There the seed's ``M_b,next`` replaces the verifier
+    round's block. There the paper's ``M_b,next`` replaces the verifier
     conditional ``v`` that round used by its residual
 
         v_res(x | prefix) = norm((R v(x | prefix) - q(x | prefix))_+),
@@ -358,7 +359,7 @@ def advance_state(state: SeedBlockState, drafts_BxG: Array, q_BxGxV: Array, pi_B
 
 @dataclasses.dataclass(frozen=True)
 class SeedBlockVerifier:
-    """The seed's block verification (Alg. 3) with carried residual zones.
+    """Sun et al.'s block verification (Alg. 3) with carried residual zones.
 
     Reaches the Theorem 1 optimum of E[tau] in a fresh round and is exact over
     many rounds only because of the carried state (``SeedBlockState``); the

@@ -118,7 +118,7 @@ def test_outer_review_with_the_inner_q_is_rejected():
 
 def test_lenient_law_is_the_law_of_a_lenient_review():
     """Monte Carlo of one lenient review position against ``lenient_law``, and
-    the seed's worked numbers (cs_drafting.py docstring)."""
+    the paper's worked numbers (cs_drafting.py docstring)."""
     q = jnp.asarray([0.9, 0.1])
     np.testing.assert_allclose(lenient_law(q, jnp.asarray([0.6, 0.4]), 2.0), [0.9, 0.1])
     np.testing.assert_allclose(lenient_law(q, jnp.asarray([0.3, 0.7]), 2.0), [0.6, 0.4],

@@ -79,7 +79,8 @@ def test_always_defer_end_reproduces_target(method):
 
 
 def test_opt_equals_diff_under_greedy():
-    """Seed 000 Lemma 8: with one-hot q~, p~ OPT and Diff emit the same tokens."""
+    """Lemma 8 of Narasimhan et al. (speculative cascades):
+    with one-hot q~, p~ OPT and Diff emit the same tokens."""
     rng = np.random.default_rng(5)
     logits_q = jnp.asarray(rng.normal(size=(2000, V)) * 2, jnp.float32)
     logits_p = jnp.asarray(rng.normal(size=(2000, V)) * 2, jnp.float32)

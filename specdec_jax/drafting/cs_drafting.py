@@ -7,12 +7,12 @@ decoding *of* ``model`` *with* ``inner`` as its drafter: ``inner`` proposes
 with lenience ``l >= 1`` (``sp.lenience``, traced), until the level has the
 tokens its caller asked for. No neural model then drafts autoregressively
 except through its own reviews. Recursion (``inner`` itself a cascade) gives
-the seed's deeper cascades.
+the paper's deeper cascades.
 
 **Lenient review.** Sampling (T > 0): accept ``s ~ q`` with probability
 ``min(1, l p(s) / q(s))``; on rejection draw from ``norm((l p - q)_+)``; after
 ``k`` accepts the bonus is drawn from ``p``. This is the kernel of
-``verify.py`` with the unnormalised target ``l p``. Greedy (T = 0), the seed's
+``verify.py`` with the unnormalised target ``l p``. Greedy (T = 0), the paper's
 rule: accept ``s`` if it is ``argmax p`` or ``q_stat(s) <= l p_stat(s)``
 (unscaled softmaxes); a rejection emits ``argmax p``. ``l = 1`` at T > 0 is
 ordinary, lossless speculative sampling. Lenience is applied only here,
@@ -48,11 +48,11 @@ Layer ``i`` (the target's layer is 0; layer ``i > 0`` is what drafter ``i -
 1`` reviews) is a horizontal cascade over drafters ``i .. n-1`` with segment
 lengths ``K[i][i:]``; drafter ``j`` in any layer reviews layer ``j + 1``
 (vertical), drafts alone when it is Max-Gram or when layer ``j + 1`` is
-empty. The seed's decoder-only setting ``[[2, 10], [0, 10]]`` with ``[d,
+empty. The paper's decoder-only setting ``[[2, 10], [0, 10]]`` with ``[d,
 mag]``: the target reviews 12 tokens, the first 2 from ``d`` reviewing 10
 Max-Gram tokens per call, the last 10 straight from Max-Gram. A zero entry
 leaves a drafter out of a layer: ``[[4, 0], [0, 10]]`` is the pure vertical
-cascade, ``[[2, 10], [0, 0]]`` the pure horizontal one. Following the seed's
+cascade, ``[[2, 10], [0, 0]]`` the pure horizontal one. Following the paper's
 App. B, a review of Max-Gram is never lenient.
 
 **Feature heads** (``drafting/feature.py``) take a model's place anywhere.
@@ -67,7 +67,7 @@ in one at a time (k one-token calls of the one-layer head, counted); the
 review and the reported law are the ones above, with the head's ``p``.
 
 Static shapes: a vertical level runs inner rounds until every row has the
-tokens asked for and keeps exactly that many (the seed's loop may keep an
+tokens asked for and keeps exactly that many (the paper's loop may keep an
 overshoot; here a caller asks for a fixed count and the next segment or round
 re-proposes the rest).
 """
@@ -142,7 +142,7 @@ def lenient_review(key: Array, drafts_BxK: Array, q_BxKxV: Array, q_stat_BxKxV: 
     k = drafts_BxK.shape[1]
     sampled = TokenVerifier()(key, drafts_BxK, q_BxKxV, lenience * p_BxK1xV[:, :k],
                               p_BxK1xV[:, k])
-    # Greedy: the seed's rule on the statistics distributions.
+    # Greedy: the paper's rule on the statistics distributions.
     argmax_p_BxK1 = jnp.argmax(p_BxK1xV, axis=-1).astype(jnp.int32)
     matches = drafts_BxK == argmax_p_BxK1[:, :k]
     close = (gather_token_probs(q_stat_BxKxV, drafts_BxK)

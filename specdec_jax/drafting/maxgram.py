@@ -21,7 +21,7 @@ Which occurrence wins when several match equally long: the **most recent**
 way (the loop body just written, the identifier just defined), and it also
 makes a copy self-consistent: after proposing ``x_{m*+1}``, the occurrence
 ending at ``m* + 1`` is again the longest and most recent, so MaG keeps
-copying the same passage. (The seed's listing takes the *first* occurrence.)
+copying the same passage. (The paper's listing takes the *first* occurrence.)
 Runs longer than ``max_ngram`` tie at ``max_ngram``; ties then go to the most
 recent occurrence as above.
 

@@ -7,7 +7,7 @@ A spec is a ``+``-separated list of drafters, largest first:
     feature:<dir>                      a feature head (EAGLE-style, drafting.feature)
                                        saved in <dir> (checkpoints.feature_heads)
     qwen2.5-coder-0.5b+mag             CS Drafting; needs a K-matrix, e.g.
-        k_matrix=[[2, 10], [0, 10]]    the seed's decoder-only setting (12 drafts:
+        k_matrix=[[2, 10], [0, 10]]    the paper's decoder-only setting (12 drafts:
                                        2 by the 0.5B reviewing 10 Max-Gram tokens
                                        a call, then 10 by Max-Gram)
         k_matrix=[[4, 0], [0, 10]]     vertical only (0.5B reviews Max-Gram)

@@ -69,7 +69,8 @@ METHOD_ORDER = (
     "token-cascade", "oracle", "bild-original", "bild", "chow", "diff", "difflog", "opt",
     "optlog", "token-v1", "token-v2", "token-v3",
 )
-# Seed 000's names for the methods (its tables and legends); other methods keep their key.
+# The speculative-cascades paper's names for the methods (its tables and legends);
+# other methods keep their key.
 METHOD_LABELS = {
     TARGET: "Target (AR)",
     DRAFTER: "Drafter (AR)",
@@ -184,7 +185,8 @@ def _wallclock(record: dict) -> float | None:
 
 
 def method_label(method: str) -> str:
-    """Seed 000's display name for ``method`` (the key itself when it has none)."""
+    """The speculative-cascades paper's display name for ``method`` (the key itself
+    when it has none)."""
     return METHOD_LABELS.get(method, method)
 
 
@@ -341,11 +343,12 @@ def _intervals_overlap(a_low: float, a_high: float, b_low: float, b_high: float)
 
 
 def table2(records: Sequence[dict], *, latency: str = "cost_model") -> list[dict]:
-    """Seed 000's Table 2: one row per (task, temperature, gamma) and method (not baselines).
+    """Table 2 of the speculative-cascades paper (Narasimhan et al.): one row per
+    (task, temperature, gamma) and method (not baselines).
 
     (i) *Matching the target's quality*: among the method's points scoring at least the
     target's score, the one with the smallest relative latency ``L``; ``speedup = 1 / L`` (the
-    seed's "1.95×") and ``reduction = 1 - L``. None when no point reaches the target's quality.
+    paper's "1.95×") and ``reduction = 1 - L``. None when no point reaches the target's quality.
 
     (ii) *Best quality without exceeding the target's latency*: the highest-scoring point with
     ``L <= 1`` (ties: the faster one), with its CI and alpha. ``best_ci_overlaps_target`` says

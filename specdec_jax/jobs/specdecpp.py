@@ -30,7 +30,7 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
     """Data for the head of ``drafter`` under ``target`` (models as in the
     evaluation jobs) on ``num_prompts`` standard-library prompts (disjoint
     from HumanEval). ``source="target"``: X is the target's own sample at
-    ``temperature`` (up to ``max_new_tokens``), as the seed does, sampled in
+    ``temperature`` (up to ``max_new_tokens``), as SpecDec++ does, sampled in
     length-sorted batches of ``teacher_batch_size`` and kept in
     ``out_dir/teacher_samples.jsonl`` (a rerun resumes there). Plain
     autoregressive sampling by default: at a wide batch on a CPU it is cheaper

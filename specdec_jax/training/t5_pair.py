@@ -1,9 +1,10 @@
 """The project's own T5 drafter/target pair, trained on first use and cached.
 
-No pretrained T5 can be fetched here, so the T5 experiments of seeds 000 and
-001 run on a pair trained by the recipes of ``training.recipes``: per task, a
-large target and a small drafter fine-tuned from scratch, and the small one
-distilled from the large. Members are named ``<pair>-<role>:<task>``, e.g.
+No pretrained T5 can be fetched here, so the T5 experiments of the speculative-
+cascades and cascade-speculative-drafting papers run on a pair trained by the
+recipes of ``training.recipes``: per task, a large target and a small drafter
+fine-tuned from scratch, and the small one distilled from the large. Members are
+named ``<pair>-<role>:<task>``, e.g.
 ``t5-cpu-large:translation_en_de``; ``ensure_member`` trains whatever is
 missing (printing what and roughly how long) and ``load_member`` returns
 ``(model, params, vocabulary)``. Everything lives under
