@@ -266,52 +266,26 @@ def emitted_tokens(tree: Tree, node_B: Array, next_token_B: Array, pad: int = 0)
                      next_token_B[:, None], path_BxN1)
 
 
-def gather_contexts(x_BxN1xV: Array, node_BxN: Array) -> Array:
-    """[B, N + 1, V] laws per context, [B, M] node indices (-1 = root) -> [B, M, V]."""
-    return jnp.take_along_axis(x_BxN1xV, (node_BxN + 1)[:, :, None], axis=1)
-
-
-def sibling_laws(tree: Tree, q_BxN1xV: Array) -> Array:
-    """float32 [B, N, V]: the law each node's token was drawn from, as
-    ``tree.draws`` says.
+def node_law(tree_row: Tree, q_N1xV: Array, i: Array) -> Array:
+    """float32 [V]: the law node ``i``'s token was drawn from, as ``tree.draws``
+    says, for one row's tree (``tree_row`` and ``q_N1xV`` without the batch axis).
 
     With replacement: ``q`` at the parent's context. Without: that ``q`` with
     the tokens of the node's earlier siblings removed and renormalised, the
     ``q_j`` of sequential sampling without replacement (what
     ``sample_children`` reports). Example: q = [0.5, 0.3, 0.2], siblings drawn
     1 then 0 -> laws [0.5, 0.3, 0.2] and [5/7, 0, 2/7]. Point masses: the
-    one-hot of each node's own token (siblings 1, 0 -> [0, 1, 0], [1, 0, 0]).
+    one-hot of the node's own token (siblings 1, 0 -> [0, 1, 0], [1, 0, 0]).
+
+    The walks make a node's law when they test it (a few nodes a round): the
+    whole [N, V] array (``sibling_laws``) and its intermediates were the largest
+    temporaries of a tree round (a 27-node tree at the 152k vocabulary: 18.5 MB each).
     """
-    if tree.draws == POINT_MASS:
-        # Deterministic children are not draws from a law: each is its own
-        # point mass, whatever ``q`` says (module docstring).
-        return jax.nn.one_hot(tree.tokens, q_BxN1xV.shape[-1], dtype=jnp.float32) * \
-            tree.valid[..., None]
-    q_BxNxV = gather_contexts(q_BxN1xV, tree.parents)
-    if tree.draws == WITH_REPLACEMENT:
-        return q_BxNxV
-    n, v = tree.num_nodes, q_BxN1xV.shape[-1]
-    earlier_BxNxN = earlier_siblings(tree)
-    batch = tree.tokens.shape[0]
-    rows_B11 = jnp.arange(batch)[:, None, None]
-    nodes_1N1 = jnp.arange(n)[None, :, None]
-    tokens_B1N = jnp.broadcast_to(tree.tokens[:, None, :], earlier_BxNxN.shape)
-    removed_BxNxV = jnp.zeros((batch, n, v), bool).at[rows_B11, nodes_1N1, tokens_B1N].max(
-        earlier_BxNxN)
-    kept_BxNxV = jnp.where(removed_BxNxV, 0.0, q_BxNxV)
-    mass_BxNx1 = jnp.sum(kept_BxNxV, axis=-1, keepdims=True)
-    return kept_BxNxV / jnp.where(mass_BxNx1 > 0, mass_BxNx1, 1.0)
-
-
-def node_law(tree_row: Tree, q_N1xV: Array, i: Array) -> Array:
-    """float32 [V]: row ``i`` of ``sibling_laws`` for one row's tree (``tree_row``
-    and ``q_N1xV`` without the batch axis), made when a walk needs it: the
-    walks test a few nodes a round, and ``sibling_laws``'s [N, V] array and its
-    intermediates were the largest temporaries of a tree round (a 27-node tree
-    at the 152k vocabulary: 18.5 MB each)."""
     v = q_N1xV.shape[-1]
     token = tree_row.tokens[i]
     if tree_row.draws == POINT_MASS:
+        # Deterministic children are not draws from a law: each is its own
+        # point mass, whatever ``q`` says (module docstring).
         return jax.nn.one_hot(token, v, dtype=jnp.float32) * tree_row.valid[i]
     parent = tree_row.parents[i]
     q_V = q_N1xV[parent + 1]
@@ -323,6 +297,15 @@ def node_law(tree_row: Tree, q_N1xV: Array, i: Array) -> Array:
     kept_V = jnp.where(removed_V, 0.0, q_V)
     mass = jnp.sum(kept_V)
     return kept_V / jnp.where(mass > 0, mass, 1.0)
+
+
+def sibling_laws(tree: Tree, q_BxN1xV: Array) -> Array:
+    """float32 [B, N, V]: every node's ``node_law`` at once (for tests and
+    analysis; the verifiers make only the rows they test)."""
+    nodes_N = jnp.arange(tree.num_nodes)
+    laws_of_row = lambda tree_row, q_N1xV: jax.vmap(  # noqa: E731
+        lambda i: node_law(tree_row, q_N1xV, i))(nodes_N)
+    return jax.vmap(laws_of_row)(tree, q_BxN1xV)
 
 
 class Children(NamedTuple):

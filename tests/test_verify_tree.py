@@ -550,22 +550,50 @@ def test_point_mass_sibling_laws():
         tree.replace(draws="sometimes")
 
 
+def reference_node_laws(parents, tokens, valid, q_N1xV, draws):
+    """The law each node was drawn from, by the definition, one node at a time."""
+    laws = []
+    for i, (parent, token) in enumerate(zip(parents, tokens)):
+        if draws == POINT_MASS:
+            laws.append(np.eye(q_N1xV.shape[-1])[token] * valid[i])
+            continue
+        law = np.array(q_N1xV[parent + 1], np.float64)
+        if draws == WITHOUT_REPLACEMENT:
+            for j in range(i):
+                if parents[j] == parent and valid[j]:
+                    law[tokens[j]] = 0.0
+            law = law / law.sum() if law.sum() > 0 else law
+        laws.append(law)
+    return np.stack(laws)
+
+
+def test_sibling_laws_worked_example():
+    """q = [0.5, 0.3, 0.2], root children drawn 1 then 0: [0.5, 0.3, 0.2], [5/7, 0, 2/7]."""
+    tree = Tree(parents=jnp.asarray([[-1, -1]]), tokens=jnp.asarray([[1, 0]]),
+                valid=jnp.asarray([[True, True]]))
+    q = jnp.asarray([[[0.5, 0.3, 0.2], [1 / 3] * 3, [1 / 3] * 3]])
+    np.testing.assert_allclose(np.asarray(sibling_laws(tree, q))[0],
+                               [[0.5, 0.3, 0.2], [5 / 7, 0, 2 / 7]], rtol=1e-6)
+
+
 @pytest.mark.parametrize("draws", [WITHOUT_REPLACEMENT, WITH_REPLACEMENT, POINT_MASS])
-def test_a_walk_makes_each_nodes_law_as_sibling_laws_does(draws):
-    """``node_law`` (one row's node, made when a walk tests it) is row ``i`` of
-    ``sibling_laws`` for every node: siblings removed and renormalised, a
-    repeated token, an invalid slot, a sibling whose parent's law has no mass
-    left after removals."""
-    tree = Tree(parents=jnp.asarray([[-1, -1, -1, 0, 0, 1]]),
-                tokens=jnp.asarray([[2, 0, 2, 1, 3, 0]]),
-                valid=jnp.asarray([[True, True, True, True, False, True]]), draws=draws)
+def test_node_laws_follow_the_drawing(draws):
+    """``node_law`` (one row's node, made when a walk tests it) and
+    ``sibling_laws`` (all nodes) against the definition computed node by node:
+    siblings removed and renormalised, a repeated token, an invalid slot, a
+    sibling whose parent's law has no mass left after removals."""
+    parents, tokens = [-1, -1, -1, 0, 0, 1], [2, 0, 2, 1, 3, 0]
+    valid = [True, True, True, True, False, True]
+    tree = Tree(parents=jnp.asarray([parents]), tokens=jnp.asarray([tokens]),
+                valid=jnp.asarray([valid]), draws=draws)
     q = jax.random.dirichlet(jax.random.PRNGKey(0), jnp.ones(V), (1, 7))
     q = q.at[0, 2].set(jnp.asarray([0.0, 0.0, 1.0, 0.0]))  # node 1's law: only token 2
+    want = reference_node_laws(parents, tokens, valid, np.asarray(q[0]), draws)
     row = jax.tree_util.tree_map(lambda x: x[0], tree)
-    want = np.asarray(sibling_laws(tree, q))[0]
     for i in range(tree.num_nodes):
         np.testing.assert_allclose(np.asarray(node_law(row, q[0], i)), want[i], rtol=1e-6,
-                                   err_msg=f"node {i}")
+                                   atol=1e-7, err_msg=f"node {i}")
+    np.testing.assert_allclose(np.asarray(sibling_laws(tree, q))[0], want, rtol=1e-6, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------
