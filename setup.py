@@ -63,7 +63,7 @@ setup(
     # The lab (benchmarks/) is not installed.
     packages=find_packages(include=["specdec_jax", "specdec_jax.*"]) + ["specdec_jax.configs"],
     package_dir={"specdec_jax.configs": "configs"},
-    package_data={"specdec_jax.data": ["tables/*.npz", "tables/*.json"],
+    package_data={"specdec_jax.data": ["packaged/*.npz", "packaged/*.json"],
                   "specdec_jax.native": ["*.cc"],
                   "specdec_jax.configs": ["models/*.gin", "runs/*.gin"]},
     python_requires=">=3.10",

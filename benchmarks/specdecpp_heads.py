@@ -8,7 +8,7 @@ responses (SpecDec++ builds from the target; the corpus is the cheaper option).
 
 Both builds use the same prompts in the same shards, so the last
 ``held_out_shards`` shards are prompts no head saw in training
-(``training.specdecpp.train.evaluate_head`` refuses a head that trained on any).
+(``training.acceptance_training.evaluate_head`` refuses a head that trained on any).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from specdec_jax.checkpoints.acceptance_heads import META_FILE
 from specdec_jax.jobs import tables
 from specdec_jax.runtime import timing
-from specdec_jax.training.specdecpp.data import MANIFEST
-from specdec_jax.training.specdecpp.train import evaluate_head
+from specdec_jax.training.acceptance_data import MANIFEST
+from specdec_jax.training.acceptance_training import evaluate_head
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -204,7 +204,7 @@ def test_an_installed_wheel_finds_its_configs_by_name_from_any_directory(tmp_pat
     (wheel,) = wheels.glob("specdec_jax-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "specdec_jax/configs/runs/cascades_toy.gin" in names
-    assert "specdec_jax/data/tables/debian_pins.json" in names  # the corpora's pins
+    assert "specdec_jax/data/packaged/debian_pins.json" in names  # the corpora's pins
     assert not any(n.startswith("benchmarks/") for n in names)
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)

@@ -26,7 +26,7 @@ RESUMED = "resumed_from"  # the line a run prints when it restores (or not)
 
 
 def _make_data(out_dir: pathlib.Path) -> None:
-    from specdec_jax.jobs.feature_head import run_feature_head_data  # noqa: PLC0415
+    from specdec_jax.jobs.head_training import run_feature_head_data  # noqa: PLC0415
 
     run_feature_head_data(target=TARGET, out_dir=str(out_dir), max_positions=1536, length=64,
                           num_prompts=4, max_new_tokens=16, generation_batch_size=4,
@@ -39,7 +39,7 @@ def train_in_this_process(workdir: str, data_dir: str, kill_at: int) -> None:
     that step has started (orbax writes asynchronously: the write is in flight)."""
     from specdec_jax.jobs import resolver  # noqa: PLC0415
     from specdec_jax.training import checkpointing  # noqa: PLC0415
-    from specdec_jax.training.feature_head.train import train_feature_head  # noqa: PLC0415
+    from specdec_jax.training.feature_training import train_feature_head  # noqa: PLC0415
 
     save, restore = checkpointing.RunCheckpoints.save, checkpointing.RunCheckpoints.restore
 

@@ -1,4 +1,4 @@
-"""The feature head's training job (``training.feature_head``, ``jobs.feature_head``):
+"""The feature head's training job (``training.feature_head``, ``jobs.head_training``):
 cached features, the EAGLE loss, exact resume, and the held-out acceptance."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from specdec_jax.jobs import resolver
 from specdec_jax.models import feature_head
 from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
 from specdec_jax.runtime import shards
-from specdec_jax.training.feature_head import data as data_lib
-from specdec_jax.training.feature_head import train as train_lib
+from specdec_jax.training import feature_data as data_lib
+from specdec_jax.training import feature_training as train_lib
 
 TARGET = "toy-bytes-small"
 

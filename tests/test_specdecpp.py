@@ -236,7 +236,7 @@ def test_acceptance_data_labels_mix_and_shards(tmp_path):
     """Labels are min(1, p(Y)/q(Y)) at the response's contexts, about 85% of
     the positions come from Y, the build resumes, and another pair's data is
     refused."""
-    from specdec_jax.training.specdecpp import data  # noqa: PLC0415
+    from specdec_jax.training import acceptance_data as data  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
     sequences = [([1, 2], rng.integers(0, V, 12).tolist()) for _ in range(20)]
@@ -281,7 +281,7 @@ def test_acceptance_data_writes_atomically_resumes_to_the_same_data_and_refuses_
     resumed build gives the data of an uninterrupted one."""
     import os  # noqa: PLC0415
 
-    from specdec_jax.training.specdecpp import data  # noqa: PLC0415
+    from specdec_jax.training import acceptance_data as data  # noqa: PLC0415
 
     rng = np.random.default_rng(2)
     sequences = [([1, 2], rng.integers(0, V, 6).tolist()) for _ in range(12)]
@@ -322,7 +322,7 @@ def test_acceptance_data_writes_atomically_resumes_to_the_same_data_and_refuses_
 def test_best_constant_minimises_the_weighted_loss(w_rej):
     """The closed form against a grid search of the weighted soft-label BCE
     (for w_rej = 1 it is the label mean; for w_rej = 6 it is far below it)."""
-    from specdec_jax.training.specdecpp import train  # noqa: PLC0415
+    from specdec_jax.training import acceptance_training as train  # noqa: PLC0415
 
     labels = np.random.default_rng(0).beta(4, 1, 1000)
     grid = np.linspace(0.001, 0.999, 9981)
@@ -337,7 +337,8 @@ def test_head_trains_on_the_core_and_beats_the_constant_predictor(tmp_path):
     token, which partly predicts its acceptance): the trained head's held-out
     binary KL is below the best constant's; the head is saved for its drafter
     and drives the adaptive drafter."""
-    from specdec_jax.training.specdecpp import data, train  # noqa: PLC0415
+    from specdec_jax.training import acceptance_data as data  # noqa: PLC0415
+    from specdec_jax.training import acceptance_training as train
 
     rng = np.random.default_rng(1)
     sequences = [([1, 2], rng.integers(0, V, 16).tolist()) for _ in range(64)]
@@ -397,7 +398,7 @@ def test_specdecpp_jobs_build_data_from_both_sources_and_train_a_head(tmp_path):
     assert summary["depth"] == 0 and summary["train_examples"] > summary["held_out_examples"] > 0
     assert (head_dir / "head" / "head.json").exists()
     # Scored on shards it trained on (either source: same prompts per shard): refused.
-    from specdec_jax.training.specdecpp.train import evaluate_head  # noqa: PLC0415
+    from specdec_jax.training.acceptance_training import evaluate_head  # noqa: PLC0415
 
     assert evaluate_head(str(head_dir / "head"), str(tmp_path / "corpus"), 1)["binary_kl"] >= 0
     # The heads benchmark (benchmarks/configs/specdecpp_heads.gin): that head on both builds.

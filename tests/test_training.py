@@ -300,7 +300,7 @@ def test_mixture_batches_are_a_function_of_seed_and_index():
     data = _ragged_seq2seq()
     make = lambda: training.bucket_by_length(data, [(4, 8), (8, 8), (16, 8)])  # noqa: E731
     in_order, jumping = make(), make()
-    far = 3 * training.data.MIXTURE_BLOCK + 5  # past a few blocks of draws
+    far = 3 * training.datasets.MIXTURE_BLOCK + 5  # past a few blocks of draws
     first = jumping.batch(far, 4, seed=1)  # a fresh mixture asked out of order
     for k in range(far):
         in_order.batch(k, 4, seed=1)

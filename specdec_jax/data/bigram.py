@@ -11,7 +11,7 @@ read; chains and static trees read the one-column table.
 Build (documented command; prints the sha256 to pin in ``TABLES``)::
 
     python -m specdec_jax.data.bigram --model qwen2.5-coder-0.5b \\
-        --out specdec_jax/data/tables/qwen2.5-coder.stdlib.npz
+        --out specdec_jax/data/packaged/qwen2.5-coder.stdlib.npz
 
 Any other tokenizer gets its table built on first use from the same corpus
 (``table_for``: about 20 s on 2 cores), cached under the cache directory
@@ -46,7 +46,7 @@ from specdec_jax.checkpoints import fetch, gguf, registry, tokenizer
 from specdec_jax.drafting import head_vocab
 from specdec_jax.runtime.progress import tqdm
 
-TABLE_DIR = pathlib.Path(__file__).parent / "tables"
+TABLE_DIR = pathlib.Path(__file__).parent / "packaged"
 AUTO = "auto"  # the packaged table for its tokenizer, else one built on first use
 CACHE_SUBDIR = "bigram"
 SHA256_SUFFIX = ".sha256"

@@ -99,8 +99,8 @@ class DebPin:
 
 def _pins() -> tuple[dict[str, DebPin], tuple[DebPin, ...]]:
     """Every pinned package by name, and the message catalogues' pins (data file
-    ``tables/debian_pins.json``: versions and hashes are data, not code)."""
-    table = json.loads((pathlib.Path(__file__).parent / "tables" / "debian_pins.json")
+    ``packaged/debian_pins.json``: versions and hashes are data, not code)."""
+    table = json.loads((pathlib.Path(__file__).parent / "packaged" / "debian_pins.json")
                        .read_text())
     ui_messages = tuple(DebPin(**pin) for pin in table["ui_messages"])
     pins = [DebPin(**pin) for pin in table["corpora"]] + list(ui_messages)

@@ -30,10 +30,10 @@ JOBS = {
     "run_benchmark": "specdec_jax.jobs.study:run_benchmark",
     "run_training": "specdec_jax.training.recipes:run_training",
     "run_distillation": "specdec_jax.training.recipes:run_distillation",
-    "run_specdecpp_data": "specdec_jax.jobs.specdecpp:run_specdecpp_data",
-    "run_specdecpp_train": "specdec_jax.jobs.specdecpp:run_specdecpp_train",
-    "run_feature_head_data": "specdec_jax.jobs.feature_head:run_feature_head_data",
-    "run_feature_head_train": "specdec_jax.jobs.feature_head:run_feature_head_train",
+    "run_specdecpp_data": "specdec_jax.jobs.head_training:run_specdecpp_data",
+    "run_specdecpp_train": "specdec_jax.jobs.head_training:run_specdecpp_train",
+    "run_feature_head_data": "specdec_jax.jobs.head_training:run_feature_head_data",
+    "run_feature_head_train": "specdec_jax.jobs.head_training:run_feature_head_train",
     "tpu_compile": "specdec_jax.jobs.tpu_compile:run_tpu_compile",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0

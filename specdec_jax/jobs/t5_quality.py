@@ -2,8 +2,8 @@
 held-out quality (``training.t5_pair`` holds the recipe and trains members on
 first use)::
 
-    python -m specdec_jax.jobs.t5_pair t5-cpu translation_en_de   # builds all three
-    python -m specdec_jax.jobs.t5_pair t5-cpu translation_en_de \\
+    python -m specdec_jax.jobs.t5_quality t5-cpu translation_en_de   # builds all three
+    python -m specdec_jax.jobs.t5_quality t5-cpu translation_en_de \\
         --report results/t5_cpu_translation_en_de.md                  # + held-out quality
 """
 

@@ -40,11 +40,11 @@ from specdec_jax.jobs import tpu_aot
 from specdec_jax.models import feature_head
 from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
+from specdec_jax.training import acceptance_training as head_train
 from specdec_jax.training import distill, recipes, steps
-from specdec_jax.training.feature_head import train as feature_train
+from specdec_jax.training import feature_training as feature_train
 from specdec_jax.training.forward import Batch, lm_loss
 from specdec_jax.training.optimizers import OptimizerConfig, make_optimizer
-from specdec_jax.training.specdecpp import train as head_train
 
 T5_PAIR = "t5-cpu"  # training.t5_pair.PAIRS: the project's T5 pair
 T5_TASK = "translation_en_de"
@@ -53,11 +53,12 @@ T5_DROPOUT = 0.1  # the pair's translation recipe
 T5_OPTIMIZER = OptimizerConfig(name="adafactor", learning_rate=0.01, schedule="rsqrt",
                                warmup_steps=200)
 DISTILL_OPTIMIZER = OptimizerConfig(name="adamw", learning_rate=1e-3)  # run_distillation's
+# acceptance_training.train_head's optimizer:
 HEAD_OPTIMIZER = OptimizerConfig(name="adamw", learning_rate=5e-5, schedule="cosine",
-                                 total_steps=1000, weight_decay=0.0)  # specdecpp.train_head
+                                 total_steps=1000, weight_decay=0.0)
 FEATURE_OPTIMIZER = OptimizerConfig(name="adamw", learning_rate=3e-4, schedule="cosine",
                                     warmup_steps=20, total_steps=1000, clip_norm=0.5,
-                                    b2=0.95)  # feature_head.train_feature_head
+                                    b2=0.95)  # feature_training.train_feature_head
 REPLICATED = ((r".*", PartitionSpec()),)
 
 TRAINING = ("train_t5_large", "train_t5_small", "train_distill_t5", "train_distill_qwen",

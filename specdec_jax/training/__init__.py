@@ -1,6 +1,6 @@
 """Training: train state, pure train/eval steps, losses, optimizers, orbax runs."""
 
-from specdec_jax.training.data import (
+from specdec_jax.training.datasets import (
     ArrayDataset,
     MixtureDataset,
     bucket_by_length,

@@ -31,10 +31,10 @@ from jax.sharding import PartitionSpec
 
 from specdec_jax.checkpoints.acceptance_heads import load_head_for, save_head
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
+from specdec_jax.training import acceptance_data as data_lib
 from specdec_jax.training import loop
-from specdec_jax.training.data import epoch_indices, padded_chunks
+from specdec_jax.training.datasets import epoch_indices, padded_chunks
 from specdec_jax.training.optimizers import OptimizerConfig
-from specdec_jax.training.specdecpp import data as data_lib
 
 REPLICATED = ((r".*", PartitionSpec()),)  # the head is small: every device holds it
 

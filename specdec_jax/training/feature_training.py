@@ -54,9 +54,9 @@ from specdec_jax import sharding
 from specdec_jax.checkpoints.feature_heads import save_feature_head
 from specdec_jax.models import feature_head
 from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
+from specdec_jax.training import feature_data as data_lib
 from specdec_jax.training import loop
-from specdec_jax.training.data import epoch_indices, padded_chunks
-from specdec_jax.training.feature_head import data as data_lib
+from specdec_jax.training.datasets import epoch_indices, padded_chunks
 from specdec_jax.training.optimizers import OptimizerConfig
 
 REPLICATED = ((r".*", PartitionSpec()),)  # a one-layer head: every device holds it

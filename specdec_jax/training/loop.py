@@ -2,7 +2,7 @@
 metrics, evaluation, and resume that loses nothing.
 
 Step ``s`` (1-based) applies the update computed on batch ``s - 1`` of the
-dataset (a pure function of the seed and the index, see ``training.data``)
+dataset (a pure function of the seed and the index, see ``training.datasets``)
 with the key ``fold_in(rng, s - 1)``; the checkpoint after step ``s`` stores
 the state and the data position ``s``. A run killed at any point (``kill
 -9`` included) and started again with the same arguments restores the newest
@@ -28,7 +28,7 @@ from specdec_jax.runtime import distributed
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.training import steps as steps_lib
 from specdec_jax.training.checkpointing import MetricsWriter, RunCheckpoints
-from specdec_jax.training.data import ArrayDataset, MixtureDataset
+from specdec_jax.training.datasets import ArrayDataset, MixtureDataset
 from specdec_jax.training.forward import Batch, lm_loss
 from specdec_jax.training.optimizers import OptimizerConfig, make_optimizer
 

@@ -31,7 +31,7 @@ from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
 from specdec_jax.runtime import distributed, timing
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.training import distill, loop
-from specdec_jax.training.data import (
+from specdec_jax.training.datasets import (
     ArrayDataset,
     MixtureDataset,
     bucket_by_length,
