@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 #include <vector>
 #include <thread>
 
@@ -401,20 +402,16 @@ void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
 
 constexpr int kMaxMPerBlockPass = 8;
 
-// Calls f(std::integral_constant<int, n>) for 1 <= n <= kMaxMPerBlockPass: the
-// row count of a pass as a template argument (its accumulators stay in registers).
-template <typename Fn>
+// Calls f(std::integral_constant<int, n>) for 1 <= n <= Max (larger n: Max):
+// the row count of a pass as a template argument (its accumulators stay in
+// registers).
+template <int Max, typename Fn, int... N>
+void ForRowCountIn(int64_t n, Fn&& f, std::integer_sequence<int, N...>) {
+  ((n == N + 1 ? (f(std::integral_constant<int, N + 1>{}), 0) : 0), ...);
+}
+template <int Max = kMaxMPerBlockPass, typename Fn>
 void ForRowCount(int64_t n, Fn&& f) {
-  switch (n) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
-  }
+  ForRowCountIn<Max>(std::min<int64_t>(n, Max), f, std::make_integer_sequence<int, Max>{});
 }
 
 template <int F, int MB>
@@ -448,7 +445,7 @@ void BlockRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* w_row = w + n * row_bytes;
     for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxMPerBlockPass) {
-      ForRowCount(std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0), [&](auto rows) {
+      ForRowCount(m_dim - m0, [&](auto rows) {
         RowPass<F, decltype(rows)::value>(w_row, a, k_dim, m0, y, n_dim, n);
       });
     }
@@ -456,10 +453,16 @@ void BlockRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_
 }
 
 // The k-quant formats (q4_k, q6_k) have integer sub-block scales, so a super-
-// block's products stay integer to its end: codes times activations in pairs
-// (vpmaddubsw, int16), times the sub-block's scale and summed in fours
-// (vpdpwssd, int32), and one float multiply-add per super-block and row. Their
-// activations are quantised per 256 (llama.cpp's Q8_K), the super-block.
+// block's products stay integer to its end, and one float multiply-add per
+// super-block and row ends it. Their activations are quantised per 256
+// (llama.cpp's Q8_K), the super-block. Within a super-block, chunks go in
+// pairs: each chunk's 64 products become 16 lane sums of 4 (vpdpbusd; a lane
+// sum fits int16: 4 * 63 * 127), the two chunks' lane sums are packed into
+// int16 (vpackssdw) and multiplied by their sub-blocks' scales and added in
+// one vpdpwssd: three multiplies per two chunks and row, where codes times
+// activations in int16 pairs (vpmaddubsw) then times scales (vpdpwssd) took
+// four. Every step is exact integer arithmetic up to the super-block's float
+// multiply-add, and each row is computed alone, in one order.
 //   x . w ~= sum over super-blocks of da * (d * sum_j sc_j * isum_j - dmin * sum_j mn_j * asum_j)
 constexpr int kSuper = 256;
 
@@ -494,14 +497,28 @@ void QuantizeSuper(const float* x, int64_t m_dim, int64_t k_dim, SuperActivation
   }
 }
 
-// One super-block of a k-quant row: per chunk of 64, the codes and the int16
-// scale of each pair of codes; per group of 16, the int16 minimum.
-struct KChunk {
-  __m512i q;
-  __m512i sc;  // 32 x int16
-};
-
+// One super-block of a k-quant row: per chunk of 64, the codes; per pair of
+// chunks, the int16 scale of each element of their packed lane sums; per group
+// of 16, the int16 minimum.
 template <int F> struct KUnit;
+
+// Where PairScales reads each element of chunk pair h: the group of the lane
+// that vpackssdw put there (per 128 bits: 4 lanes of chunk 2h, then the same 4
+// of chunk 2h + 1), where lane i of chunk c is in group step * c + i / per.
+struct PairPicks { int16_t of[2][32]; };
+constexpr PairPicks MakePairPicks(int step, int per) {
+  PairPicks p{};
+  for (int h = 0; h < 2; ++h) {
+    for (int e = 0; e < 32; ++e) {
+      const int k = e / 8, j = e % 8;
+      const int chunk = 2 * h + j / 4, lane = 4 * k + j % 4;
+      p.of[h][e] = int16_t(step * chunk + lane / per);
+    }
+  }
+  return p;
+}
+alignas(64) constexpr PairPicks kQ4KPicks = MakePairPicks(2, 8);  // low nibbles: group 2c
+alignas(64) constexpr PairPicks kQ6KPicks = MakePairPicks(4, 4);  // groups of 16
 
 template <> struct KUnit<kQ4_K> {
   static constexpr int kBytes = 144;
@@ -527,16 +544,13 @@ template <> struct KUnit<kQ4_K> {
     mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
     qs = p + 16;
   }
-  KChunk Get(int c) const {
+  __m512i Codes(int c) const {  // low nibbles: group 2c; high nibbles: group 2c + 1
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
     const __m256i f = _mm256_set1_epi8(0x0F);
-    // int16 element e of the chunk belongs to group 2c + e / 16.
-    const __m512i pick = _mm512_add_epi16(_mm512_set1_epi16(int16_t(2 * c)),
-        _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
-                                           17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
-                                           1, 0), 4));
-    return {Join(_mm256_and_si256(v, f), _mm256_and_si256(_mm256_srli_epi16(v, 4), f)),
-            _mm512_permutexvar_epi16(pick, sc16)};
+    return Join(_mm256_and_si256(v, f), _mm256_and_si256(_mm256_srli_epi16(v, 4), f));
+  }
+  __m512i PairScales(int h) const {
+    return _mm512_permutexvar_epi16(_mm512_load_si512(kQ4KPicks.of[h]), sc16);
   }
 };
 
@@ -553,7 +567,7 @@ template <> struct KUnit<kQ6_K> {
     sc16 = _mm512_castsi256_si512(sc);
     mins = _mm256_slli_epi16(sc, 5);
   }
-  KChunk Get(int c) const {
+  __m512i Codes(int c) const {
     const int h = c / 2, shift = 4 * (c % 2);
     const __m512i ql = _mm512_loadu_si512(b + 64 * h);
     const __m512i low = _mm512_and_si512(_mm512_srli_epi16(ql, shift), _mm512_set1_epi8(0x0F));
@@ -561,61 +575,65 @@ template <> struct KUnit<kQ6_K> {
     const __m256i three = _mm256_set1_epi8(3);
     const __m512i high = Join(_mm256_and_si256(_mm256_srli_epi16(qh, shift), three),
                               _mm256_and_si256(_mm256_srli_epi16(qh, shift + 2), three));
-    // int16 element e of the chunk belongs to group 4c + e / 8.
-    const __m512i pick = _mm512_add_epi16(_mm512_set1_epi16(int16_t(4 * c)),
-        _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
-                                           17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
-                                           1, 0), 3));
-    return {_mm512_or_si512(low, _mm512_slli_epi16(high, 4)), _mm512_permutexvar_epi16(pick, sc16)};
+    return _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+  }
+  __m512i PairScales(int h) const {
+    return _mm512_permutexvar_epi16(_mm512_load_si512(kQ6KPicks.of[h]), sc16);
   }
 };
 
 template <int F, int MB>
 void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m0,
               float* y, int64_t n_dim, int64_t n) {
+  // Per lane: the super-blocks' d * (scaled integer sum) - dmin * (minimums
+  // times activation sums), each times the row's activation scale. The
+  // minimum term has 8 lanes, carried in the low half of the same register.
   __m512 acc[MB];
-  __m256 low[MB];
-  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
-    acc[m] = _mm512_setzero_ps();
-    low[m] = _mm256_setzero_ps();
-  }
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   KUnit<F> unit;
   for (int64_t u = 0; u < a.supers; ++u) {
     unit.Load(w_row + u * KUnit<F>::kBytes);
     __m512i isum[MB];
     SPECDEC_UNROLL for (int m = 0; m < MB; ++m) isum[m] = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      const KChunk ch = unit.Get(c);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q0 = unit.Codes(2 * h), q1 = unit.Codes(2 * h + 1);
+      const __m512i sc = unit.PairScales(h);
       SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
-        const __m512i codes = _mm512_loadu_si512(a.q.data() + (m0 + m) * k_dim + u * kSuper + 64 * c);
-        isum[m] = _mm512_dpwssd_epi32(isum[m], _mm512_maddubs_epi16(ch.q, codes), ch.sc);
+        const int8_t* act = a.q.data() + (m0 + m) * k_dim + u * kSuper + 128 * h;
+        const __m512i zero = _mm512_setzero_si512();
+        const __m512i t0 = _mm512_dpbusd_epi32(zero, q0, _mm512_loadu_si512(act));
+        const __m512i t1 = _mm512_dpbusd_epi32(zero, q1, _mm512_loadu_si512(act + 64));
+        isum[m] = _mm512_dpwssd_epi32(isum[m], _mm512_packs_epi32(t0, t1), sc);
       }
     }
+    const __m512 d = _mm512_set1_ps(unit.d);
+    const __m256 dmin = _mm256_set1_ps(unit.dmin);
     SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
       const int64_t mu = (m0 + m) * a.supers + u;
-      const float da = a.d[mu];
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m]), _mm512_set1_ps(unit.d * da), acc[m]);
       const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums.data() + mu * 16));
-      low[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(unit.mins, s)),
-                               _mm256_set1_ps(unit.dmin * da), low[m]);
+      const __m256 low = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(unit.mins, s)), dmin);
+      const __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isum[m]), d, _mm512_zextps256_ps512(low));
+      acc[m] = _mm512_fmadd_ps(v, _mm512_set1_ps(a.d[mu]), acc[m]);
     }
   }
-  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
-    const __m256 l = low[m];
-    const __m128 l4 = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
-    const __m128 l2 = _mm_add_ps(l4, _mm_movehl_ps(l4, l4));
-    const float lsum = _mm_cvtss_f32(_mm_add_ss(l2, _mm_movehdup_ps(l2)));
-    y[(m0 + m) * n_dim + n] = _mm512_reduce_add_ps(acc[m]) - lsum;
-  }
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = _mm512_reduce_add_ps(acc[m]);
 }
+
+// Rows of x per pass of a k-quant row: two registers each (the integer sum of
+// the super-block and the float accumulator) beside the codes and scales.
+constexpr int kMaxMPerKPass = 12;
 
 template <int F>
 void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
            int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* w_row = w + n * row_bytes;
-    for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxMPerBlockPass) {
-      ForRowCount(std::min<int64_t>(kMaxMPerBlockPass, m_dim - m0), [&](auto rows) {
+    // Passes of equal size (9 rows: one pass; 16: two of 8): each pass
+    // unpacks the row's codes once more.
+    const int64_t passes = (m_dim + kMaxMPerKPass - 1) / kMaxMPerKPass;
+    const int64_t per_pass = (m_dim + passes - 1) / passes;
+    for (int64_t m0 = 0; m0 < m_dim; m0 += per_pass) {
+      ForRowCount<kMaxMPerKPass>(std::min(per_pass, m_dim - m0), [&](auto rows) {
         KRowPass<F, decltype(rows)::value>(w_row, a, k_dim, m0, y, n_dim, n);
       });
     }
