@@ -272,3 +272,36 @@ def test_every_kept_type_of_the_registry_files_equals_gguf():
             np.testing.assert_array_equal(got.view(np.uint32),
                                           gguf_dequantize(blocks, fmt).view(np.uint32))
     assert {fmt for _, fmt in seen} >= {"q4_k", "q6_k", "q5_0", "q8_0", "q4_1"}
+
+
+def test_gate_and_up_of_one_block_type_are_one_product_of_the_same_bits(block_kernel):
+    """``gguf.load_stored`` joins gate and up kept in one block type into one
+    ``wi`` matrix (``fused_mlp``): one kernel call, the same logits bit for
+    bit as the two products apart."""
+    from specdec_jax.checkpoints.gguf import _fuse_gate_up  # noqa: PLC0415
+
+    rng = np.random.default_rng(4)
+    model, stored, _ = stored_decoder(seed=4)
+    params = jax.tree.map(np.asarray, stored)
+    mlp = params["layers_0"]["mlp"]
+    for proj in ("wi_0", "wi_1"):
+        rows, k = CONFIG.intermediate_size, CONFIG.hidden_size
+        mlp[proj] = {"kernel_q4_k": random_blocks("q4_k", rows, k, rng, scale=0.002)}
+    apart = jax.tree.map(np.copy, params)
+    assert _fuse_gate_up(params) and set(params["layers_0"]["mlp"]) == {"wi", "wo"}
+    fused = DecoderOnlyLM(dataclasses.replace(CONFIG, fused_mlp=True))
+    tokens = [[1, 2, 3, 0, 2, 1, 3]]
+    want = _logits(model, jax.tree.map(jnp.asarray, apart), tokens)
+    got = _logits(fused, jax.tree.map(jnp.asarray, params), tokens)
+    np.testing.assert_array_equal(got, want)
+
+    def kernel_calls(m, p):
+        hlo = jax.jit(m.extend).lower(jax.tree.map(jnp.asarray, p), jnp.asarray(tokens),
+                                      m.init_cache(1, 16)).as_text()
+        return hlo.count("SmallMBlockMatmulI8")
+
+    assert kernel_calls(fused, params) == kernel_calls(model, apart) - 1
+    # Gate and up of two block types stay apart.
+    assert not _fuse_gate_up(apart | {"layers_0": {**apart["layers_0"], "mlp": {
+        **apart["layers_0"]["mlp"], "wi_1": {"kernel_q6_k": random_blocks(
+            "q6_k", CONFIG.intermediate_size, CONFIG.hidden_size, rng)}}}})

@@ -14,7 +14,9 @@ safetensors alike. Two details matter for exact parity:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -216,8 +218,9 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
                                                                    dict[str, Any]]:
     """(config, params, metadata) with every matrix of a supported block type
     (``native.stored_blocks.FORMATS``) kept as the file's bytes, in the decode
-    layout (``out_in``, projections unfused: a layer's q, k and v may be of
-    different types); norms, biases and matrices of other types dequantised
+    layout (``out_in``, q, k and v unfused: they may be of different types;
+    gate and up fused where they share one, ``_fuse_gate_up``); norms, biases
+    and matrices of other types dequantised
     to float32. No float32 copy of the kept matrices is made, in memory or on
     disk; the returned leaves are numpy arrays (the caller places them)."""
     reader = _reader(path)
@@ -260,8 +263,27 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
                     key, value = "bias", dequantize(tensor)
                     value = value if permute is None else permute(value)
                 target[key] = value
+    if _fuse_gate_up(params):
+        cfg = dataclasses.replace(cfg, fused_mlp=True)
     check_stored_shapes(cfg, params)
     return cfg, params, meta
+
+
+def _fuse_gate_up(params: dict) -> bool:
+    """Joins every layer's gate and up blocks into one ``wi`` matrix
+    ``[2I, row bytes]`` (gate rows, then up rows) when all of them are kept in
+    one block type: one kernel call instead of two, each output the same bits
+    (a block product computes each output row alone). False, and nothing
+    changed, otherwise."""
+    layers = [entry["mlp"] for name, entry in params.items() if name.startswith("layers_")]
+    keys = {key for mlp in layers for proj in ("wi_0", "wi_1") for key in mlp.get(proj, {})}
+    if not layers or len(keys) != 1 or not next(iter(keys)).startswith("kernel_"):
+        return False
+    (key,) = keys
+    for mlp in layers:
+        gate, up = mlp.pop("wi_0")[key], mlp.pop("wi_1")[key]
+        mlp["wi"] = {key: np.concatenate([gate, up])}
+    return True
 
 
 def check_stored_shapes(cfg: DecoderConfig, params: dict) -> None:
@@ -281,6 +303,9 @@ def check_stored_shapes(cfg: DecoderConfig, params: dict) -> None:
                     raise ValueError(f"GGUF file: {where}/{key} is missing.")
                 found = stored_blocks.StoredMatrix.of_blocks(have[stored],
                                                              stored[len(key) + 1:]).shape
+                # A fused kernel [*N, in] is kept as the [prod(N), in] matrix it is.
+                spec = jax.ShapeDtypeStruct((math.prod(spec.shape[:-1]), spec.shape[-1]),
+                                            spec.dtype)
             if found != tuple(spec.shape):
                 raise ValueError(f"GGUF file: {where}/{key} has shape {found}, the config "
                                  f"says {tuple(spec.shape)}.")

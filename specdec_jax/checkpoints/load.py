@@ -70,7 +70,7 @@ def load_for_decoding(name_or_path: str | os.PathLike, dtype: str = "auto", *, m
 
     ``weights="stored"`` (GGUF files only): every matrix of a block type the
     library reads (``native.stored_blocks``) stays in its file's bytes, in
-    the ``out_in`` layout with unfused projections (``load_stored``); ``"f32"``
+    the ``out_in`` layout, q/k/v unfused (``load_stored``); ``"f32"``
     dequantises the file once into the converted cache."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}; choose one of {', '.join(WEIGHTS)}.")

@@ -139,6 +139,10 @@ class DecoderConfig:
     head_vocab: int = 0
     # out_in only: q/k/v in one kernel and gate/up in one (module docstring).
     fused_projections: bool = False
+    # out_in only: gate/up in one kernel ``wi`` while q/k/v stay apart (a GGUF
+    # file's blocks: every layer's gate and up share a block type, its q, k and
+    # v may not; ``gguf.load_stored``). One product instead of two.
+    fused_mlp: bool = False
     # Compute every per-row reduction the same way whatever K: each query's
     # attention alone (``blocked_attention``), as a one-token step scores its
     # one, and norms summed by a fixed tree (``layers.row_sum``). With
@@ -151,9 +155,10 @@ class DecoderConfig:
 
     def __post_init__(self):
         check_kernel_layout(self.kernel_layout, "DecoderConfig: kernel_layout")
-        if self.fused_projections and self.kernel_layout != OUT_IN:
-            raise ValueError("DecoderConfig: fused_projections is part of the decode layout "
-                             "(kernels stored [out, in]); convert with with_kernel_layout.")
+        for fused in ("fused_projections", "fused_mlp"):
+            if getattr(self, fused) and self.kernel_layout != OUT_IN:
+                raise ValueError(f"DecoderConfig: {fused} is part of the decode layout "
+                                 "(kernels stored [out, in]); convert with with_kernel_layout.")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"DecoderConfig: num_heads={self.num_heads} is not a multiple of "
@@ -244,8 +249,10 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        if cfg.fused_projections:
-            gate_up = _linear(cfg, (2, cfg.intermediate_size), "wi")(x)  # [..., 2, I]
+        if cfg.fused_projections or cfg.fused_mlp:
+            gate_up = _linear(cfg, (2, cfg.intermediate_size), "wi")(x)
+            # [..., 2, I]; a stored block matrix [2I, D] gives [..., 2I].
+            gate_up = gate_up.reshape(*x.shape[:-1], 2, cfg.intermediate_size)
             gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
         else:
             gate = _linear(cfg, cfg.intermediate_size, "wi_0")(x)
