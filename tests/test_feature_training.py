@@ -1,4 +1,4 @@
-"""The feature head's training job (``training.feature_head``, ``jobs.head_training``):
+"""The feature head's training job (``training.feature_training``, ``jobs.head_training``):
 cached features, the EAGLE loss, exact resume, and the held-out acceptance."""
 
 from __future__ import annotations
