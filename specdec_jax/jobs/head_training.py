@@ -38,6 +38,13 @@ ACCEPTANCE_SOURCES = ("target", "corpus")
 TEACHER_SAMPLES = "teacher_samples.jsonl"  # the target's responses, kept for resuming
 
 
+def training_prompts(num_prompts: int, seed: int) -> tuple[list, dict]:
+    """``num_prompts`` standard-library prompts, none named like a HumanEval
+    problem (the evaluation stays disjoint): ``stdlib_prompts``'s (chosen, record)."""
+    entry_points = [p["entry_point"] for p in humaneval.load_problems()]
+    return stdlib_prompts(num_prompts, seed=seed, exclude_names=entry_points)
+
+
 def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: int = 500,
                        source: str = "target", max_new_tokens: int = 128,
                        temperature: float = 1.0, batch_size: int = 8, shard_batches: int = 8,
@@ -61,13 +68,12 @@ def run_specdecpp_data(*, target: str, drafter: str, out_dir: str, num_prompts: 
                          f"{', '.join(ACCEPTANCE_SOURCES)}.")
     if num_prompts < 1 or max_new_tokens < 1:
         raise ValueError("num_prompts and max_new_tokens must be >= 1.")
-    entry_points = [p["entry_point"] for p in humaneval.load_problems()]
-    chosen, record = stdlib_prompts(num_prompts, seed=seed, exclude_names=entry_points)
+    chosen, record = training_prompts(num_prompts, seed)
     pair = resolver.load_pair(target=target, drafter=drafter, dtype=dtype)
     prompts = [pair.encode(prompt) for _, prompt, _ in chosen]
-    identity = acceptance_data.pair_record(target_name=target, target_params=pair.target_params,
-                                    drafter_name=drafter, drafter_params=pair.drafter_params,
-                                    target=pair.target, drafter=pair.drafter)
+    identity = acceptance_data.pair_record(
+        target_name=target, target_params=pair.target_params, drafter_name=drafter,
+        drafter_params=pair.drafter_params, target=pair.target, drafter=pair.drafter)
     if source == "target":
         speculative = ({"drafter": pair.drafter, "drafter_params": pair.drafter_params}
                        if speculative_teacher else {})
@@ -136,7 +142,7 @@ def code_sequences(tok, *, length: int, max_positions: int, seed: int = 0,
     streams = (tok.encode(files[i].read_text(encoding="utf-8", errors="replace"))
                for i in order)
     chunks = feature_data.code_chunks(streams, length=length, max_positions=max_positions,
-                                  max_chunks_per_stream=max_chunks_per_file)
+                                      max_chunks_per_stream=max_chunks_per_file)
     return chunks, {"kind": "code", "corpus": "CPython standard library (bigram.stdlib_sources)",
                     "files": len(files), "seed": seed, "length": length,
                     "max_positions": max_positions, "max_chunks_per_file": max_chunks_per_file}
@@ -148,8 +154,7 @@ def response_sequences(target, target_params, tok, *, target_name: str, num_prom
     """The target's greedy (T = 0) responses to ``num_prompts`` standard-library
     prompts (those of the SpecDec++ jobs, disjoint from HumanEval): (prompt +
     response sequences, where each response starts, record)."""
-    entry_points = [p["entry_point"] for p in humaneval.load_problems()]
-    chosen, record = stdlib_prompts(num_prompts, seed=seed, exclude_names=entry_points)
+    chosen, record = training_prompts(num_prompts, seed)
     prompts = [tok.encode(prompt) for _, prompt, _ in chosen]
     full = distill.teacher_continuations(
         teacher=target, teacher_params=target_params, prompts=prompts,

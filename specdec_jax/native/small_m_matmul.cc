@@ -405,13 +405,13 @@ constexpr int kMaxMPerBlockPass = 8;
 // Calls f(std::integral_constant<int, n>) for 1 <= n <= Max (larger n: Max):
 // the row count of a pass as a template argument (its accumulators stay in
 // registers).
-template <int Max, typename Fn, int... N>
+template <typename Fn, int... N>
 void ForRowCountIn(int64_t n, Fn&& f, std::integer_sequence<int, N...>) {
   ((n == N + 1 ? (f(std::integral_constant<int, N + 1>{}), 0) : 0), ...);
 }
 template <int Max = kMaxMPerBlockPass, typename Fn>
 void ForRowCount(int64_t n, Fn&& f) {
-  ForRowCountIn<Max>(std::min<int64_t>(n, Max), f, std::make_integer_sequence<int, Max>{});
+  ForRowCountIn(std::min<int64_t>(n, Max), f, std::make_integer_sequence<int, Max>{});
 }
 
 template <int F, int MB>
