@@ -317,6 +317,49 @@ def test_catch_up_by_two_one_token_calls_equals_one_two_token_call():
     assert np.asarray(outs[(1, 2), "same"].stats.accepted_histogram)[:, 3].sum() > 3
 
 
+@pytest.mark.parametrize("widths", [(1,), (2,), (1, 2), (2, 3), (1, 2, 5)])
+@pytest.mark.parametrize("num_extra", [0, 2])
+def test_catch_up_feeds_what_the_cache_lacks_in_chunks_then_one_window(widths, num_extra):
+    """``extend_from_history`` on ragged lags (7, 1 and 3 tokens behind): the
+    cache ends holding the history then the extra tokens, the logits are the
+    model's after the pending token and after each extra one (a from-scratch
+    call is the reference), and the counters follow the documented rule:
+    rows more than the widest window behind are fed ``widest``-token chunks
+    (one call each), then every row one call of the smallest width covering
+    what is left. Several widths run their chunks through the widest
+    window's call; one width gives chunks a call without the output head."""
+    from specdec_jax.drafting.base import Context, extend_from_history
+
+    history = jax.random.randint(jax.random.PRNGKey(21), (3, 12), 0, V).astype(jnp.int32)
+    lengths, held = np.array([9, 7, 5]), np.array([2, 6, 2])
+    extra = jax.random.randint(jax.random.PRNGKey(22), (3, num_extra), 0, V).astype(jnp.int32)
+    cache = TARGET.init_cache(3, 16)
+    cache = TARGET.prefill(TARGET_PARAMS, make_prompt(
+        [np.asarray(history[b, :n]).tolist() for b, n in enumerate(held)]), cache).cache
+    logits, _, cache, calls, fed, single = jax.jit(
+        lambda c: extend_from_history(TARGET, TARGET_PARAMS, c, Context(
+            history=history, length=jnp.asarray(lengths, jnp.int32)), extra, widths))(cache)
+
+    np.testing.assert_array_equal(np.asarray(cache.lengths), lengths + num_extra)
+    for b, n in enumerate(lengths):
+        row = np.concatenate([np.asarray(history[b, :n]), np.asarray(extra[b])])
+        np.testing.assert_array_equal(np.asarray(cache.history[b, :n + num_extra]), row)
+        out = TARGET.extend(TARGET_PARAMS, jnp.asarray(row[None], jnp.int32),
+                            TARGET.init_cache(1, 16))
+        np.testing.assert_allclose(np.asarray(logits[b]),
+                                   np.asarray(out.logits[0, n - 1:n + num_extra]), rtol=1e-6)
+    widest, lag = max(widths), lengths - held
+    chunks = np.zeros(3, int)
+    while (lag > widest).any():
+        chunks += lag > widest
+        lag = np.where(lag > widest, lag - widest, lag)
+    width = min(w for w in widths if w >= lag.max())
+    np.testing.assert_array_equal(np.asarray(calls), chunks + 1)
+    np.testing.assert_array_equal(np.asarray(fed), chunks * widest + width + num_extra)
+    np.testing.assert_array_equal(np.asarray(single),
+                                  chunks * (widest == 1) + (width + num_extra == 1))
+
+
 def test_unrolled_draft_steps_draw_the_same_drafts():
     """``unroll=True`` (what a round program compiles, so a cost analysis sees
     each draft step) changes the code, not the drafts or the counts (T = 1)."""

@@ -207,58 +207,86 @@ def extend_from_history(model: LanguageModel, params, cache, context: Context,
     extra_BxK = jnp.zeros((batch, 0), jnp.int32) if extra_BxK is None else extra_BxK
     k = extra_BxK.shape[1]
     history_BxS, length_B = context.history, context.length
-    widest = max(widths)
+    sizes = sorted(set(widths))
+    widest = sizes[-1]
     rows_B1 = jnp.arange(batch)[:, None]
 
     def gather(positions_BxW):
         safe = jnp.clip(positions_BxW, 0, history_BxS.shape[1] - 1)
         return history_BxS[rows_B1, safe]
 
-    def chunk_cond(carry):
-        cache, _ = carry
-        return jnp.any(length_B - cache.lengths > widest)
-
-    def chunk_body(carry):
-        cache, calls_B = carry
-        behind_B = length_B - cache.lengths > widest
-        tokens = gather(cache.lengths[:, None] + jnp.arange(widest)[None, :])
-        # Only the cache is kept: no position needs the output head.
-        out = model.extend(params, tokens, cache, logits_at=jnp.zeros((batch, 0), jnp.int32))
-        lengths = jnp.where(behind_B, cache.lengths + widest, cache.lengths)
-        return out.cache.replace(lengths=lengths), calls_B + behind_B.astype(jnp.int32)
-
-    cache, chunk_calls_B = jax.lax.while_loop(chunk_cond, chunk_body,
-                                              (cache, jnp.zeros((batch,), jnp.int32)))
-
     def window(width):
-        def run(cache):
-            start_B = jnp.maximum(length_B - width, 0)
+        def run(cache, chunk):
+            # A chunk (``chunk``: some row lacks more than ``widest``) feeds the
+            # ``widest`` tokens after what each row holds and keeps them only for
+            # the rows that far behind; the last call feeds the window that ends
+            # at the pending token, then ``extra``.
+            behind_B = chunk & (length_B - cache.lengths > widest)
+            start_B = jnp.where(chunk, cache.lengths, jnp.maximum(length_B - width, 0))
             positions_BxW = start_B[:, None] + jnp.arange(width + k)[None, :]
             from_extra = jnp.clip(positions_BxW - length_B[:, None], 0, max(k - 1, 0))
             tokens = jnp.where(positions_BxW < length_B[:, None], gather(positions_BxW),
                                jnp.take_along_axis(extra_BxK, from_extra, axis=1) if k else 0)
-            index_Bx1K = (length_B - 1 - start_B)[:, None] + jnp.arange(1 + k)[None, :]
             # The head runs on the 1 + K kept positions only: the re-fed tokens
             # before the pending one only refill the cache (a catch-up call of
-            # width 2 would otherwise pay the 151,936-row Qwen head twice).
+            # width 2 would otherwise pay the 151,936-row Qwen head twice). A
+            # chunk's outputs are dropped (clipped: any position will do).
+            index_Bx1K = jnp.clip((length_B - 1 - start_B)[:, None] + jnp.arange(1 + k)[None, :],
+                                  0, width + k - 1)
             out = model.extend(params, tokens.astype(jnp.int32), cache.replace(lengths=start_B),
                                logits_at=index_Bx1K)
-            return out.logits, out.hidden, out.cache.replace(lengths=length_B + k)
+            lengths = jnp.where(chunk, jnp.where(behind_B, start_B + width, cache.lengths),
+                                length_B + k)
+            return out.logits, out.hidden, out.cache.replace(lengths=lengths)
         return run
 
-    sizes = sorted(set(widths))
-    lacking = jnp.max(length_B - cache.lengths)
+    def counted(counters, calls_B, fed):
+        calls, fed_B, single = counters
+        return calls + calls_B, fed_B + calls_B * fed, single + calls_B * (fed == 1)
+
+    zero_counters = (jnp.zeros((batch,), jnp.int32),) * 3
     if len(sizes) == 1:
-        logits, hidden, cache = window(sizes[0])(cache)
-        width_B = jnp.full((batch,), sizes[0], jnp.int32)
-    else:
-        branch = jnp.sum(lacking > jnp.asarray(sizes)).astype(jnp.int32)
-        logits, hidden, cache = jax.lax.switch(branch, [window(w) for w in sizes], cache)
-        width_B = jnp.full((batch,), jnp.asarray(sizes)[branch], jnp.int32)
-    calls_B = chunk_calls_B + 1
-    fed_B = chunk_calls_B * widest + width_B + k
-    single_B = chunk_calls_B * int(widest == 1) + (width_B + k == 1).astype(jnp.int32)
-    return logits, hidden, cache, calls_B, fed_B, single_B
+        # One width (on CPU, ``(1,)``): a row two tokens behind is the common
+        # case, and its first call needs no output head, so chunks get their
+        # own call that skips it.
+        def chunk_body(carry):
+            cache, counters = carry
+            behind_B = length_B - cache.lengths > widest
+            tokens = gather(cache.lengths[:, None] + jnp.arange(widest)[None, :])
+            out = model.extend(params, tokens, cache, logits_at=jnp.zeros((batch, 0), jnp.int32))
+            lengths = jnp.where(behind_B, cache.lengths + widest, cache.lengths)
+            return (out.cache.replace(lengths=lengths),
+                    counted(counters, behind_B.astype(jnp.int32), widest))
+
+        cache, counters = jax.lax.while_loop(
+            lambda carry: jnp.any(length_B - carry[0].lengths > widest), chunk_body,
+            (cache, zero_counters))
+        logits, hidden, cache = window(widest)(cache, jnp.bool_(False))
+        return (logits, hidden, cache,
+                *counted(counters, jnp.ones((batch,), jnp.int32), widest + k))
+
+    # Several widths: chunks are a rare fallback (the widest window covers a
+    # round), so they run through the widest window's call, its outputs
+    # dropped. Each compiled call is a copy of the model's layers in the
+    # program (on TPU each copy's weight prefetches also take HBM scratch): a
+    # separate chunk call added ~40-70 MB to a v5e program's temporaries.
+    def body_fn(carry):
+        cache, _, _, _, counters = carry
+        lacking_B = length_B - cache.lengths
+        chunk = jnp.any(lacking_B > widest)
+        branch = jnp.where(chunk, len(sizes) - 1,
+                           jnp.sum(jnp.max(lacking_B) > jnp.asarray(sizes))).astype(jnp.int32)
+        width = jnp.asarray(sizes, jnp.int32)[branch]
+        logits, hidden, cache = jax.lax.switch(branch, [window(w) for w in sizes], cache, chunk)
+        calls_B = jnp.where(chunk, lacking_B > widest, True).astype(jnp.int32)
+        return (cache, logits, hidden, ~chunk,
+                counted(counters, calls_B, jnp.where(chunk, width, width + k)))
+
+    outputs = jax.eval_shape(lambda c: window(widest)(c, jnp.bool_(False))[:2], cache)
+    zeros = [jnp.zeros(x.shape, x.dtype) for x in outputs]
+    cache, logits, hidden, _, counters = jax.lax.while_loop(
+        lambda carry: ~carry[3], body_fn, (cache, *zeros, jnp.bool_(False), zero_counters))
+    return (logits, hidden, cache, *counters)
 
 
 def pad_to(x_BxKxV: Array, size: int) -> Array:
