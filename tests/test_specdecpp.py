@@ -18,7 +18,7 @@ from specdec_jax.api import sampling_params
 from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint, load_head, save_head
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
-from specdec_jax.drafting.adaptive import AdaptiveDrafter, target_widths
+from specdec_jax.drafting.adaptive import AdaptiveDrafter, small_target_widths, target_widths
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.verify import (
     TokenVerifier,
@@ -144,7 +144,10 @@ def test_target_pays_only_for_the_longest_row(bias, drafts, fed):
     calls = np.asarray(out.stats.target_calls).sum()
     assert np.asarray(out.stats.drafted).sum() == drafts * calls
     assert np.asarray(out.stats.target_fed).sum() == fed * calls
-    assert target_widths(8) == (2, 4, 8, 9)
+    assert target_widths(8) == (2, 4, 8, 9)  # the suite runs on CPU
+    assert small_target_widths("tpu") == small_target_widths("gpu") == (2, 8)
+    assert target_widths(8, small_target_widths("tpu")) == (2, 8, 9)
+    assert target_widths(5, small_target_widths("tpu")) == (2, 6)
 
 
 def test_head_is_a_residual_mlp_with_its_own_layers():
