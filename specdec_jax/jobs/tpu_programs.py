@@ -47,10 +47,10 @@ from specdec_jax.checkpoints import registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.drafting import make_drafter
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
-from specdec_jax.drafting.adaptive import AdaptiveDrafter
+from specdec_jax.drafting.adaptive import AdaptiveDrafter, small_target_widths, target_widths
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
-from specdec_jax.drafting.model import ModelDrafter
+from specdec_jax.drafting.model import ModelDrafter, default_catch_up_widths
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tpu_aot, tpu_training
 from specdec_jax.jobs.tpu_aot import Program
@@ -312,7 +312,9 @@ def generate_program(name: str, models: dict, shapes: Shapes, mesh: Mesh) -> Pro
     method, kind, verifier = GENERATE[name]
     target, target_params = models["target"]
     drafter, drafter_params = models["drafter"]
-    strategy, params = drafter, _params(drafter, drafter_params, mesh)
+    # The defaults a TPU host picks (these programs are built on any host).
+    strategy = ModelDrafter(drafter, catch_up_widths=default_catch_up_widths("tpu"))
+    params = _params(drafter, drafter_params, mesh)
     if kind is None:
         strategy, params = None, None
     elif kind == "csd":
@@ -324,7 +326,8 @@ def generate_program(name: str, models: dict, shapes: Shapes, mesh: Mesh) -> Pro
         params = strategy.select_params({"drafter": params, "mag": bigram})
     elif kind == "adaptive":
         head, head_params = acceptance_head_of(drafter)
-        strategy = AdaptiveDrafter(drafter, head)
+        strategy = AdaptiveDrafter(drafter, head, widths=target_widths(
+            shapes.gamma, small_target_widths("tpu")))
         params = (params, tpu_aot.replicated(head_params, mesh))
     elif kind == FEATURE:
         strategy, feature_params = feature_head_of(target, target_params)
