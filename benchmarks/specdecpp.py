@@ -56,7 +56,7 @@ from specdec_jax.checkpoints import tree_paths
 from specdec_jax.checkpoints.acceptance_heads import META_FILE, load_head
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import bootstrap_ci, ratio_ci
-from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, AdaptiveDrafter
+from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, SMALL_TARGET_WIDTHS, AdaptiveDrafter
 from specdec_jax.drafting.adaptive import target_widths as default_target_widths
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import resolver, tables
@@ -107,12 +107,13 @@ def configurations(*, thresholds: Sequence[float], ks: Sequence[int]) -> list[di
 
 def compiled_widths(settings: dict) -> tuple[int, ...] | None:
     """SpecDec++'s compiled target call widths from a report or a counts-log
-    header (``target_widths``, else the default for its ``k_max``; None when
+    header (``target_widths``, else the default for its ``k_max`` when widths
+    were not recorded: then one default, the CPU's, for every backend; None when
     neither is recorded)."""
     if settings.get("target_widths"):
         return tuple(sorted(settings["target_widths"]))
     if "k_max" in settings:
-        return default_target_widths(settings["k_max"])
+        return default_target_widths(settings["k_max"], SMALL_TARGET_WIDTHS)
     return None
 
 
