@@ -58,7 +58,10 @@ DEFAULT_MAX_DRAFTS = 20  # K_max of SpecDec++ (Huang et al.)
 # the 1.5B's calls step only from 2 to 3 tokens and from 8 to 9 (v4, v5e, v5p,
 # v6e; docs/results.md), so a width in between is one more compiled copy of the
 # target (HBM scratch: SpecDec++'s v5e program 0.292 -> 0.270 GiB without the
-# 4-token one) for no estimated speed. GPUs take the TPU's widths (not measured).
+# 4-token one) for no estimated speed. On an H200 the 1.5B's measured in-loop
+# calls (bf16, random weights of its shapes) cost the same at 1 to 8 tokens
+# (2.02-2.14 ms: benchmarks/reports/bench_accelerator_gpu_h200.md), so GPUs take
+# the same widths.
 SMALL_TARGET_WIDTHS = (2, 4, 8, 12)
 ACCELERATOR_TARGET_WIDTHS = (2, 8)
 
