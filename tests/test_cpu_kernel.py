@@ -46,6 +46,30 @@ def test_kernel_matches_the_product(kernel, dtype, rows, k, n):
                                atol=2e-5 * np.sqrt(k) * (127 if dtype == "int8" else 1))
 
 
+def test_products_called_from_several_threads_at_once(kernel):
+    # The kernel hands chunks of rows to helper threads shared by every caller;
+    # products started together from four threads (and by XLA, which may run
+    # independent products at once) must each get exactly their own result.
+    import concurrent.futures  # noqa: PLC0415
+
+    rng = np.random.default_rng(7)
+    w = jnp.asarray(rng.integers(-127, 128, (8192, 1024)), jnp.int8)
+    scale = jnp.asarray(rng.random(8192) + 0.1, jnp.float32)
+    xs = [jnp.asarray(rng.standard_normal((3, 1024)), jnp.float32) for _ in range(4)]
+    # An op after the product reads its output at once: it must be complete.
+    fn = jax.jit(lambda x: jnp.cumsum(native_matmul.matmul_out_in(x, w, scale_N=scale), -1))
+    alone = [np.asarray(fn(x)) for x in xs]
+
+    def many(i):
+        return [np.asarray(fn(xs[i])) for _ in range(10)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(many, range(4)))
+    for i, runs in enumerate(together):
+        for y in runs:
+            np.testing.assert_array_equal(y, alone[i])
+
+
 def test_switching_the_kernel_retraces_a_jitted_function(kernel):
     # One jitted function timed with and without the kernel (as a benchmark
     # does) must run both programs, not the one traced first.

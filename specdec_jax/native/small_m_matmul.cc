@@ -10,9 +10,10 @@
 // per-row scale) and widens it to float32 in registers: weight-only storage
 // that shrinks the bytes read without changing x or the accumulation.
 //
-// Rows of w are split into chunks that the calling thread and XLA's intra-op
-// thread pool take from a shared counter, so no task ever waits for a thread
-// that may be busy elsewhere (the caller alone can finish every chunk).
+// Rows of w are split into chunks that the calling thread and spinning helper
+// threads (one fewer than XLA's intra-op pool has) take from a shared counter,
+// so no task ever waits for a thread that may be busy elsewhere (the caller
+// alone can finish every chunk).
 //
 // Built and loaded at run time by specdec_jax/runtime/cpu_kernels.py.
 
@@ -22,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -152,19 +154,15 @@ void Rows(const float* x, const T* w, const float* scale, float* y, int64_t m_di
   for (; row < end; ++row) TileRows<1>(x, w, scale, y, m_dim, k_dim, n_dim, row);
 }
 
-// Work shared between pool tasks and, only if the pool is slow to start them,
-// the calling thread. It is held by shared_ptr because a task may start after
-// the call returned (it then finds no chunk left). On a long product the
-// caller sleeps instead of working alongside: XLA's pool threads spin while
-// idle, so a third busy thread on a machine with as many cores as pool threads
-// halves the bandwidth each one gets (measured: 40 ms vs 24 ms for a 933 MB
-// product). On a short one it works at once (see Product).
+// Work shared between the calling thread and helper threads: chunks are taken
+// from a shared counter, so the caller alone can finish every chunk and never
+// waits on a helper that is busy elsewhere; it waits only for chunks a helper
+// has already started. Held by shared_ptr because a helper may pick the job up
+// after the call returned (it then finds no chunk left).
 struct Job {
   std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
   int64_t num_chunks = 0;
-  int64_t done = 0;  // guarded by mu
-  std::mutex mu;
-  std::condition_variable all_done;
   std::function<void(int64_t)> run;
 
   void Work() {
@@ -173,33 +171,98 @@ struct Job {
       run(c);
       ++finished;
     }
-    if (finished == 0) return;
-    std::lock_guard<std::mutex> lock(mu);
-    done += finished;
-    if (done == num_chunks) all_done.notify_all();
-  }
-
-  // How long the caller sleeps before taking chunks itself (0: at once).
-  std::chrono::microseconds patience{500};
-
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    while (done < num_chunks) {
-      if (all_done.wait_for(lock, patience) == std::cv_status::timeout &&
-          next.load() < num_chunks) {
-        // No pool thread has come for the remaining chunks: do them here, so
-        // a call never waits on a thread that is busy elsewhere.
-        lock.unlock();
-        Work();
-        lock.lock();
-      }
-    }
+    if (finished > 0) done.fetch_add(finished, std::memory_order_release);
   }
 };
 
-// Splits rows [0, n_dim) of a weight matrix of `bytes` bytes into chunks of
-// whole `tile`s and runs `rows(begin, end)` on each, over the caller and the pool.
-void ParallelRows(ffi::ThreadPool& pool, int64_t n_dim, int64_t tile, int64_t bytes,
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Helper threads of our own that spin for a short while after each job before
+// they sleep. Why not XLA's intra-op pool: handing a chunk to it cost the
+// caller ~7 us in Schedule and the chunk started ~15 us later (a sleeping
+// thread woken by a system call), measured on a 2-core x86_64 machine; a step
+// of the 1.5B target makes 169 products, most of them 0.1-0.4 ms long, so the
+// hand-off alone was ~4 ms of a ~46 ms step, and a 256-row product ran 3x
+// slower on two threads than on one. A spinning helper picks a job up within
+// a fraction of a microsecond; between a step's products it never sleeps.
+// There are pool.num_threads() - 1 helpers: with the caller, one thread per
+// core that XLA's pool has, so no third busy thread takes a core's bandwidth.
+class Helpers {
+ public:
+  static Helpers& Get(int64_t count) {
+    static Helpers* helpers = new Helpers(count);  // never destroyed: threads outlive main
+    return *helpers;
+  }
+
+  int64_t count() const { return count_; }
+
+  void Post(std::shared_ptr<Job> job) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(job));
+      pending_.fetch_add(1, std::memory_order_release);
+      wake = sleepers_ > 0;
+    }
+    if (wake) ready_.notify_one();
+  }
+
+ private:
+  // How long a helper spins for the next job before it sleeps: longer than the
+  // gaps between a decode step's products, short enough that an idle process
+  // gives its cores back at once.
+  static constexpr std::chrono::microseconds kSpin{2000};
+
+  explicit Helpers(int64_t count) : count_(count) {
+    for (int64_t i = 0; i < count_; ++i) std::thread([this] { Loop(); }).detach();
+  }
+
+  std::shared_ptr<Job> Take() {  // with mu_ held and the queue not empty
+    std::shared_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    pending_.fetch_sub(1, std::memory_order_relaxed);
+    return job;
+  }
+
+  void Loop() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      const auto give_up = std::chrono::steady_clock::now() + kSpin;
+      while (!job) {
+        if (pending_.load(std::memory_order_acquire) > 0) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!queue_.empty()) job = Take();
+        } else if (std::chrono::steady_clock::now() < give_up) {
+          for (int i = 0; i < 64; ++i) CpuRelax();
+        } else {
+          std::unique_lock<std::mutex> lock(mu_);
+          ++sleepers_;
+          ready_.wait(lock, [this] { return !queue_.empty(); });
+          --sleepers_;
+          job = Take();
+        }
+      }
+      job->Work();
+    }
+  }
+
+  const int64_t count_;
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<std::shared_ptr<Job>> queue_;  // guarded by mu_
+  int sleepers_ = 0;                        // guarded by mu_
+  std::atomic<int64_t> pending_{0};         // queue_.size(), read without the lock
+};
+
+// Splits rows [0, n_dim) of a weight matrix into chunks of whole `tile`s and
+// runs `rows(begin, end)` on each, over the caller and the helpers.
+void ParallelRows(ffi::ThreadPool& pool, int64_t n_dim, int64_t tile,
                   std::function<void(int64_t, int64_t)> rows) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   // Few long chunks: each is one sequential stream through w (the hardware
@@ -214,27 +277,19 @@ void ParallelRows(ffi::ThreadPool& pool, int64_t n_dim, int64_t tile, int64_t by
     const int64_t begin = c * rows_per_chunk;
     rows(begin, std::min(n_dim, begin + rows_per_chunk));
   };
-  if (threads == 1 || job->num_chunks == 1) {
-    job->Work();
-    return;
+  if (threads > 1 && job->num_chunks > 1) {
+    Helpers& helpers = Helpers::Get(threads - 1);
+    for (int64_t i = 0; i < std::min(helpers.count(), job->num_chunks - 1); ++i) helpers.Post(job);
   }
-  // A product shorter than this is done in a fraction of a millisecond,
-  // where waking a pool thread that went to sleep during the step's other
-  // ops costs as much again: the caller takes chunks at once. Longer ones
-  // (a float32 output head, 0.9 GB) lose more to a third busy thread on the
-  // cores than they gain. Measured on a 2-core x86_64 machine, in-loop steps:
-  // int8 0.5B step 39 -> 30 ms, float32 1.5B 7-token call 310 -> 280 ms;
-  // the same rule applied to the head too: 280 -> 450 ms.
-  constexpr int64_t kHelpAtOnceBytes = int64_t{256} << 20;
-  if (bytes < kHelpAtOnceBytes) job->patience = std::chrono::microseconds(0);
-  for (int64_t i = 0; i < std::min(threads, job->num_chunks); ++i) pool.Schedule([job] { job->Work(); });
-  job->Wait();
+  job->Work();
+  // Only chunks a helper has started are left: wait for them without sleeping.
+  while (job->done.load(std::memory_order_acquire) < job->num_chunks) CpuRelax();
 }
 
 template <typename T>
 void Product(ffi::ThreadPool& pool, const float* x, const T* w, const float* scale, float* y,
              int64_t m_dim, int64_t k_dim, int64_t n_dim) {
-  ParallelRows(pool, n_dim, kMaxRowsPerTile, n_dim * k_dim * static_cast<int64_t>(sizeof(T)),
+  ParallelRows(pool, n_dim, kMaxRowsPerTile,
                [=](int64_t begin, int64_t end) {
                  Rows(x, w, scale, y, m_dim, k_dim, n_dim, begin, end);
                });
@@ -660,7 +715,7 @@ ffi::Error RunK(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* 
   SuperActivations a;
   QuantizeSuper(x, m_dim, k_dim, a);
   const SuperActivations* act = &a;
-  ParallelRows(pool, n_dim, 4, n_dim * row_bytes, [=](int64_t begin, int64_t end) {
+  ParallelRows(pool, n_dim, 4, [=](int64_t begin, int64_t end) {
     KRows<F>(w, row_bytes, *act, m_dim, k_dim, y, n_dim, begin, end);
   });
   return ffi::Error::Success();
@@ -677,7 +732,7 @@ ffi::Error Run(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* y
   Activations a;
   Quantize(x, m_dim, k_dim, a);
   const Activations* act = &a;
-  ParallelRows(pool, n_dim, 4, n_dim * row_bytes, [=](int64_t begin, int64_t end) {
+  ParallelRows(pool, n_dim, 4, [=](int64_t begin, int64_t end) {
     BlockRows<F>(w, row_bytes, *act, m_dim, k_dim, y, n_dim, begin, end);
   });
   return ffi::Error::Success();
