@@ -19,6 +19,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.reductions import first_argmax
+
 Array = jax.Array
 
 # How a token tree's children were drawn at one node (``verify_tree.Tree.draws``,
@@ -150,7 +152,7 @@ def distributions(logits_xV: Array, temperature: Array, top_p: Array,
                              lambda p: jnp.zeros(p.shape[:-1] + (1,), jnp.float32), probs)
     kept = jnp.where(probs >= threshold, probs, 0.0)
     probs = jnp.where(top_p < 1.0, kept / jnp.sum(kept, axis=-1, keepdims=True), probs)
-    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    one_hot = jax.nn.one_hot(first_argmax(logits), logits.shape[-1], dtype=jnp.float32)
     greedy = temperature <= 0
     return Distributions(probs=jnp.where(greedy, one_hot, probs),
                          stats=jnp.where(greedy, unscaled, probs))

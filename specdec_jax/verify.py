@@ -49,6 +49,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.reductions import first_argmax
+
 Array = jax.Array
 
 # Residual mass below this is numerical noise (float32 sums of ~1e5 terms);
@@ -80,16 +82,6 @@ def sample_from_weights(key: Array, weights_BxV: Array) -> Array:
     logits = jnp.where(weights_BxV > 0, jnp.log(jnp.maximum(weights_BxV, 1e-38)), -jnp.inf)
     noisy = logits + jax.random.gumbel(key, logits.shape, logits.dtype)
     return first_argmax(noisy)
-
-
-def first_argmax(x_BxV: Array) -> Array:
-    """int32 [B]: ``jnp.argmax(x, -1)`` (the first index of the maximum, or of
-    the first NaN, as argmax), as a max followed by a min over indices: two
-    one-operand reductions that XLA vectorises."""
-    top_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)  # NaN if the row holds one
-    index_V = jnp.arange(x_BxV.shape[-1], dtype=jnp.int32)
-    is_top = (x_BxV == top_Bx1) | jnp.isnan(x_BxV)
-    return jnp.min(jnp.where(is_top, index_V, x_BxV.shape[-1]), axis=-1)
 
 
 def residual(pi_BxV: Array, q_BxV: Array) -> Array:

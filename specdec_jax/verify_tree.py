@@ -115,13 +115,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.reductions import first_argmax
 from specdec_jax.sampling import (
     POINT_MASS,
     WITH_REPLACEMENT,
     WITHOUT_REPLACEMENT,
     check_tree_draws,
 )
-from specdec_jax.verify import RESIDUAL_EPS, first_argmax, residual, sample_from_weights
+from specdec_jax.verify import RESIDUAL_EPS, residual, sample_from_weights
 
 Array = jax.Array
 

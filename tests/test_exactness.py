@@ -156,7 +156,7 @@ def test_sampler_draws_what_jax_categorical_draws(vocab):
 
 
 def test_first_argmax_takes_the_first_of_tied_maxima():
-    from specdec_jax.verify import first_argmax
+    from specdec_jax.reductions import first_argmax
 
     x = jnp.array([[0.0, 2.0, 2.0, 1.0], [-jnp.inf, -jnp.inf, -jnp.inf, -jnp.inf],
                    [3.0, 1.0, 3.0, 3.0], [1.0, jnp.nan, 5.0, jnp.nan]])

@@ -100,6 +100,7 @@ from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
+from specdec_jax.reductions import first_argmax
 from specdec_jax.verify import (
     TokenVerifier,
     emitted_tokens,
@@ -143,7 +144,7 @@ def lenient_review(key: Array, drafts_BxK: Array, q_BxKxV: Array, q_stat_BxKxV: 
     sampled = TokenVerifier()(key, drafts_BxK, q_BxKxV, lenience * p_BxK1xV[:, :k],
                               p_BxK1xV[:, k])
     # Greedy: the paper's rule on the statistics distributions.
-    argmax_p_BxK1 = jnp.argmax(p_BxK1xV, axis=-1).astype(jnp.int32)
+    argmax_p_BxK1 = first_argmax(p_BxK1xV)
     matches = drafts_BxK == argmax_p_BxK1[:, :k]
     close = (gather_token_probs(q_stat_BxKxV, drafts_BxK)
              <= lenience * gather_token_probs(p_stat_BxK1xV[:, :k], drafts_BxK))

@@ -65,6 +65,7 @@ from specdec_jax.drafting.base import Context, extend_from_history, start_token_
 from specdec_jax.drafting.maxgram import MaxGramDrafter, MaxGramState, match_runs
 from specdec_jax.drafting.model import SingleModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt, supports_trees
+from specdec_jax.reductions import first_argmax
 from specdec_jax.sampling import POINT_MASS, WITH_REPLACEMENT, WITHOUT_REPLACEMENT
 
 Array = jax.Array
@@ -188,7 +189,7 @@ def draw_children(key: Array, probs_BxWxV: Array, logits_BxWxV: Array, k: int,
     if not replacement:  # one top-k over whichever scores the temperature selects
         scores = jnp.where(temperature > 0, log_q + noise[:, :, 0], logits_BxWxV)
         return jax.lax.top_k(scores, k)[1].astype(jnp.int32)
-    sampled_BxWxk = jnp.argmax(log_q[:, :, None, :] + noise, axis=-1)
+    sampled_BxWxk = first_argmax(log_q[:, :, None, :] + noise)
     greedy_BxWxk = jax.lax.top_k(logits_BxWxV, k)[1]
     return jnp.where(temperature > 0, sampled_BxWxk, greedy_BxWxk).astype(jnp.int32)
 

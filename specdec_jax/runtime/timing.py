@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafting.base import start_token_and_prefill
+from specdec_jax.reductions import first_argmax
 from specdec_jax.runtime import jsonio
 
 
@@ -114,7 +115,7 @@ def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: 
     def body(params, carry):
         tokens, cache = carry
         out = model.extend(params, tokens, cache, logits_at=at)
-        chosen = jnp.argmax(out.logits, -1).astype(jnp.int32)
+        chosen = first_argmax(out.logits)
         return (jnp.broadcast_to(chosen[:, -1:], (batch, k)),
                 out.cache.replace(lengths=cache.lengths))
 
