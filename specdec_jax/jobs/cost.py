@@ -45,6 +45,7 @@ import numpy as np
 from specdec_jax import api
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.models.interface import make_prompt
+from specdec_jax.reductions import first_argmax
 from specdec_jax.runtime import timing
 
 CALIBRATION_WIDTHS = (1, 2, 4, 6, 8, 11)
@@ -213,7 +214,7 @@ def in_loop_tree_call(model, params, parents, *, start: int = 0, width: int | No
     def body(params, carry):
         tokens_BxW, cache = carry
         out = model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
-        chosen_BxW = jnp.argmax(out.logits, -1).astype(jnp.int32)
+        chosen_BxW = first_argmax(out.logits)
         return (jnp.broadcast_to(chosen_BxW[:, -1:], (batch, width)),
                 out.cache.replace(lengths=cache.lengths))
 
