@@ -1,6 +1,8 @@
 """The CPU kernel for few-row products (native/small_m_matmul.cc via jax.ffi)
 against XLA's dot, and weight-only storage (models.weight_storage)."""
 
+import concurrent.futures
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,8 +52,6 @@ def test_products_called_from_several_threads_at_once(kernel):
     # The kernel hands chunks of rows to helper threads shared by every caller;
     # products started together from four threads (and by XLA, which may run
     # independent products at once) must each get exactly their own result.
-    import concurrent.futures  # noqa: PLC0415
-
     rng = np.random.default_rng(7)
     w = jnp.asarray(rng.integers(-127, 128, (8192, 1024)), jnp.int8)
     scale = jnp.asarray(rng.random(8192) + 0.1, jnp.float32)
