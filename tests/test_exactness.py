@@ -162,3 +162,19 @@ def test_first_argmax_takes_the_first_of_tied_maxima():
                    [3.0, 1.0, 3.0, 3.0], [1.0, jnp.nan, 5.0, jnp.nan]])
     np.testing.assert_array_equal(np.asarray(first_argmax(x)), np.asarray(jnp.argmax(x, -1)))
     np.testing.assert_array_equal(np.asarray(first_argmax(x)), [1, 0, 0, 1])
+
+
+def test_first_argmax_is_two_plain_reductions_on_cpu_only():
+    """On CPU the max-then-min form (XLA vectorises one-operand reductions);
+    lowered for TPU, ``jnp.argmax``'s one two-operand reduction, with which
+    the TPU compiler keeps less scratch."""
+    from specdec_jax.reductions import first_argmax
+
+    def reductions(platform):
+        text = jax.jit(first_argmax).trace(jnp.zeros((2, 16))).lower(
+            lowering_platforms=(platform,)).as_text()
+        return [line for line in text.splitlines() if "stablehlo.reduce(" in line]
+
+    cpu, tpu = reductions("cpu"), reductions("tpu")
+    assert len(cpu) == 2 and "maximum" in cpu[0] and "minimum" in cpu[1], cpu
+    assert len(tpu) == 1 and tpu[0].lstrip().startswith("%") and ":2 = " in tpu[0], tpu
