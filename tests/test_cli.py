@@ -45,7 +45,7 @@ def test_printed_stats_hold_only_what_applies_to_the_method():
                            alpha=0.3 if method == "token-v3" else 0.0, gamma=3,
                            max_new_tokens=6)
         gamma = 0 if method == "autoregressive" else 3
-        fields[method] = set(cli_generate._summary([out], 1.0, gamma, method))
+        fields[method] = set(cli_generate._summary([out], [1.0], gamma, method))
         assert int(np.asarray(out.lengths).sum()) == 6
     assert "deferral_rate" in fields["token-v3"]
     assert "deferral_rate" not in fields["specdecode"] | fields["autoregressive"]
@@ -69,9 +69,12 @@ def test_rows_that_pad_the_last_batch_are_not_counted():
     out = api.generate(target=model, target_params=target_params, drafter=model,
                        drafter_params=drafter_params, prompts=[[1, 2], [3]], method="token-v3",
                        alpha=0.3, gamma=3, max_new_tokens=6, seed=1)
-    whole = cli_generate._summary([out], 1.0, 3, "token-v3")
-    first_row = cli_generate._summary([out], 1.0, 3, "token-v3", real_rows=[1])
+    whole = cli_generate._summary([out], [1.0], 3, "token-v3")
+    first_row = cli_generate._summary([out], [1.0], 3, "token-v3", real_rows=[1])
     assert first_row["tokens"] == int(np.asarray(out.lengths)[0]) < whole["tokens"]
+    # Per batch, for intervals over prompts: its seconds and counted tokens.
+    assert first_row["batch_tokens"] == [first_row["tokens"]]
+    assert first_row["batch_seconds"] == [1.0]
     assert first_row["target_calls"] == int(np.asarray(out.stats.target_calls)[0])
     assert first_row["accepted_histogram"] == \
         np.asarray(out.stats.accepted_histogram)[0].tolist()
@@ -104,7 +107,7 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     out = api.generate(target=model, target_params=target_params, drafter=drafter,
                        drafter_params=drafter_params, prompts=[[1, 2]], method="specdecode",
                        gamma=3, max_new_tokens=12)
-    summary = cli_generate._summary([out], 1.0, 3, "specdecode")
+    summary = cli_generate._summary([out], [1.0], 3, "specdecode")
     assert summary["drafter_calls"] == int(np.asarray(out.stats.drafter_calls).sum()) > 0
     costs = cli_generate.cost_model(target=model, target_params=target_params, drafter=model,
                                     drafter_params=drafter_params, gamma=3,
@@ -118,7 +121,7 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     same = api.generate(target=model, target_params=target_params, drafter=drafter,
                         drafter_params=target_params, prompts=[[1, 2]], method="specdecode",
                         gamma=3, max_new_tokens=12)
-    same_summary = cli_generate._summary([same], 1.0, 3, "specdecode")
+    same_summary = cli_generate._summary([same], [1.0], 3, "specdecode")
     same_costs = cli_generate.cost_model(target=model, target_params=target_params,
                                          drafter=model, drafter_params=target_params, gamma=3,
                                          speculative=same_summary, batch_size=1)

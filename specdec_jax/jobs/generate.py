@@ -164,19 +164,24 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
-def _summary(outputs, seconds: float, gamma: int, method: str,
+def _summary(outputs, batch_seconds: list[float], gamma: int, method: str,
              real_rows: list[int] | None = None) -> dict:
     """The run's figures: only those that mean something for ``method``.
+    ``batch_seconds[i]``: the timed seconds of batch ``i`` (kept with its
+    token count, so a benchmark can put intervals on per-prompt figures).
     ``real_rows[i]``: how many leading rows of ``outputs[i]`` are prompts (the
     rest pad the last batch to the static shape and are not counted)."""
     if real_rows is not None:
         outputs = [jax.tree_util.tree_map(lambda x, n=n: np.asarray(x)[:n], o)
                    for o, n in zip(outputs, real_rows, strict=True)]
-    tokens = int(sum(int(np.asarray(o.lengths).sum()) for o in outputs))
+    batch_tokens = [int(np.asarray(o.lengths).sum()) for o in outputs]
+    tokens, seconds = sum(batch_tokens), sum(batch_seconds)
     calls = int(sum(int(np.asarray(o.stats.target_calls).sum()) for o in outputs))
     summary = {"tokens": tokens, "target_calls": calls, "seconds": round(seconds, 3),
                "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
-               "block_efficiency": round(tokens / max(calls, 1), 3)}
+               "block_efficiency": round(tokens / max(calls, 1), 3),
+               "batch_seconds": [round(s, 4) for s in batch_seconds],
+               "batch_tokens": batch_tokens}
     if gamma:
         summary["drafter_calls"] = int(sum(int(np.asarray(o.stats.drafter_calls).sum())
                                            for o in outputs))
@@ -190,6 +195,9 @@ def _summary(outputs, seconds: float, gamma: int, method: str,
         summary["deferral_rate"] = round(deferred / max(tokens, 1), 3)
     return summary
 
+
+# Summary entries a list per batch or draft position: in the JSON only.
+PER_BATCH_KEYS = ("accepted_histogram", "batch_seconds", "batch_tokens")
 
 # In-loop steps timed for the cost model: few, at a typical cache fill (a
 # step's cost barely moves with the fill at these lengths), the median of a
@@ -798,7 +806,7 @@ def run(args) -> int:
     compiled = {name: timing.Compiled(fn, target_params, drafter_params, batches[0],
                                       jax.random.PRNGKey(0), sp) for name, fn in runs.items()}
     outputs = {name: [] for name in runs}
-    seconds = dict.fromkeys(runs, 0.0)
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
     # Interleaved, batch by batch: a drift of this machine's speed during the
     # run (common on shared CPUs) then hits both methods alike.
     for batch_index, prompt in enumerate(batches):
@@ -806,7 +814,7 @@ def run(args) -> int:
         for name, executable in compiled.items():
             timed = executable.time(target_params, drafter_params, prompt, key, sp)
             outputs[name].append(timed.output)
-            seconds[name] += timed.median_s
+            seconds[name].append(timed.median_s)
             if name == args.method:
                 out = timed.output
                 texts_out += [tokenizer.decode(np.asarray(out.tokens[b, : out.lengths[b]]))
@@ -854,7 +862,7 @@ def run(args) -> int:
         print(f"--- prompt ---\n{prompt}\n--- completion ---\n{text}\n")
     for name, summary in results.items():
         print(f"[{name}] " + ", ".join(f"{k}={v}" for k, v in summary.items()
-                                        if k != "accepted_histogram"))
+                                        if k not in PER_BATCH_KEYS))
     if "speedup_vs_autoregressive" in report:
         machine = report["environment"]["machine"]
         print(f"speedup over autoregressive {args.target}: "
