@@ -28,6 +28,7 @@ import numpy as np
 from specdec_jax import sampling, target_functions, verify_block, verify_tree
 from specdec_jax.cascade_baselines import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
 from specdec_jax.decoding import (
+    MIN_SCRATCH,
     AutoregressiveDecoder,
     EndOfBlockStop,
     GenerationOutput,
@@ -377,7 +378,8 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
     if max_cache_length is not None and needed > max_cache_length:
         raise ValueError(
             f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "
-            f"{what} + 1 needs a cache of {needed} positions, beyond max_cache_length "
+            f"room for {what} (at least {MIN_SCRATCH}) + 1 needs a cache of {needed} "
+            f"positions, beyond max_cache_length "
             f"{max_cache_length}; lower max_new_tokens, shorten the prompts"
             f"{' or draft a smaller tree' if isinstance(decoder, TreeDecoder) else ''}.")
     fn = _jitted_generate(decoder)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
+from specdec_jax.decoding import MIN_SCRATCH
 from specdec_jax.models.toy import TableLM
 
 V = 16
@@ -117,9 +118,39 @@ def test_decode_rejects_a_prefill_too_small_for_it():
     prompt = sj.make_prompt(PROMPTS)
     small = sj.make_decoder(target=TARGET, drafter=DRAFTER, gamma=2, max_new_tokens=12)
     prefilled = small.prefill(T_PARAMS, D_PARAMS, prompt)
-    big = sj.make_decoder(target=TARGET, drafter=DRAFTER, gamma=5, max_new_tokens=12)
-    with pytest.raises(ValueError, match="prefill with max_length=23"):
+    big = sj.make_decoder(target=TARGET, drafter=DRAFTER, gamma=5, max_new_tokens=15)
+    needed = prompt.tokens.shape[1] + 15 + MIN_SCRATCH + 1
+    with pytest.raises(ValueError, match=f"prefill with max_length={needed}"):
         big.decode(T_PARAMS, D_PARAMS, prefilled, jax.random.PRNGKey(0),
                    sj.sampling_params())
-    with pytest.raises(ValueError, match="below the 23 positions"):
-        big.prefill(T_PARAMS, D_PARAMS, prompt, max_length=20)
+    with pytest.raises(ValueError, match=f"below the {needed} positions"):
+        big.prefill(T_PARAMS, D_PARAMS, prompt, max_length=needed - 1)
+
+
+def test_every_decoder_of_a_request_holds_caches_of_one_length():
+    """The autoregressive target and speculative decoders (G = 1, 5) make the
+    target's cache one length for the same prompts and budget: attention
+    reduces over the cache's length, so a row-independent target then scores
+    each context with the same bits in all of them (greedy outputs equal)."""
+    made = []
+
+    class Recording(TableLM):
+        def init_cache(self, batch_size, max_length):
+            made.append(max_length)
+            return super().init_cache(batch_size, max_length)
+
+    target = Recording(V, order=2)
+    prompt = sj.make_prompt(PROMPTS)
+    key, sp = jax.random.PRNGKey(0), sj.sampling_params()
+    lengths = {}
+    for gamma in (None, 1, 5):
+        made.clear()
+        if gamma is None:
+            fn = sj.make_generate_fn(target=target, method="autoregressive", max_new_tokens=12)
+        else:
+            fn = sj.make_generate_fn(target=target, drafter=DRAFTER, gamma=gamma,
+                                     max_new_tokens=12)
+        jax.eval_shape(fn, T_PARAMS, D_PARAMS, prompt, key, sp)
+        lengths[gamma] = set(made)
+    want = {prompt.tokens.shape[1] + 12 + MIN_SCRATCH + 1}
+    assert lengths == {None: want, 1: want, 5: want}

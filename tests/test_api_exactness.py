@@ -217,7 +217,8 @@ def test_tree_statistics_compare_with_a_chains():
 
 
 def test_cache_errors_name_the_tree():
-    with pytest.raises(ValueError, match=r"6 tree nodes \+ 1 .* draft a smaller tree"):
+    with pytest.raises(ValueError,
+                       match=r"room for 6 tree nodes \(at least 64\) \+ 1 .* a smaller tree"):
         _sample(exactness.DRAFTER, exactness.DRAFTER_PARAMS, seed=0, rows=1, tree="3,1",
                 max_cache_length=8)
 

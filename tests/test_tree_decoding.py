@@ -102,7 +102,7 @@ def test_greedy_max_gram_tree_through_generate_is_the_targets():
     bigram = jax.numpy.roll(jax.numpy.arange(V, dtype=jax.numpy.int32), 1)
     out = api.generate(target=TOY, target_params=TOY_PARAMS, drafter=MaxGramDrafter(V),
                        drafter_params=bigram, prompts=prompts, tree=(3, 1),
-                       max_new_tokens=MAX_NEW, max_cache_length=64)
+                       max_new_tokens=MAX_NEW, max_cache_length=128)
     _check_same_as_autoregressive(out, want)
     stats = out.stats
     calls = np.asarray(stats.target_calls)
