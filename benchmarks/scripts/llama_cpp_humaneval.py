@@ -74,9 +74,9 @@ def llama_speculative(binaries, target, drafter, prompt: str, tokens: int, threa
                       draft_max: int) -> dict:
     """One greedy speculative generation: tokens, seconds (encode + decode), acceptance."""
     log = run_llama([str(binaries / "llama-speculative-simple"), "-m", str(target), "-md",
-                     str(drafter), "-t", str(threads), "-td", str(threads), "-n", str(tokens),
-                     "--temp", "0", "--draft-max", str(draft_max), "--draft-min", "0",
-                     "--no-warmup", "-p", prompt])
+                     str(drafter), "--spec-type", "draft-simple", "-t", str(threads), "-td",
+                     str(threads), "-n", str(tokens), "--temp", "0", "--spec-draft-n-max",
+                     str(draft_max), "--spec-draft-n-min", "0", "-p", prompt])
     encoded, decoded, accept = _ENCODED.search(log), _DECODED.search(log), _ACCEPT.search(log)
     if not (encoded and decoded):
         raise RuntimeError(f"llama-speculative-simple printed no timings:\n{log[-2000:]}")
@@ -103,6 +103,8 @@ def ours(prompts_file: str, tokens: int, target_weights: str, draft_weights: str
     runs["settings"] = {k: report[k] for k in ("method", "gamma", "tree", "draft_weights",
                                                "target_weights", "precision")}
     runs["completions"] = report["completions"]
+    runs["equal_to_autoregressive"] = [a == b for a, b in zip(
+        report["completions"], report["autoregressive_completions"], strict=True)]
     return runs
 
 
@@ -141,7 +143,7 @@ def main(argv=None) -> int:
     target, drafter = registry.local_path(TARGET), registry.local_path(DRAFTER)
     prompts = humaneval.load_prompts(args.prompts)
     runs: dict[str, list[list[dict]]] = {}
-    settings, completions = None, None
+    settings, completions, equal = None, None, None
     with tempfile.TemporaryDirectory() as tmp:
         prompts_file = os.path.join(tmp, "prompts.jsonl")
         with open(prompts_file, "w", encoding="utf-8") as f:
@@ -151,6 +153,7 @@ def main(argv=None) -> int:
             found = ours(prompts_file, args.max_new_tokens, args.target_weights,
                          args.draft_weights)
             settings, completions = found.pop("settings"), found.pop("completions")
+            equal = found.pop("equal_to_autoregressive")
             for key, value in found.items():
                 runs.setdefault(key, []).append(value)
             print(f"round {r + 1}/{args.rounds}: llama.cpp", flush=True)
@@ -183,10 +186,12 @@ def main(argv=None) -> int:
             per_prompt["ours_speculative"], per_prompt["ours_autoregressive"]),
         "llama.cpp_acceptance_median": statistics.median(
             r["accept"] for r in per_prompt["llama.cpp_speculative"] if r["accept"] is not None),
+        "ours_speculative_equals_autoregressive": f"{sum(equal)} of {len(equal)} prompts",
         "per_prompt": per_prompt, "runs": runs, "completions": completions}
     timing.write_report(report, args.out)
     print(json.dumps({k: report[k] for k in ("tokens_per_s", "over_llama.cpp_autoregressive",
-                                             "ours_speculative_over_ours_autoregressive")},
+                                             "ours_speculative_over_ours_autoregressive",
+                                             "ours_speculative_equals_autoregressive")},
                      indent=1))
     return 0
 
