@@ -17,7 +17,7 @@ from tests import tpu_topology
 TOPOLOGY = "v5e:2x2"
 tpu_topology.require(TOPOLOGY)
 
-TINY = tpu_programs.Shapes(target="tiny-target", drafter="tiny-drafter", cache_length=32,
+TINY = tpu_programs.Shapes(target="tiny-target", drafter="tiny-drafter", cache_length=80,
                            prompt_len=4, max_new_tokens=4, gamma=2)
 # One generate function per method family (the job's ``generate`` group adds the
 # token and block-seed verifiers, which share specdecode's loop): autoregressive
