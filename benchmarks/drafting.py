@@ -46,7 +46,12 @@ import numpy as np
 from benchmarks import shared
 from specdec_jax import api, drafting, precision
 from specdec_jax.data import bigram
-from specdec_jax.decoding import Prefilled, SpeculativeDecoder, initial_history
+from specdec_jax.decoding import (
+    Prefilled,
+    SpeculativeDecoder,
+    initial_history,
+    required_cache_length,
+)
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.drafting.cs_drafting import HorizontalCascade, VerticalCascade, VerticalState
 from specdec_jax.drafting.model import ModelDrafter, ModelDrafterState
@@ -73,7 +78,7 @@ CONFIG_SPECS = {
 PHASES = ("costs", "greedy", "ar", "wallclock", "t1", "report")
 DEFAULT_PHASES = ("costs", "greedy", "wallclock", "t1")
 COST_WIDTHS = (1, 2, 3, 4, 6, 8, 13, 16)  # K of the measured calls (G + 1 of most configs)
-SLACK = 64  # cache positions beyond prompt + output: any config's gamma and cascade slack
+SLACK = 64  # room beyond prompt + output for any config's gamma and cascade slack
 NOT_MODELS = ("fill", "round_overhead")  # entries of report["costs"] that price no model
 
 
@@ -451,7 +456,9 @@ def run_bench_drafting(*, target: str = "qwen2.5-coder-1.5b", drafter: str = DRA
     report["param_counts"] = param_counts
     prompts = shared.humaneval_prompts(pair.encode, num_prompts)
     width = max(len(p) for p in prompts)
-    max_length = width + max_new_tokens + SLACK
+    # The length every decoder of the library makes for this room, so one prefill
+    # serves them all.
+    max_length = required_cache_length(width, max_new_tokens, SLACK)
     eos = pair.eos_ids
 
     if "costs" in phases:
