@@ -71,6 +71,7 @@ import numpy as np
 from benchmarks import peers as peer_lib
 from benchmarks import shared
 from specdec_jax import api, precision
+from specdec_jax.decoding import required_cache_length
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import cost, resolver, tables
@@ -345,7 +346,8 @@ def decode_configs(settings: Settings) -> list[dict]:
 def prefill_fns(models: dict, settings: Settings) -> dict:
     """role -> jitted prefill at the decoders' cache length (one program per
     model and prompt shape, shared by every configuration)."""
-    max_length = settings.prompt_len + settings.max_new_tokens + max(settings.gammas) + 2
+    max_length = required_cache_length(settings.prompt_len, settings.max_new_tokens,
+                                       max(settings.gammas))
     return {role: timing.prefill_fn(model, max_length) for role, (model, _) in models.items()}
 
 

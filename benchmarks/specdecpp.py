@@ -56,6 +56,7 @@ from specdec_jax.checkpoints import tree_paths
 from specdec_jax.checkpoints.acceptance_heads import META_FILE, load_head
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import bootstrap_ci, ratio_ci
+from specdec_jax.decoding import required_cache_length
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, SMALL_TARGET_WIDTHS, AdaptiveDrafter
 from specdec_jax.drafting.adaptive import target_widths as default_target_widths
 from specdec_jax.jobs import cost as cost_lib
@@ -229,7 +230,7 @@ def phase_wall_clock(runner, configs, prompts, *, max_new_tokens: int, max_draft
     warm = make_prompt([prompts[0]], pad_to=width)
     for config in configs:
         runner(config, warm, jax.random.PRNGKey(0), temperature)
-    max_length = width + max_new_tokens + max_drafts + 2
+    max_length = required_cache_length(width, max_new_tokens, max_drafts)  # the decoders'
     prefills = make_prefill_timers(pair, max_length)
     for fn, params in prefills.values():
         jax.block_until_ready(fn(params, warm))

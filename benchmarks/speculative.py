@@ -27,6 +27,7 @@ import numpy as np
 from benchmarks import peers, shared
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import registry
+from specdec_jax.decoding import required_cache_length
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
@@ -111,7 +112,7 @@ def run_bench_speculative(*, target: str = "qwen2.5-coder-1.5b",
     t_draft = in_loop_step_s(drf, dp, 1, fill=width)
     report["drafter_step_s"] = t_draft
     report["target_step_s"] = in_loop_step_s(tgt, tp, 1, fill=width)
-    max_length = width + max_new_tokens + max(gammas) + 2
+    max_length = required_cache_length(width, max_new_tokens, max(gammas))  # the decoders'
     prefills = {"autoregressive": [(timing.prefill_fn(tgt, max_length), tp)]}
     prefills["specdecode"] = prefills["autoregressive"] + [
         (timing.prefill_fn(drf, max_length), dp)]
