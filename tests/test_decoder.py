@@ -224,3 +224,43 @@ def test_row_sum_is_one_function_of_each_row(width):
     alone = np.concatenate([np.asarray(jax.jit(row_sum)(x[:, i:i + 1])) for i in range(9)], 1)
     np.testing.assert_array_equal(together, alone)
     np.testing.assert_allclose(together[..., 0], np.asarray(x, np.float64).sum(-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("row_independent", [False, True])
+def test_a_chunked_prefill_is_the_one_call_prefill_and_stops_at_the_longest_prompt(
+        pair, row_independent):
+    """``prefill_chunk``: a prompt fed in chunks gives the logits, hidden state
+    and cache of one call (to float32 rounding), and the loop stops after the
+    chunk holding the longest row's last token: with rows of 3, 13 and 9 tokens
+    padded to 24 and chunks of 4, cache positions 16.. are never written (a
+    loop over every padded chunk fails this)."""
+    import dataclasses  # noqa: PLC0415
+
+    _, model, params = pair
+    cfg = dataclasses.replace(model.config, row_independent=row_independent)
+    whole, chunked = (DecoderOnlyLM(dataclasses.replace(cfg, prefill_chunk=c)) for c in (0, 4))
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(1, model.vocab_size, n).tolist() for n in (3, 13, 9)]
+    prompt = make_prompt(rows, pad_to=24)
+    want = jax.jit(whole.prefill)(params, prompt, whole.init_cache(3, 32))
+    got = jax.jit(chunked.prefill)(params, prompt, chunked.init_cache(3, 32))
+    np.testing.assert_allclose(np.asarray(got.logits), np.asarray(want.logits), atol=TOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(got.hidden), np.asarray(want.hidden), atol=TOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(got.cache.lengths), [3, 13, 9])
+    for got_k, want_k in zip(got.cache.keys + got.cache.values,
+                             want.cache.keys + want.cache.values, strict=True):
+        for row, n in enumerate((3, 13, 9)):
+            np.testing.assert_allclose(np.asarray(got_k[row, :n]), np.asarray(want_k[row, :n]),
+                                       atol=TOL, rtol=0)
+        assert not np.asarray(got_k[:, 16:]).any()
+    # The next step sees the same context.
+    step = [jax.jit(m.extend)(params, jnp.asarray([[5], [6], [7]]), out.cache).logits
+            for m, out in ((whole, want), (chunked, got))]
+    np.testing.assert_allclose(np.asarray(step[1]), np.asarray(step[0]), atol=TOL, rtol=0)
+
+
+def test_a_negative_prefill_chunk_is_named(pair):
+    import dataclasses  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="prefill_chunk=-1"):
+        dataclasses.replace(pair[1].config, prefill_chunk=-1)

@@ -36,6 +36,9 @@ from specdec_jax.native import stored_blocks
 from specdec_jax.runtime.progress import tqdm
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+# Prompt tokens a stored-weight decoder feeds per prefill call on a CPU
+# (``DecoderConfig.prefill_chunk``): the block kernel's rows stay in cache.
+STORED_PREFILL_CHUNK = 16
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -231,7 +234,12 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
     # attention and norms row by row too makes the target one function of each
     # row there (``DecoderConfig.row_independent``): a scoring call's rows are
     # a step's.
-    config_overrides.setdefault("row_independent", jax.default_backend() == "cpu")
+    on_cpu = jax.default_backend() == "cpu"
+    config_overrides.setdefault("row_independent", on_cpu)
+    # The block kernel keeps a product's int8 activations in cache for up to ~16
+    # rows; a longer prompt fed in chunks of 16 took the 1.5B's prefill from
+    # ~15 to ~10 ms a token on 2 cores (docs/results.md), and stops at its length.
+    config_overrides.setdefault("prefill_chunk", STORED_PREFILL_CHUNK if on_cpu else 0)
     cfg = config_from_metadata(meta, "output.weight" in names, kernel_layout=OUT_IN,
                                fused_projections=False, **config_overrides)
     params: dict[str, Any] = {}
