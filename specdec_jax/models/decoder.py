@@ -217,7 +217,8 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxKxD, positions_BxK, mask_BxKxS, keys, values, lengths_B,
-                 by_query: bool):
+                 by_query: bool | None = None):
+        """``by_query``: score each query alone (default: ``row_independent``)."""
         cfg = self.config
         head_dim, groups = cfg.dims_per_head, cfg.num_heads // cfg.num_kv_heads
         batch, k = x_BxKxD.shape[:2]
@@ -244,7 +245,8 @@ class Attention(nn.Module):
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
         out = blocked_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
                                 precision=cfg.compute_precision,
-                                by_query=by_query)
+                                by_query=cfg.row_independent if by_query is None
+                                else by_query)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
         out = _linear(cfg, cfg.hidden_size, "out")(out)
         return out, keys, values
