@@ -208,6 +208,26 @@ def test_load_pair_stores_the_drafter_as_asked():
         resolver.load_pair(**pair, draft_weights="fp4")
 
 
+def test_a_narrow_drafter_for_the_kernel_prefills_in_chunks():
+    """The CLI feeds a drafter stored narrow for the CPU kernel its prompt in
+    chunks (its cost per token is flat in the rows; the prefill then follows
+    the prompt's length); float32 drafters, or no kernel, keep one call."""
+    import argparse  # noqa: PLC0415
+
+    from specdec_jax.jobs import generate  # noqa: PLC0415
+
+    def chunk(draft_weights, kernel):
+        args = argparse.Namespace(draft_weights=draft_weights, dtype="auto",
+                                  kernel_layout="in_out")
+        model = generate.load_drafter_models(args, ["toy-bytes-small"], kernel)[
+            "toy-bytes-small"][0]
+        return model.config.prefill_chunk
+
+    assert chunk("bf16", kernel=True) == generate.NARROW_PREFILL_CHUNK
+    assert chunk("bf16", kernel=False) == 0
+    assert chunk("f32", kernel=True) == 0
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("weight_format", ["bf16", "int8"])
 def test_a_drafter_stored_in_fewer_bytes_keeps_the_target_law(weight_format):
