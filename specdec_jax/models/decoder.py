@@ -217,8 +217,10 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxKxD, positions_BxK, mask_BxKxS, keys, values, lengths_B,
-                 by_query: bool | None = None):
-        """``by_query``: score each query alone (default: ``row_independent``)."""
+                 prefill: bool = False):
+        """A prefill's queries only fill the cache: they are scored together.
+        Steps and scoring calls score each query alone where the decoder is one
+        function of each row (``row_independent``)."""
         cfg = self.config
         head_dim, groups = cfg.dims_per_head, cfg.num_heads // cfg.num_kv_heads
         batch, k = x_BxKxD.shape[:2]
@@ -245,8 +247,7 @@ class Attention(nn.Module):
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
         out = blocked_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
                                 precision=cfg.compute_precision,
-                                by_query=cfg.row_independent if by_query is None
-                                else by_query)
+                                by_query=cfg.row_independent and not prefill)
         out = out.reshape(batch, k, cfg.num_heads * head_dim)
         out = _linear(cfg, cfg.hidden_size, "out")(out)
         return out, keys, values
@@ -304,14 +305,10 @@ class _DecoderNet(nn.Module):
         x = (embedder(tokens_BxK) if stored_embedding is None
              else stored_embedding.take_rows(tokens_BxK).astype(dtype))
         new_keys, new_values = [], []
-        # A prefill's rows only fill the cache: its queries are scored together.
-        # Steps and scoring calls score each query alone where the decoder is
-        # one function of each row (``row_independent``).
-        by_query = cfg.row_independent and not prefill
         for i in range(cfg.num_layers):
             attn_out, keys, values = Attention(cfg, name=f"layers_{i}_attention")(
                 _norm(cfg, f"layers_{i}_pre_attention_norm")(x), positions_BxK, mask_BxKxS,
-                cache.keys[i], cache.values[i], write_at_B, by_query)
+                cache.keys[i], cache.values[i], write_at_B, prefill)
             x = x + attn_out
             x = x + SwiGLU(cfg, name=f"layers_{i}_mlp")(_norm(cfg, f"layers_{i}_pre_mlp_norm")(x))
             new_keys.append(keys)
