@@ -155,6 +155,29 @@ def test_sampler_draws_what_jax_categorical_draws(vocab):
     assert not np.any(np.asarray(ours) == 1)
 
 
+def test_a_row_with_one_positive_weight_draws_it_without_noise():
+    """Where every row has one positive weight the draw skips the Gumbel noise
+    (a cond whose taken branch draws no random bits) and returns what
+    categorical returns: that index, NaN entries included (``jnp.argmax`` of
+    the weights themselves would return the NaN's index 1). A batch with one
+    spread row still draws every row with noise, as categorical does."""
+    from specdec_jax.verify import sample_from_weights
+
+    keys = jax.random.split(jax.random.PRNGKey(2), 200)
+    single = jnp.array([[0.0, jnp.nan, 0.3, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    mixed = jnp.array([[0.0, 0.0, 1.0, 0.0], [0.1, 0.4, 0.2, 0.3]])
+    for weights in (single, mixed):
+        ours = jax.vmap(lambda k, w=weights: sample_from_weights(k, w))(keys)
+        logits = jnp.where(weights > 0, jnp.log(weights), -jnp.inf)
+        theirs = jax.vmap(lambda k, x=logits: jax.random.categorical(k, x, axis=-1))(keys)
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert (np.asarray(ours)[:, 1] != 1).any()  # the spread row was sampled
+    jaxpr = jax.make_jaxpr(sample_from_weights)(keys[0], single).jaxpr
+    (cond,) = [e for e in jaxpr.eqns if e.primitive.name == "cond"]
+    draws = ["random_bits" in str(branch) for branch in cond.params["branches"]]
+    assert sorted(draws) == [False, True]
+
+
 def test_first_argmax_takes_the_first_of_tied_maxima():
     from specdec_jax.reductions import first_argmax
 
