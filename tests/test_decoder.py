@@ -250,9 +250,9 @@ def test_a_chunked_prefill_is_the_one_call_prefill_and_stops_at_the_longest_prom
     for got_k, want_k in zip(got.cache.keys + got.cache.values,
                              want.cache.keys + want.cache.values, strict=True):
         for row, n in enumerate((3, 13, 9)):
-            np.testing.assert_allclose(np.asarray(got_k[row, :n]), np.asarray(want_k[row, :n]),
-                                       atol=TOL, rtol=0)
-        assert not np.asarray(got_k[:, 16:]).any()
+            np.testing.assert_allclose(np.asarray(got_k[row, :, :n]),
+                                       np.asarray(want_k[row, :, :n]), atol=TOL, rtol=0)
+        assert not np.asarray(got_k[:, :, 16:]).any()  # [B, H, S, D]
     # The next step sees the same context.
     step = [jax.jit(m.extend)(params, jnp.asarray([[5], [6], [7]]), out.cache).logits
             for m, out in ((whole, want), (chunked, got))]

@@ -181,13 +181,13 @@ def batch_sharded(tree, mesh: Mesh):
 
 
 def kv_sharded(tree, mesh: Mesh):
-    """Abstract KV-cache buffers ``[B, S, H_kv, D]`` split by rows over ``data``
+    """Abstract KV-cache buffers ``[B, H_kv, S, D]`` split by rows over ``data``
     and by heads over ``model`` (as the attention weights are; where the axes
     divide), other leaves (lengths) by rows."""
 
     def place(x):
         shape = np.shape(x)
-        spec = PartitionSpec(sharding.DATA, None, sharding.MODEL) if len(shape) == 4 \
+        spec = PartitionSpec(sharding.DATA, sharding.MODEL) if len(shape) == 4 \
             else PartitionSpec(sharding.DATA)
         spec = sharding._spec_fits(spec, shape, mesh)  # noqa: SLF001 - the shared fitting rule
         return jax.ShapeDtypeStruct(shape, x.dtype, sharding=NamedSharding(mesh, spec))

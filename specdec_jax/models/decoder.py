@@ -82,7 +82,7 @@ def query_blocks(k: int, scores_bytes: int, limit: int) -> int:
     return next(n for n in range(max(needed, 1), k + 1) if k % n == 0)
 
 
-def blocked_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: Array,
+def blocked_attention(q_BxKxHxGxD: Array, keys_BxHxSxD: Array, values_BxHxSxD: Array,
                       mask_BxKxS: Array, scale: float, *, precision: str | None = None,
                       limit: int | None = None, by_query: bool = False) -> Array:
     """``masked_softmax_attention``, its queries scored in ``query_blocks``
@@ -92,19 +92,20 @@ def blocked_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: A
     ``by_query``, one query per block: each query's result is the same bits
     as a one-query call's (``DecoderConfig.row_independent``)."""
     batch, k, heads, groups, _ = q_BxKxHxGxD.shape
-    scores_bytes = 4 * batch * heads * groups * k * keys_BxSxHxD.shape[1]
+    scores_bytes = 4 * batch * heads * groups * k * keys_BxHxSxD.shape[2]
     blocks = k if by_query else query_blocks(k, scores_bytes,
                                              limit or ATTENTION_SCORES_LIMIT_BYTES)
     if blocks == 1:
-        return masked_softmax_attention(q_BxKxHxGxD, keys_BxSxHxD, values_BxSxHxD, mask_BxKxS,
-                                        scale, precision=precision)
+        return masked_softmax_attention(q_BxKxHxGxD, keys_BxHxSxD, values_BxHxSxD, mask_BxKxS,
+                                        scale, precision=precision, heads_major=True)
     width = k // blocks
     # [B, K, ...] -> [n, B, K / n, ...]: block j holds queries j * K/n .. (j + 1) * K/n - 1.
     q_n = q_BxKxHxGxD.reshape(batch, blocks, width, *q_BxKxHxGxD.shape[2:]).swapaxes(0, 1)
     mask_n = mask_BxKxS.reshape(mask_BxKxS.shape[0], blocks, width,
                                 mask_BxKxS.shape[-1]).swapaxes(0, 1)
     out_n = jax.lax.map(lambda qm: masked_softmax_attention(
-        qm[0], keys_BxSxHxD, values_BxSxHxD, qm[1], scale, precision=precision),
+        qm[0], keys_BxHxSxD, values_BxHxSxD, qm[1], scale, precision=precision,
+        heads_major=True),
         (q_n, mask_n))
     return out_n.swapaxes(0, 1).reshape(q_BxKxHxGxD.shape[:-1] + out_n.shape[-1:])
 
@@ -184,15 +185,31 @@ class DecoderConfig:
 
 @flax.struct.dataclass
 class DecoderCache:
-    """Per-layer key/value buffers plus per-row lengths (see interface docs)."""
+    """Per-layer key/value buffers plus per-row lengths (see interface docs).
 
-    keys: tuple[Array, ...]  # num_layers x [B, S, H_kv, D_head]
-    values: tuple[Array, ...]  # num_layers x [B, S, H_kv, D_head]
+    Heads-major: a query's product with one head's keys reads them where they
+    lie. Stored ``[B, S, H, D]``, every query scored alone (``row_independent``)
+    copied the whole cache into this order first: at 294 cached tokens a 1.5B
+    6-token call cost 126 ms against 87 ms with its queries together (2 CPU
+    cores)."""
+
+    keys: tuple[Array, ...]  # num_layers x [B, H_kv, S, D_head]
+    values: tuple[Array, ...]  # num_layers x [B, H_kv, S, D_head]
     lengths: Array  # int32 [B]: tokens fed so far; keys at >= lengths are stale
+
+    SEQ_AXIS = 2  # of keys[i] and values[i]
 
     @property
     def max_length(self) -> int:
-        return self.keys[0].shape[1]
+        return self.keys[0].shape[self.SEQ_AXIS]
+
+    @classmethod
+    def zeros(cls, batch_size: int, max_length: int, num_layers: int, num_kv_heads: int,
+              head_dim: int, dtype) -> "DecoderCache":
+        shape = (batch_size, num_kv_heads, max_length, head_dim)
+        buffers = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))  # noqa: E731
+        return cls(keys=buffers(), values=buffers(),
+                   lengths=jnp.zeros((batch_size,), jnp.int32))
 
 
 def _linear(cfg: DecoderConfig, features: int | tuple[int, ...], name: str, *,
@@ -241,8 +258,8 @@ class Attention(nn.Module):
             new_v = proj("value", cfg.num_kv_heads, cfg.qkv_bias)
         q = rotary_embedding(q, positions_BxK, cfg.rope_theta)
         new_k = rotary_embedding(new_k, positions_BxK, cfg.rope_theta)
-        keys = interface.write_at_lengths(keys, new_k, lengths_B)
-        values = interface.write_at_lengths(values, new_v, lengths_B)
+        keys = interface.write_at_lengths(keys, new_k, lengths_B, DecoderCache.SEQ_AXIS)
+        values = interface.write_at_lengths(values, new_v, lengths_B, DecoderCache.SEQ_AXIS)
         # [B, K, H*G, D] -> [B, K, H, G, D]: query head h*G + g reads kv head h.
         q = q.reshape(batch, k, cfg.num_kv_heads, groups, head_dim)
         out = blocked_attention(q, keys, values, mask_BxKxS, head_dim ** -0.5,
@@ -392,11 +409,8 @@ class DecoderOnlyLM:
 
     def init_cache(self, batch_size: int, max_length: int) -> DecoderCache:
         cfg = self.config
-        shape = (batch_size, max_length, cfg.num_kv_heads, cfg.dims_per_head)
-        zeros = lambda: tuple(jnp.zeros(shape, jnp.dtype(cfg.dtype))  # noqa: E731
-                              for _ in range(cfg.num_layers))
-        return DecoderCache(keys=zeros(), values=zeros(),
-                            lengths=jnp.zeros((batch_size,), jnp.int32))
+        return DecoderCache.zeros(batch_size, max_length, cfg.num_layers, cfg.num_kv_heads,
+                                  cfg.dims_per_head, jnp.dtype(cfg.dtype))
 
     def _apply(self, params, tokens, cache, select=None, all_hidden=False, tree=None,
                prefill=False):
@@ -503,7 +517,8 @@ class DecoderOnlyLM:
         (node indices, root to leaf) from their scratch slots to ``lengths ..
         lengths + count - 1`` and sets lengths to ``lengths + count``."""
         move = lambda buffers: tuple(  # noqa: E731
-            interface.commit_tree_path(b, cache.lengths, nodes, count) for b in buffers)
+            interface.commit_tree_path(b, cache.lengths, nodes, count, DecoderCache.SEQ_AXIS)
+            for b in buffers)
         return cache.replace(keys=move(cache.keys), values=move(cache.values),
                              lengths=cache.lengths + count.astype(cache.lengths.dtype))
 

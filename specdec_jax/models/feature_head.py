@@ -157,10 +157,8 @@ class FeatureHead:
 
     def init_cache(self, batch_size: int, max_length: int) -> DecoderCache:
         layer = self.config.layer_config()
-        shape = (batch_size, max_length, layer.num_kv_heads, layer.dims_per_head)
-        zeros = jnp.zeros(shape, jnp.dtype(layer.dtype))
-        return DecoderCache(keys=(zeros,), values=(zeros,),
-                            lengths=jnp.zeros((batch_size,), jnp.int32))
+        return DecoderCache.zeros(batch_size, max_length, 1, layer.num_kv_heads,
+                                  layer.dims_per_head, jnp.dtype(layer.dtype))
 
     def step(self, params: dict, tokens_BxK: Array, features_BxKxD: Array,
              cache: DecoderCache) -> tuple[Array, DecoderCache]:

@@ -184,17 +184,28 @@ def check_prompt(prompt: Prompt, batch_size: int, max_length: int, vocab_size: i
     check_tokens(prompt.tokens, vocab_size, where)
 
 
-def write_at_lengths(buffer_BxSxHxD: Array, new_BxKxHxD: Array, lengths_B: Array) -> Array:
-    """Writes K new entries per row at positions lengths[b] .. lengths[b]+K-1.
+def _at_positions(rows: Array, positions: Array, seq_axis: int) -> tuple:
+    """The index of ``buffer[rows, ..., positions, ...]`` with positions on
+    ``seq_axis``; its selection is ``[*rows.shape, <the other axes>]`` either
+    way (numpy puts indices split by a slice first)."""
+    return (rows,) + (slice(None),) * (seq_axis - 1) + (positions,)
+
+
+def write_at_lengths(buffer: Array, new_BxKx_: Array, lengths_B: Array,
+                     seq_axis: int = 1) -> Array:
+    """Writes K new entries per row at positions lengths[b] .. lengths[b]+K-1
+    of the buffer's ``seq_axis`` (``[B, S, ...]``, or ``[B, H, S, D]`` with
+    axis 2, the decoder's heads-major cache; the new entries are ``[B, K,
+    ...]`` either way).
 
     Positions past the buffer's end are dropped (never clamped onto valid
     entries); callers validate bounds before tracing.
     """
-    batch, k = new_BxKxHxD.shape[:2]
+    batch, k = new_BxKx_.shape[:2]
     positions_BxK = lengths_B[:, None] + jnp.arange(k)[None, :]
     rows_BxK = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, k))
-    return buffer_BxSxHxD.at[rows_BxK, positions_BxK].set(
-        new_BxKxHxD.astype(buffer_BxSxHxD.dtype), mode="drop")
+    return buffer.at[_at_positions(rows_BxK, positions_BxK, seq_axis)].set(
+        new_BxKx_.astype(buffer.dtype), mode="drop")
 
 
 def causal_cache_mask(lengths_B: Array, k: int, max_length: int) -> Array:
@@ -315,20 +326,21 @@ def check_tree(tokens: Array, parents: Array, lengths: Array, max_length: int,
                 "must be -1 (the root) or an earlier node (topological order).")
 
 
-def commit_tree_path(buffer_BxSx_: Array, lengths_B: Array, nodes_BxA: Array,
-                     count_B: Array) -> Array:
+def commit_tree_path(buffer: Array, lengths_B: Array, nodes_BxA: Array,
+                     count_B: Array, seq_axis: int = 1) -> Array:
     """``buffer[b, L + j] = buffer[b, L + nodes[b, j]]`` for ``j < count[b]``
-    (L = lengths[b]): the accepted path's scratch entries moved into place.
-    Slots from ``L + count`` on are left as they are (stale)."""
+    (L = lengths[b]; positions on ``seq_axis`` as in ``write_at_lengths``):
+    the accepted path's scratch entries moved into place. Slots from
+    ``L + count`` on are left as they are (stale)."""
     batch, a = nodes_BxA.shape
     j_A = jnp.arange(a)
     keep_BxA = j_A[None, :] < count_B[:, None]
     source_BxA = lengths_B[:, None] + jnp.where(keep_BxA, nodes_BxA, j_A[None, :])
-    width = buffer_BxSx_.shape[1]
+    width = buffer.shape[seq_axis]
     rows_BxA = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, a))
-    moved = buffer_BxSx_[rows_BxA, jnp.clip(source_BxA, 0, width - 1)]
+    moved = buffer[_at_positions(rows_BxA, jnp.clip(source_BxA, 0, width - 1), seq_axis)]
     target_BxA = jnp.where(keep_BxA, lengths_B[:, None] + j_A[None, :], width)
-    return buffer_BxSx_.at[rows_BxA, target_BxA].set(moved, mode="drop")
+    return buffer.at[_at_positions(rows_BxA, target_BxA, seq_axis)].set(moved, mode="drop")
 
 
 def tree_with_root(root_B: Array, tokens_BxN: Array, parents_BxN: Array) -> tuple[Array, Array]:

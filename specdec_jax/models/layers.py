@@ -82,18 +82,22 @@ def rotary_embedding(x_BxKxHxD: Array, positions_BxK: Array, theta: float) -> Ar
     return rotated.astype(x_BxKxHxD.dtype)
 
 
-def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxSxHxD: Array,
+def masked_softmax_attention(q_BxKxHxGxD: Array, keys: Array, values: Array,
                              mask_BxKxS: Array, scale: float,
                              bias_HxKxS: Array | None = None, *,
-                             precision: str | None = None) -> Array:
+                             precision: str | None = None, heads_major: bool = False) -> Array:
     """Grouped-query attention over a cache buffer.
 
-    ``H`` key/value heads each serve ``G`` query heads. Scores are computed in
-    float32. Masked keys get a large negative score (not -inf, so a fully
-    masked row, e.g. a padding query, yields a finite uniform average instead
-    of NaN).
+    ``H`` key/value heads each serve ``G`` query heads. ``keys`` and ``values``
+    are ``[B, S, H, D]``, or ``[B, H, S, D]`` with ``heads_major`` (the
+    decoder's cache: each head's keys contiguous, so a product per head reads
+    them in place instead of a transposed copy of the cache). Scores are
+    computed in float32. Masked keys get a large negative score (not -inf, so
+    a fully masked row, e.g. a padding query, yields a finite uniform average
+    instead of NaN).
     """
-    scores = jnp.einsum("bkhgd,bshd->bhgks", q_BxKxHxGxD, keys_BxSxHxD,
+    kv = "bhsd" if heads_major else "bshd"
+    scores = jnp.einsum(f"bkhgd,{kv}->bhgks", q_BxKxHxGxD, keys,
                         preferred_element_type=jnp.float32, precision=precision) * scale
     if bias_HxKxS is not None:
         heads, groups = q_BxKxHxGxD.shape[2], q_BxKxHxGxD.shape[3]
@@ -101,8 +105,8 @@ def masked_softmax_attention(q_BxKxHxGxD: Array, keys_BxSxHxD: Array, values_BxS
         scores = scores + bias_HxKxS.reshape(
             bias_HxKxS.shape[:-3] + (heads, groups) + bias_HxKxS.shape[-2:])
     scores = jnp.where(mask_BxKxS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(values_BxSxHxD.dtype)
-    return jnp.einsum("bhgks,bshd->bkhgd", weights, values_BxSxHxD, precision=precision)
+    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    return jnp.einsum(f"bhgks,{kv}->bkhgd", weights, values, precision=precision)
 
 
 # How a dense layer's kernel is stored. "in_out" ([in, out]) is the t5x/Flax
