@@ -208,13 +208,14 @@ def test_load_pair_stores_the_drafter_as_asked():
         resolver.load_pair(**pair, draft_weights="fp4")
 
 
-def test_a_narrow_drafter_for_the_kernel_prefills_in_chunks():
-    """The CLI feeds a drafter stored narrow for the CPU kernel its prompt in
-    chunks (its cost per token is flat in the rows; the prefill then follows
-    the prompt's length); float32 drafters, or no kernel, keep one call."""
+def test_a_narrow_drafter_for_the_kernel_prefills_in_chunks(cpu_kernel):
+    """The CLI and the jobs' ``load_pair`` feed a drafter stored narrow for the
+    CPU kernel its prompt in chunks (its cost per token is flat in the rows;
+    the prefill then follows the prompt's length); float32 drafters, or no
+    kernel, keep one call."""
     import argparse  # noqa: PLC0415
 
-    from specdec_jax.jobs import generate  # noqa: PLC0415
+    from specdec_jax.jobs import generate, resolver  # noqa: PLC0415
 
     def chunk(draft_weights, kernel):
         args = argparse.Namespace(draft_weights=draft_weights, dtype="auto",
@@ -223,9 +224,14 @@ def test_a_narrow_drafter_for_the_kernel_prefills_in_chunks():
             "toy-bytes-small"][0]
         return model.config.prefill_chunk
 
-    assert chunk("bf16", kernel=True) == generate.NARROW_PREFILL_CHUNK
+    assert chunk("bf16", kernel=True) == weight_storage.NARROW_PREFILL_CHUNK
     assert chunk("bf16", kernel=False) == 0
     assert chunk("f32", kernel=True) == 0
+    pair = dict(target="toy-bytes-large", drafter="toy-bytes-small")
+    for draft_weights, want in (("bf16", weight_storage.NARROW_PREFILL_CHUNK), ("f32", 0)):
+        loaded = resolver.load_pair(**pair, draft_weights=draft_weights)
+        assert loaded.drafter.config.prefill_chunk == want
+        assert loaded.target.config.prefill_chunk == 0
 
 
 @pytest.mark.long

@@ -22,7 +22,6 @@ beside it) and after it (the run's counters), as a chain's is.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import pathlib
@@ -580,13 +579,6 @@ def check_spec(spec: str, k_matrix: str | None, target: str | None = None) -> No
 
 
 STORED = "stored"
-# A drafter stored narrow (int8, bf16) for the CPU kernel costs about the same
-# per prompt token fed in one call or in chunks (the 0.5B in int8, 2 cores, a
-# 166-token prompt: 956 vs 911 ms), so it is fed in chunks of 32 and its prefill
-# follows each prompt's length instead of the padded width (96 of 166 tokens:
-# 477 vs 913 ms). A float32 model stays one call: XLA's product of the whole
-# width is 27% cheaper per token than in chunks of 32.
-NARROW_PREFILL_CHUNK = 32
 TARGET_WEIGHTS = load.WEIGHTS  # f32, stored
 
 
@@ -618,9 +610,7 @@ def load_drafter_models(args, names, kernel: bool) -> dict:
         stored_as = resolve_draft_weights(args.draft_weights, kernel, model)
         params = weight_storage.store_weights(params, stored_as,
                                               kernel_layout=model.config.kernel_layout)
-        if kernel and stored_as != "f32" and hasattr(model.config, "prefill_chunk"):
-            model = dataclasses.replace(model, config=dataclasses.replace(
-                model.config, prefill_chunk=NARROW_PREFILL_CHUNK))
+        model = weight_storage.with_prefill_for(model, stored_as, on_kernel=kernel)
         loaded[name] = (model, params, tok, stored_as)
         # The float32 leaves just replaced may sit in reference cycles (jitted
         # conversions); collected now, their memory is free before the target loads.

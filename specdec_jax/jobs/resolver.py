@@ -245,6 +245,7 @@ def load_pair(*, target: str, drafter: str, dtype: str = "auto",
             raise ValueError(f"draft_weights={draft_weights!r} applies to decoder-only drafters; "
                              f"{drafter} is not one: pass draft_weights='f32'.")
         dp = weight_storage.store_weights(dp, draft_weights, kernel_layout=d.config.kernel_layout)
+        d = weight_storage.with_prefill_for(d, draft_weights)
     if drafter_head_vocab:
         d, dp = bigram.restrict_head(d, dp, drafter_head_vocab, eos_ids=tok.eos_token_ids,
                                      table=bigram.table_for(bigram.AUTO, tok, d.vocab_size))
