@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from scipy import stats
 
-from specdec_jax.models.toy import TableLM
+from tests.table_lm import TableLM
 
 V = 4
 LENGTH = 3

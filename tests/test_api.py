@@ -6,7 +6,7 @@ import pytest
 
 import specdec_jax as sj
 from specdec_jax.decoding import MIN_SCRATCH
-from specdec_jax.models.toy import TableLM
+from tests.table_lm import TableLM
 
 V = 16
 TARGET = TableLM(V, order=2)

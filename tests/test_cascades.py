@@ -16,7 +16,6 @@ import pytest
 from specdec_jax import api, target_functions
 from specdec_jax.cascade_baselines import DraftUntilDecoder, sequence_cascade
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.models.toy import TableLM
 from tests.exactness import (
     DRAFTER,
     DRAFTER_PARAMS,
@@ -29,6 +28,7 @@ from tests.exactness import (
     chi_square_pvalue,
     exact_sequence_probs,
 )
+from tests.table_lm import TableLM
 
 PROMPTS = [[1, 2], [3, 0, 1], [2, 2, 2, 3]]
 NEW_TOKENS = 24

@@ -33,7 +33,7 @@ def test_printed_stats_hold_only_what_applies_to_the_method():
 
     from specdec_jax import api
     from specdec_jax.jobs import generate as cli_generate
-    from specdec_jax.models.toy import TableLM
+    from tests.table_lm import TableLM
 
     target = drafter = TableLM(vocab_size=8, order=1)
     target_params = target.init_params(jax.random.PRNGKey(0))
@@ -61,7 +61,7 @@ def test_rows_that_pad_the_last_batch_are_not_counted():
 
     from specdec_jax import api
     from specdec_jax.jobs import generate as cli_generate
-    from specdec_jax.models.toy import TableLM
+    from tests.table_lm import TableLM
 
     model = TableLM(vocab_size=8, order=1)
     target_params = model.init_params(jax.random.PRNGKey(0))
@@ -94,7 +94,7 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     from specdec_jax import api
     from specdec_jax.drafting import model as drafter_model
     from specdec_jax.jobs import generate as cli_generate
-    from specdec_jax.models.toy import TableLM
+    from tests.table_lm import TableLM
 
     widths = drafter_model.default_catch_up_widths(backend)
     monkeypatch.setattr(drafter_model, "default_catch_up_widths", lambda *_: widths)
@@ -275,7 +275,7 @@ class _StubTimers:
 
 
 def _toy_pair():
-    from specdec_jax.models.toy import TableLM  # noqa: PLC0415
+    from tests.table_lm import TableLM  # noqa: PLC0415
 
     return TableLM(vocab_size=8, order=1), TableLM(vocab_size=8, order=2)
 

@@ -13,8 +13,8 @@ from jax.experimental import io_callback
 
 from specdec_jax.drafting.tree import TreeShape
 from specdec_jax.jobs import cost
-from specdec_jax.models.toy import TableLM
 from specdec_jax.runtime import timing
+from tests.table_lm import TableLM
 
 
 @pytest.mark.parametrize("alpha, gamma, expected", [

@@ -7,8 +7,8 @@ import pytest
 
 import specdec_jax as sj
 from specdec_jax import training
-from specdec_jax.models.toy import TableLM
 from specdec_jax.training import distill
+from tests.table_lm import TableLM
 
 
 def test_divergences_match_their_definitions():

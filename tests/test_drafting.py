@@ -28,7 +28,6 @@ from specdec_jax.drafting import (
     make_drafter,
 )
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.models.toy import TableLM
 from tests.exactness import (
     DRAFTER,
     DRAFTER_PARAMS,
@@ -42,6 +41,7 @@ from tests.exactness import (
     chi_square_pvalue,
     exact_sequence_probs,
 )
+from tests.table_lm import TableLM
 
 SMALL = TableLM(V, order=2)  # a third model: the smaller drafter of a 2-level cascade
 SMALL_PARAMS = SMALL.init_params(jax.random.PRNGKey(13), scale=2.0)

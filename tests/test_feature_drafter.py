@@ -26,7 +26,6 @@ from specdec_jax.drafting import feature
 from specdec_jax.drafting.base import Context, needs_features
 from specdec_jax.models import feature_head
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.models.toy import TableLM
 from specdec_jax.verify import TokenVerifier
 from specdec_jax.verify_block import BlockVerifier, SeedBlockVerifier
 from tests.exactness import (
@@ -40,6 +39,7 @@ from tests.exactness import (
     chi_square_pvalue,
     exact_sequence_probs,
 )
+from tests.table_lm import TableLM
 
 GAMMA = 2
 T1 = sampling_params(temperature=1.0)

@@ -40,7 +40,6 @@ from specdec_jax.drafting import (
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.models import feature_head
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.models.toy import TableLM
 from specdec_jax.verify import TokenVerifier
 from specdec_jax.verify_block import BlockVerifier
 from tests.exactness import (
@@ -56,6 +55,7 @@ from tests.exactness import (
     chi_square_pvalue,
     exact_sequence_probs,
 )
+from tests.table_lm import TableLM
 
 # ---------------------------------------------------------------------------
 # Greedy: every composition is the target's output, token for token

@@ -16,9 +16,9 @@ from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import DynamicTreeDrafter, StaticTreeDrafter, TreeShape
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
-from specdec_jax.models.toy import TableLM
 from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, make_tree_drafter
 from tests import exactness
+from tests.table_lm import TableLM
 
 V = 16
 TOY = TableLM(V, order=2)

@@ -24,8 +24,8 @@ from specdec_jax.drafting.tree import (
     ranked_candidates,
 )
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
-from specdec_jax.models.toy import TableLM
 from specdec_jax.sampling import POINT_MASS, SamplingConfig
+from tests.table_lm import TableLM
 
 V = 16
 MAX_LENGTH = 48

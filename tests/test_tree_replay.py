@@ -12,7 +12,7 @@ from benchmarks import tree_replay
 from specdec_jax import api
 from specdec_jax.drafting.tree import MaxGramTreeDrafter, MaxGramTrieDrafter, TreeShape
 from specdec_jax.models import make_prompt
-from specdec_jax.models.toy import TableLM
+from tests.table_lm import TableLM
 
 V = 12
 TARGET = TableLM(V, order=2)

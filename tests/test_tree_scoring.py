@@ -17,7 +17,7 @@ from specdec_jax.models.interface import (
     tree_depths,
     tree_with_root,
 )
-from specdec_jax.models.toy import TableLM
+from tests.table_lm import TableLM
 
 V = 32
 TOL = 2e-5  # float32: a different mask and gather, the same arithmetic

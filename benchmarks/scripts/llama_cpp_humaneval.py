@@ -39,9 +39,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import llama_cpp_peer  # noqa: E402
 
+from benchmarks import tpu_compile  # noqa: E402
 from specdec_jax.checkpoints import registry  # noqa: E402
 from specdec_jax.data import humaneval  # noqa: E402
-from specdec_jax.jobs import tpu_compile  # noqa: E402
 from specdec_jax.runtime import timing  # noqa: E402
 
 TARGET, DRAFTER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"

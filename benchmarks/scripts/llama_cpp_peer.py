@@ -33,8 +33,8 @@ import subprocess
 import sys
 import tarfile
 
+from benchmarks import tpu_compile
 from specdec_jax.checkpoints import fetch, load, registry
-from specdec_jax.jobs import tpu_compile
 from specdec_jax.runtime import cpu_kernels, timing
 
 SDIST = "llama-cpp-python"

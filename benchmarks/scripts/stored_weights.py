@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import tpu_compile
 from specdec_jax.checkpoints import load
 from specdec_jax.data import humaneval
-from specdec_jax.jobs import tpu_compile
 from specdec_jax.models import weight_storage
 from specdec_jax.models.decoder import DecoderOnlyLM
 from specdec_jax.runtime import cpu_kernels, timing

@@ -2,8 +2,8 @@
 
 The launcher (``launch``), the ``specdec-jax`` command line (``cli``,
 ``generate``), quality-vs-latency studies (``study``, ``sweep``, ``report``),
-the one cost model (``cost``), the T5 pair's quality (``t5_quality``), the
-draft-head data and training jobs (``head_training``) and the TPU compile job
-(``tpu_compile``). Jobs import the library below them (the decoding core, and
-the I/O and training layer); nothing below imports a job.
+the one cost model (``cost``), the T5 pair's quality (``t5_quality``) and the
+draft-head data and training jobs (``head_training``). Jobs import the
+library below them (the decoding core, and the I/O and training layer);
+nothing below imports a job.
 """

@@ -4,8 +4,8 @@ any machine, and report what the compiler says (``benchmarks/configs/tpu_compile
 Before booking TPUs, check that a job's programs compile for the chips, fit in
 their HBM, keep their loops free of host communication and run the collectives
 a sharded model should. ``run_tpu_compile`` builds every named program from
-shapes alone (``jobs.tpu_programs``: registry architectures, bfloat16, no
-weights), compiles it with libtpu for ``topology`` (``jobs.tpu_aot``; a CPU-only
+shapes alone (``benchmarks.tpu_programs``: registry architectures, bfloat16, no
+weights), compiles it with libtpu for ``topology`` (``benchmarks.tpu_aot``; a CPU-only
 machine will do) and records per program: compiled or the compiler's error,
 HBM use against the chip's, flops, bytes accessed and the compiler's
 ``optimal_seconds``, the roofline floor (weights and KV cache read once at the
@@ -36,7 +36,8 @@ from collections.abc import Mapping, Sequence
 
 import jax
 
-from specdec_jax.jobs import hlo_stats, resolver, tables, tpu_aot, tpu_programs
+from benchmarks import hlo_stats, tpu_aot, tpu_programs
+from specdec_jax.jobs import resolver, tables
 from specdec_jax.runtime import jsonio, resume
 
 TARGET = "qwen2.5-coder-1.5b"
@@ -202,7 +203,7 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
     ``model``), on the topology's first ``data * model`` chips.
     ``train_batch`` / ``train_length``: rows per training step (split over
     ``data``) and tokens per row of the decoder-only training programs
-    (``jobs.tpu_training``). ``compiler_options``: XLA options for every
+    (``benchmarks.tpu_training``). ``compiler_options``: XLA options for every
     compile (recorded; e.g. to compare a flag's effect). Returns the report."""
     names = tpu_programs.expand(programs)
     chip = tpu_aot.chip_of(topology)
