@@ -93,6 +93,7 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
 
     from specdec_jax import api
     from specdec_jax.drafting import model as drafter_model
+    from specdec_jax.jobs import cost
     from specdec_jax.jobs import generate as cli_generate
     from tests.table_lm import TableLM
 
@@ -109,9 +110,9 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
                        gamma=3, max_new_tokens=12)
     summary = cli_generate._summary([out], [1.0], 3, "specdecode")
     assert summary["drafter_calls"] == int(np.asarray(out.stats.drafter_calls).sum()) > 0
-    costs = cli_generate.cost_model(target=model, target_params=target_params, drafter=model,
-                                    drafter_params=drafter_params, gamma=3,
-                                    speculative=summary, batch_size=1)
+    costs = cost.price_chain_run(target=model, target_params=target_params, drafter=model,
+                                 drafter_params=drafter_params, gamma=3, run=summary,
+                                 timer=cost.CallTimer())
     rounds = summary["target_calls"]
     assert costs["tokens_per_target_call"] == pytest.approx(summary["tokens"] / rounds)
     assert costs["drafter_calls_per_round"] == pytest.approx(summary["drafter_calls"] / rounds)
@@ -122,9 +123,9 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
                         drafter_params=target_params, prompts=[[1, 2]], method="specdecode",
                         gamma=3, max_new_tokens=12)
     same_summary = cli_generate._summary([same], [1.0], 3, "specdecode")
-    same_costs = cli_generate.cost_model(target=model, target_params=target_params,
-                                         drafter=model, drafter_params=target_params, gamma=3,
-                                         speculative=same_summary, batch_size=1)
+    same_costs = cost.price_chain_run(target=model, target_params=target_params,
+                                      drafter=model, drafter_params=target_params, gamma=3,
+                                      run=same_summary, timer=cost.CallTimer())
     same_rounds = same_summary["target_calls"]
     assert same_summary["accepted_histogram"][3] == same_rounds > 1
     if backend == "gpu":
@@ -292,12 +293,11 @@ def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypa
 
     target, drafter = _toy_pair()
     timers = _StubTimers(monkeypatch, target)
-    measured = {}
-    choice = cli_generate.predict_tree(
+    timer = cost.CallTimer()
+    choice = cost.predict_tree(
         tree="3,2,1,1", target_name="toy-a", drafter_name="toy-b", target=target,
-        target_params=None, drafter=drafter, drafter_params=None, batch_size=1,
-        measured=measured)
-    alpha = cli_generate.DEFAULT_ALPHA  # a pair with no measured acceptance
+        target_params=None, drafter=drafter, drafter_params=None, timer=timer)
+    alpha = cost.DEFAULT_ALPHA  # a pair with no measured acceptance
     parents = TreeShape.from_widths((3, 2, 1, 1)).parents
     reach = cost.tree_reach(parents, alpha)
     full = reach[-6:].sum()  # the 6 nodes of depth 4
@@ -309,7 +309,7 @@ def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypa
     assert choice["predicted_speedup"] == pytest.approx(
         choice["tokens_per_round"] * 0.100 / round_s)
     gamma, chains = cost.best_gamma(target_steps={1: 0.100, 22: 0.142}, drafter_step_s=0.020,
-                                    alpha=alpha, gammas=cli_generate.GAMMA_CANDIDATES)
+                                    alpha=alpha, gammas=cost.GAMMA_CANDIDATES)
     assert choice["best_chain"]["gamma"] == gamma
     assert choice["best_chain"]["predicted_speedup"] == chains[gamma]["predicted_speedup"]
     text = cli_generate.explain_tree_prediction(choice)
@@ -323,9 +323,9 @@ def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypa
     asked = len(timers.asked)
     run = {"tokens": 40, "target_calls": 10, "drafter_calls": 40,
            "accepted_histogram": [1, 2, 3, 2, 2]}
-    model = cli_generate.tree_cost_model(
+    model = cost.price_tree_run(
         tree="3,2,1,1", target=target, target_params=None, drafter=drafter,
-        drafter_params=None, speculative=run, batch_size=1, alpha=alpha, measured=measured)
+        drafter_params=None, run=run, timer=timer, alpha=alpha)
     assert len(timers.asked) == asked
     assert model["tokens_per_target_call"] == 4.0 and model["catch_ups_per_round"] == 0.2
     priced = 0.142 + 0.8 * 0.020 + 0.2 * 0.036 + 0.108
@@ -342,25 +342,24 @@ def test_a_cascade_tree_scores_its_deepest_depth_and_max_gram_costs_nothing(monk
     """A cascade (pi needs the drafter's law at the leaves) scores every depth
     and never catches up; a dynamic tree's depths are its fixed widths; a
     Max-Gram tree's round is the target's call alone."""
+    from specdec_jax.jobs import cost  # noqa: PLC0415
     from specdec_jax.jobs import generate as cli_generate  # noqa: PLC0415
 
     target, drafter = _toy_pair()
     _StubTimers(monkeypatch, target)
-    assert cli_generate._tree_needs_next("token-v3") and not \
-        cli_generate._tree_needs_next("specdecode")
+    assert cost.tree_scores_leaves("token-v3") and not cost.tree_scores_leaves("specdecode")
     run = {"tokens": 30, "target_calls": 10, "drafter_calls": 60,
            "accepted_histogram": [0, 0, 0, 0, 0, 10]}
-    model = cli_generate.tree_cost_model(
+    model = cost.price_tree_run(
         tree="dynamic:5,2,3", target=target, target_params=None, drafter=drafter,
-        drafter_params=None, speculative=run, batch_size=1, with_next=True)
+        drafter_params=None, run=run, timer=cost.CallTimer(), with_next=True)
     assert model["num_nodes"] == 27 and model["level_widths"] == [3, 6, 6, 6, 6]
     assert model["catch_ups_per_round"] == 0
     assert model["round_s"] == pytest.approx(0.154 + 0.020 + 0.028 + 4 * 0.040)
-    mag = cli_generate.tree_cost_model(
+    mag = cost.price_tree_run(
         tree="4,2,1", target=target, target_params=None, drafter=object(),
-        drafter_params=None, speculative=dict(run, drafter_calls=0,
-                                              accepted_histogram=[5, 3, 1, 1]),
-        batch_size=1)
+        drafter_params=None, run=dict(run, drafter_calls=0, accepted_histogram=[5, 3, 1, 1]),
+        timer=cost.CallTimer())
     assert mag["round_s"] == pytest.approx(0.100 + 0.002 * 20)  # 4 + 8 + 8 nodes + the root
     assert "drafter calls" not in cli_generate.explain_tree(mag, None)
 

@@ -31,6 +31,11 @@ generation. ``tokens_per_round`` is the expected tokens per round at a constant
 acceptance rate (Leviathan et al.), written once here; ``tree_tokens_per_round``
 its token-tree form (Sequoia's positional acceptance model), and
 ``tree_round_seconds`` a tree round's calls.
+
+One run's pricing (the first command's, ``jobs.generate``): its calls timed
+here once (``CallTimer``), the draft length chosen (``choose_gamma``), a token
+tree's round predicted before the run (``predict_tree``), and the run's
+counters priced after it (``price_chain_run``, ``price_tree_run``).
 """
 
 from __future__ import annotations
@@ -42,11 +47,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api
+from specdec_jax import api, target_functions
+from specdec_jax.drafting import model as drafter_model
 from specdec_jax.drafting.base import start_token_and_prefill
+from specdec_jax.drafting.tree import TreeShape
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.reductions import first_argmax
 from specdec_jax.runtime import timing
+from specdec_jax.tree_decoding import TreeSpec
 
 CALIBRATION_WIDTHS = (1, 2, 4, 6, 8, 11)
 STEPS_PER_TIMING = 4
@@ -493,3 +501,232 @@ def calibrate(*, target, target_params, drafter, drafter_params, context: int,
         medians["round_overhead"] = overhead
         model = dataclasses.replace(model, round_overhead_s=overhead["round_overhead_s"])
     return model, medians
+
+
+# --- one run's calls, timed here and priced (the first command's cost model) -------------
+
+# In-loop calls timed to price a run: few, at a typical cache fill (a call's cost barely
+# moves with the fill at these lengths), the median of a few repeats (one sample on a
+# shared machine can be off by 50%).
+RUN_TIMING_STEPS, RUN_TIMING_REPEATS, RUN_TIMING_FILL = 4, 3, 64
+# Tokens per target call measured for a pair at a draft length (greedy, the first
+# command's prompts; benchmarks/reports/first_command_cpu.txt): the acceptance the
+# draft-length choice expects of it. Other pairs expect DEFAULT_ALPHA per draft.
+EXPECTED_TOKENS_PER_CALL = {("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"): (4.70, 5)}
+DEFAULT_ALPHA = 0.7
+GAMMA_CANDIDATES = tuple(range(1, 9))
+
+
+@dataclasses.dataclass
+class CallTimer:
+    """A run's model calls, each timed once inside a jitted loop at batch
+    ``batch_size`` (``timing.in_loop_step``, ``in_loop_tree_call``) and
+    memoised by role and width: a prediction before the run and the pricing
+    after it read the same figures."""
+
+    batch_size: int = 1
+    seconds: dict = dataclasses.field(default_factory=dict)
+
+    def step(self, role: str, model, params, k: int, head_rows: int | None = None) -> float:
+        """Seconds of one ``extend`` of ``k`` tokens (``head_rows``: the output
+        head at that many last rows only)."""
+        key = (role, k, head_rows)
+        if key not in self.seconds:
+            self.seconds[key] = timing.in_loop_step(
+                model, params, k, batch=self.batch_size, fill=RUN_TIMING_FILL,
+                steps=RUN_TIMING_STEPS, repeats=RUN_TIMING_REPEATS,
+                head_rows=head_rows).median_s
+        return self.seconds[key]
+
+    def tree_call(self, role: str, model, params, parents, start: int = 0,
+                  width: int | None = None) -> float:
+        """Seconds of one ``score_tree`` call: by node count and width fed, since
+        its cost does not depend on the parents' values or on which depth it
+        feeds (the depths of one width are timed once: one compilation)."""
+        key = (role, "tree", len(parents), len(parents) - start if width is None else width)
+        if key not in self.seconds:
+            self.seconds[key] = in_loop_tree_call(
+                model, params, parents, start=start, width=width, batch=self.batch_size,
+                fill=RUN_TIMING_FILL, steps=RUN_TIMING_STEPS,
+                repeats=RUN_TIMING_REPEATS).median_s
+        return self.seconds[key]
+
+
+def expected_acceptance(target_name: str, drafter_name: str) -> tuple[float, str]:
+    """The per-draft acceptance expected of a pair, and where it comes from."""
+    known = EXPECTED_TOKENS_PER_CALL.get((target_name, drafter_name))
+    if known:
+        return acceptance_for_tokens_per_round(*known), "measured for this pair"
+    return DEFAULT_ALPHA, f"a default for pairs not measured ({DEFAULT_ALPHA})"
+
+
+def choose_gamma(*, target_name: str, drafter_name: str, target, target_params, drafter,
+                 drafter_params, timer: CallTimer) -> dict:
+    """The draft length predicted fastest here (``best_gamma``): this machine's
+    target step, its widest scoring call and the drafter's step, with the
+    acceptance expected of the pair."""
+    widest = max(GAMMA_CANDIDATES) + 1
+    steps = {k: timer.step(TARGET, target, target_params, k) for k in (1, widest)}
+    drafter_s = timer.step(DRAFTER, drafter, drafter_params, 1)
+    alpha, source = expected_acceptance(target_name, drafter_name)
+    gamma, table = best_gamma(target_steps=steps, drafter_step_s=drafter_s, alpha=alpha,
+                              gammas=GAMMA_CANDIDATES)
+    return {"gamma": gamma, "alpha": alpha, "alpha_source": source, "target_steps_s": steps,
+            "drafter_step_s": drafter_s, "candidates": table}
+
+
+def price_chain_run(*, target, target_params, drafter, drafter_params, gamma: int,
+                    run: dict, timer: CallTimer) -> dict | None:
+    """Why a chain run's speedup is what it is: the target's step (K = 1) and
+    scoring call (K = G + 1), the drafter's step and its 2-token catch-up call
+    (``timer``), with the run's counters (``run``: tokens, target and drafter
+    calls, the accepted histogram) priced by ``CostModel.round_seconds``:
+    predicted speedup ``tokens per target call x t_target(1) / round``. A round
+    after one that accepted all G drafts must first feed the last draft (never
+    fed; ``drafting.ModelDrafter``). On accelerators that rides in a 2-token
+    call (its head at one row), priced here; the run's full-accept rounds count
+    them (a prompt's last round has no successor, one too many; at batch > 1
+    the window runs whenever any row lags). On CPU, where a 2-token call costs
+    two to three steps, it is one more 1-token call, already among the
+    drafter's calls and priced as a step. No per-round overhead: the measured
+    speedup beside it shows what the loop around the calls costs. None when
+    the drafter is not a single model (a cascade's calls have several prices)."""
+    drafter_calls = run.get("drafter_calls", 0)
+    if drafter_calls and not hasattr(drafter, "extend"):
+        return None
+    two_token_catch_up = max(drafter_model.default_catch_up_widths()) >= 2
+    rounds = max(run["target_calls"], 1)
+    full_accepts = run["accepted_histogram"][gamma] if drafter_calls and two_token_catch_up \
+        else 0
+    priced = {"target_step_s": timer.step(TARGET, target, target_params, 1),
+              "scoring_call_s": timer.step(TARGET, target, target_params, gamma + 1),
+              "drafter_step_s": (timer.step(DRAFTER, drafter, drafter_params, 1)
+                                 if drafter_calls else 0.0),
+              # The catch-up runs the output head at its last position only.
+              "drafter_catch_up_s": (timer.step(DRAFTER, drafter, drafter_params, 2,
+                                                head_rows=1) if full_accepts else 0.0),
+              "tokens_per_target_call": run["tokens"] / rounds,
+              "drafter_calls_per_round": drafter_calls / rounds,
+              "catch_ups_per_round": full_accepts / rounds,
+              "catch_up": "2-token call" if two_token_catch_up else "1-token call"}
+    costs = CostModel(
+        target=CallCost.from_steps({1: priced["target_step_s"],
+                                    gamma + 1: priced["scoring_call_s"]}),
+        drafter=CallCost.from_steps({1: priced["drafter_step_s"],
+                                     2: priced["drafter_catch_up_s"]}))
+    round_s = costs.round_seconds(gamma=gamma, drafter_calls=priced["drafter_calls_per_round"],
+                                  catch_ups=priced["catch_ups_per_round"])
+    return {**priced, "round_s": round_s,
+            "predicted_speedup": costs.predicted_speedup(
+                tokens_per_round=priced["tokens_per_target_call"], round_s=round_s),
+            # Tokens per target call at which a round would just pay for itself.
+            "break_even_tokens_per_call": round_s / priced["target_step_s"]}
+
+
+def tree_parents(tree, alpha: float) -> tuple[int, ...]:
+    """The drafted nodes' parents of a tree request: a static shape's own; for
+    a dynamic tree, the shape EAGLE-2's expansion grows at acceptance ``alpha``
+    (``expected_dynamic_tree``: the same count and widths per depth as every
+    tree it drafts)."""
+    spec = TreeSpec.parse(tree)
+    if spec.dynamic is not None:
+        return expected_dynamic_tree(*spec.dynamic, alpha=alpha)
+    return spec.shape.parents
+
+
+def tree_scores_leaves(method: str) -> bool:
+    """Whether a tree round of ``method`` scores its deepest nodes too
+    (cascades draw the bonus token from pi, which needs the drafter's law at
+    the leaves)."""
+    return not target_functions.get_target(method).bonus_from_target
+
+
+def tree_round_calls(*, tree, alpha: float, target, target_params, drafter, drafter_params,
+                     timer: CallTimer, with_next: bool = False, catch_up: bool = True) -> dict:
+    """The calls of one tree round, timed: the target's 1-token step and its
+    call over the root and the N nodes (width N + 1), the drafter's step, its
+    call per scored depth (each depth's nodes in one ``score_tree``; the
+    deepest only ``with_next``) and its catch-up call (``depth + 1`` tokens,
+    the head at one row: the first call after a round that accepted a whole
+    path, whose deepest node the drafter never scored). A drafter without
+    ``extend`` (Max-Gram) costs nothing."""
+    parents = tree_parents(tree, alpha)
+    shape = TreeShape(parents)
+    rooted = (-1, *(p + 1 for p in parents))  # tree_with_root: node 0 is the pending token
+    calls = {"parents": list(parents), "num_nodes": len(parents), "depth": shape.depth,
+             "target_step_s": timer.step(TARGET, target, target_params, 1),
+             "tree_call_s": timer.tree_call(TARGET, target, target_params, rooted)}
+    levels = shape.levels if with_next else shape.levels[:-1]
+    calls["level_widths"] = [stop - start for start, stop in levels]
+    if not hasattr(drafter, "extend"):
+        return {**calls, "drafter_step_s": 0.0, "drafter_level_s": [0.0] * len(levels),
+                "drafter_catch_up_s": 0.0, "level_widths": []}
+    return {**calls, "drafter_step_s": timer.step(DRAFTER, drafter, drafter_params, 1),
+            "drafter_level_s": [timer.tree_call(DRAFTER, drafter, drafter_params, parents,
+                                                start=start, width=stop - start)
+                                for start, stop in levels],
+            "drafter_catch_up_s": (timer.step(DRAFTER, drafter, drafter_params,
+                                              shape.depth + 1, head_rows=1)
+                                   if catch_up else 0.0)}
+
+
+def _tree_round_s(calls: dict, catch_ups: float) -> float:
+    return tree_round_seconds(
+        target_call_s=calls["tree_call_s"], drafter_root_s=calls["drafter_step_s"],
+        drafter_level_s=calls["drafter_level_s"], catch_up_s=calls["drafter_catch_up_s"],
+        catch_ups=catch_ups)
+
+
+def predict_tree(*, tree: str, target_name: str, drafter_name: str, target, target_params,
+                 drafter, drafter_params, timer: CallTimer, with_next: bool = False) -> dict:
+    """What a tree round should earn here, before a run: its calls
+    (``tree_round_calls``), the tokens per round its shape gives at the
+    acceptance expected of the pair (``tree_tokens_per_round``) and the
+    predicted speedup; beside it the best chain priced on the same target
+    calls (widths between 1 and N + 1 on the line through them,
+    ``best_gamma``), so a tree that cannot beat a chain here says so."""
+    alpha, source = expected_acceptance(target_name, drafter_name)
+    calls = tree_round_calls(tree=tree, alpha=alpha, target=target, target_params=target_params,
+                             drafter=drafter, drafter_params=drafter_params, timer=timer,
+                             with_next=with_next)
+    parents = calls["parents"]
+    reach = tree_reach(parents, alpha)
+    depths = np.asarray(TreeShape(tuple(parents)).depths)
+    full_path = float(reach[depths == calls["depth"]].sum())  # the deepest level reached
+    round_s = _tree_round_s(calls, 0.0 if with_next else full_path)
+    tokens = tree_tokens_per_round(parents, alpha)
+    gamma, chains = best_gamma(
+        target_steps={1: calls["target_step_s"], len(parents) + 1: calls["tree_call_s"]},
+        drafter_step_s=calls["drafter_step_s"], alpha=alpha, gammas=GAMMA_CANDIDATES)
+    return {**calls, "tree": tree, "alpha": alpha, "alpha_source": source,
+            "tokens_per_round": tokens, "full_path_per_round": full_path, "round_s": round_s,
+            "predicted_speedup": tokens * calls["target_step_s"] / round_s,
+            "best_chain": {"gamma": gamma, **chains[gamma]}}
+
+
+def price_tree_run(*, tree: str, target, target_params, drafter, drafter_params, run: dict,
+                   timer: CallTimer, with_next: bool = False,
+                   alpha: float = DEFAULT_ALPHA) -> dict:
+    """Why a tree run's speedup is what it is: the round's calls
+    (``tree_round_calls``; a dynamic tree's shape at ``alpha``, the same widths
+    as every tree it drafted) priced with the run's counters: tokens per target
+    call, and the rounds after one that accepted a whole path (their first
+    drafter call is the ``depth + 1``-token catch-up); ``tree_round_seconds``
+    per round, predicted speedup ``tokens per target call x t_target(1) /
+    round``, beside the measured one."""
+    rounds = max(run["target_calls"], 1)
+    depth = TreeSpec.parse(tree).depth
+    drafted = bool(run.get("drafter_calls", 0)) and hasattr(drafter, "extend")
+    full_paths = run["accepted_histogram"][depth] if drafted and not with_next else 0
+    calls = tree_round_calls(tree=tree, alpha=alpha, target=target, target_params=target_params,
+                             drafter=drafter if drafted else None,
+                             drafter_params=drafter_params, timer=timer, with_next=with_next,
+                             catch_up=bool(full_paths))
+    priced = {**calls, "tree": tree, "tokens_per_target_call": run["tokens"] / rounds,
+              "drafter_calls_per_round": run.get("drafter_calls", 0) / rounds,
+              "catch_ups_per_round": full_paths / rounds}
+    round_s = _tree_round_s(calls, priced["catch_ups_per_round"])
+    return {**priced, "round_s": round_s,
+            "predicted_speedup": (priced["tokens_per_target_call"] * calls["target_step_s"]
+                                  / round_s),
+            "break_even_tokens_per_call": round_s / calls["target_step_s"]}

@@ -14,9 +14,9 @@ Token trees (``--tree``: several continuations per round, one target call):
     --tree 3,2,1,1 --verifier rrs             a static tree from the drafter model
     --tree dynamic:5,2,2                      EAGLE-2's dynamic tree (2 + 4 * 4 nodes)
     --draft mag --tree 4,2,1                  a Max-Gram tree
-With the cost model (no --no-cost-model) a tree's round is priced before the
-run (its calls timed here, the tokens its shape should earn, the best chain
-beside it) and after it (the run's counters), as a chain's is.
+With the cost model (no --no-cost-model; ``jobs.cost``) a tree's round is
+priced before the run (its calls timed here, the tokens its shape should earn,
+the best chain beside it) and after it (the run's counters), as a chain's is.
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ from specdec_jax import (
 from specdec_jax.checkpoints import feature_heads, fetch, load, registry
 from specdec_jax.data import bigram
 from specdec_jax.drafting import head_vocab
-from specdec_jax.drafting import model as drafter_model
-from specdec_jax.drafting.tree import TreeShape
 from specdec_jax.jobs import cost, resolver
 from specdec_jax.models import weight_storage
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
@@ -199,47 +197,6 @@ def _summary(outputs, batch_seconds: list[float], gamma: int, method: str,
 # Summary entries a list per batch or draft position: in the JSON only.
 PER_BATCH_KEYS = ("accepted_histogram", "batch_seconds", "batch_tokens")
 
-# In-loop steps timed for the cost model: few, at a typical cache fill (a
-# step's cost barely moves with the fill at these lengths), the median of a
-# few repeats (one sample on a shared machine can be off by 50%).
-COST_MODEL_STEPS, COST_MODEL_REPEATS, COST_MODEL_FILL = 4, 3, 64
-# Tokens per target call measured for a pair at a draft length (greedy, the
-# default prompts; benchmarks/reports/first_command_cpu.txt): the acceptance the
-# draft-length choice expects of it. Other pairs expect DEFAULT_ALPHA per draft.
-EXPECTED_TOKENS_PER_CALL = {("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"): (4.70, 5)}
-DEFAULT_ALPHA = 0.7
-GAMMA_CANDIDATES = tuple(range(1, 9))
-
-
-def measure_step(measured: dict, role: str, model, params, k: int, batch_size: int,
-                 head_rows: int | None = None) -> float:
-    """In-loop seconds of one call of ``k`` tokens, measured once per run
-    (``measured`` memoises by role, width and head rows)."""
-    key = (role, k, head_rows)
-    if key not in measured:
-        measured[key] = timing.in_loop_step(
-            model, params, k, batch=batch_size, fill=COST_MODEL_FILL, steps=COST_MODEL_STEPS,
-            repeats=COST_MODEL_REPEATS, head_rows=head_rows).median_s
-    return measured[key]
-
-
-def choose_gamma(*, target_name: str, drafter_name: str, target, target_params, drafter,
-                 drafter_params, batch_size: int, measured: dict) -> dict:
-    """The draft length the cost model predicts fastest here: this machine's
-    target step, its widest scoring call and the drafter's step (timed in
-    jitted loops), with the acceptance expected of the pair."""
-    widest = max(GAMMA_CANDIDATES) + 1
-    steps = {k: measure_step(measured, "target", target, target_params, k, batch_size)
-             for k in (1, widest)}
-    drafter_s = measure_step(measured, "drafter", drafter, drafter_params, 1, batch_size)
-    known = EXPECTED_TOKENS_PER_CALL.get((target_name, drafter_name))
-    alpha = (cost.acceptance_for_tokens_per_round(*known) if known else DEFAULT_ALPHA)
-    gamma, table = cost.best_gamma(target_steps=steps, drafter_step_s=drafter_s, alpha=alpha,
-                                   gammas=GAMMA_CANDIDATES)
-    return {"gamma": gamma, "alpha": alpha, "alpha_source": "measured for this pair"
-            if known else f"a default for pairs not measured ({DEFAULT_ALPHA})",
-            "target_steps_s": steps, "drafter_step_s": drafter_s, "candidates": table}
-
 
 def explain_gamma(choice: dict) -> str:
     steps, widest = choice["target_steps_s"], max(choice["target_steps_s"])
@@ -250,108 +207,6 @@ def explain_gamma(choice: dict) -> str:
             f"{1e3 * steps[widest]:.0f} ms, drafter step {1e3 * choice['drafter_step_s']:.0f} "
             f"ms, acceptance {choice['alpha']:.2f} per draft ({choice['alpha_source']}); "
             f"predicted {by_gamma}")
-
-
-def tree_parents(tree, alpha: float) -> tuple[int, ...]:
-    """The drafted nodes' parents of a ``--tree`` spec: a static shape's own;
-    for a dynamic tree, the shape EAGLE-2's expansion grows at acceptance
-    ``alpha`` (``cost.expected_dynamic_tree``: the same count and widths per
-    depth as every tree it drafts)."""
-    spec = tree_decoding.TreeSpec.parse(tree)
-    if spec.dynamic is not None:
-        return cost.expected_dynamic_tree(*spec.dynamic, alpha=alpha)
-    return spec.shape.parents
-
-
-def measure_tree_call(measured: dict, role: str, model, params, parents, batch_size: int,
-                      start: int = 0, width: int | None = None) -> float:
-    """In-loop seconds of one ``score_tree`` call (``cost.in_loop_tree_call``),
-    memoised in ``measured`` by role, node count and width fed: a call's cost
-    does not depend on the parents' values or on which depth it feeds, so the
-    depths of one width are timed once (one compilation)."""
-    key = (role, "tree", len(parents), len(parents) - start if width is None else width)
-    if key not in measured:
-        measured[key] = cost.in_loop_tree_call(
-            model, params, parents, start=start, width=width, batch=batch_size,
-            fill=COST_MODEL_FILL, steps=COST_MODEL_STEPS, repeats=COST_MODEL_REPEATS).median_s
-    return measured[key]
-
-
-def _tree_calls(*, tree, alpha: float, target, target_params, drafter, drafter_params,
-                batch_size: int, measured: dict, with_next: bool = False,
-                catch_up: bool = True) -> dict:
-    """The calls of one tree round, timed here: the target's 1-token step and
-    its call over the root and the N nodes (width N + 1), the drafter's step,
-    its call per scored depth (each depth's nodes in one ``score_tree``; the
-    deepest only ``with_next``) and its catch-up call (``depth + 1`` tokens,
-    the head at one row: the first call after a round that accepted a whole
-    path, whose deepest node the drafter never scored). A drafter without
-    ``extend`` (Max-Gram) costs nothing."""
-    parents = tree_parents(tree, alpha)
-    shape = TreeShape(parents)
-    rooted = (-1, *(p + 1 for p in parents))  # tree_with_root: node 0 is the pending token
-    calls = {"parents": list(parents), "num_nodes": len(parents), "depth": shape.depth,
-             "target_step_s": measure_step(measured, "target", target, target_params, 1,
-                                           batch_size),
-             "tree_call_s": measure_tree_call(measured, "target", target, target_params,
-                                              rooted, batch_size)}
-    levels = shape.levels if with_next else shape.levels[:-1]
-    calls["level_widths"] = [stop - start for start, stop in levels]
-    if hasattr(drafter, "extend"):
-        calls["drafter_step_s"] = measure_step(measured, "drafter", drafter, drafter_params, 1,
-                                               batch_size)
-        calls["drafter_level_s"] = [
-            measure_tree_call(measured, "drafter", drafter, drafter_params, parents,
-                              batch_size, start=start, width=stop - start)
-            for start, stop in levels]
-        calls["drafter_catch_up_s"] = (measure_step(
-            measured, "drafter", drafter, drafter_params, shape.depth + 1, batch_size,
-            head_rows=1) if catch_up else 0.0)
-    else:
-        calls.update(drafter_step_s=0.0, drafter_level_s=[0.0] * len(levels),
-                     drafter_catch_up_s=0.0, level_widths=[])
-    return calls
-
-
-def _tree_needs_next(method: str) -> bool:
-    """Whether a tree round scores its deepest nodes too (cascades draw the
-    bonus token from pi, which needs the drafter's law at the leaves)."""
-    return not target_functions.get_target(method).bonus_from_target
-
-
-def predict_tree(*, tree: str, target_name: str, drafter_name: str, target, target_params,
-                 drafter, drafter_params, batch_size: int, measured: dict,
-                 with_next: bool = False) -> dict:
-    """What a ``--tree`` round should earn here, before the run: its calls
-    timed in jitted loops (``_tree_calls``), the tokens per round the tree's
-    shape gives at the acceptance expected of the pair
-    (``cost.tree_tokens_per_round``), and the predicted speedup; beside it the
-    best chain priced on the same target calls (widths between 1 and N + 1 on
-    the line through them, ``cost.best_gamma``), so a tree that cannot beat a
-    chain here says so."""
-    known = EXPECTED_TOKENS_PER_CALL.get((target_name, drafter_name))
-    alpha = cost.acceptance_for_tokens_per_round(*known) if known else DEFAULT_ALPHA
-    calls = _tree_calls(tree=tree, alpha=alpha, target=target, target_params=target_params,
-                        drafter=drafter, drafter_params=drafter_params,
-                        batch_size=batch_size, measured=measured, with_next=with_next)
-    parents = calls["parents"]
-    reach = cost.tree_reach(parents, alpha)
-    depths = np.asarray(TreeShape(tuple(parents)).depths)
-    full_path = float(reach[depths == calls["depth"]].sum())  # the deepest level reached
-    round_s = cost.tree_round_seconds(
-        target_call_s=calls["tree_call_s"], drafter_root_s=calls["drafter_step_s"],
-        drafter_level_s=calls["drafter_level_s"], catch_up_s=calls["drafter_catch_up_s"],
-        catch_ups=0.0 if with_next else full_path)
-    tokens = cost.tree_tokens_per_round(parents, alpha)
-    gamma, chains = cost.best_gamma(
-        target_steps={1: calls["target_step_s"], len(parents) + 1: calls["tree_call_s"]},
-        drafter_step_s=calls["drafter_step_s"], alpha=alpha, gammas=GAMMA_CANDIDATES)
-    return {**calls, "tree": tree, "alpha": alpha,
-            "alpha_source": "measured for this pair" if known
-            else f"a default for pairs not measured ({DEFAULT_ALPHA})",
-            "tokens_per_round": tokens, "full_path_per_round": full_path, "round_s": round_s,
-            "predicted_speedup": tokens * calls["target_step_s"] / round_s,
-            "best_chain": {"gamma": gamma, **chains[gamma]}}
 
 
 def explain_tree_prediction(choice: dict) -> str:
@@ -368,40 +223,6 @@ def explain_tree_prediction(choice: dict) -> str:
             f"({c['alpha_source']}) -> {c['tokens_per_round']:.2f} tokens per round, predicted "
             f"{c['predicted_speedup']:.2f}x (the best chain on the same calls: G = "
             f"{chain['gamma']}, {chain['predicted_speedup']:.2f}x)")
-
-
-def tree_cost_model(*, tree: str, target, target_params, drafter, drafter_params,
-                    speculative: dict, batch_size: int, with_next: bool = False,
-                    alpha: float = DEFAULT_ALPHA, measured: dict | None = None) -> dict:
-    """Why a tree run's speedup is what it is: the round's calls timed here
-    (``_tree_calls``; a dynamic tree's shape at ``alpha``, the same widths as
-    every tree it drafted) priced with the run's counters: tokens per target
-    call, and the rounds after one that accepted a whole path (their first
-    drafter call is the ``depth + 1``-token catch-up). ``round = t_target(N +
-    1) + t_drafter(1) + sum of the depths' calls (+ catch-ups x (t_catch_up -
-    t_drafter(1)))`` (``cost.tree_round_seconds``); predicted speedup ``tokens
-    per target call x t_target(1) / round``, beside the measured one."""
-    measured = {} if measured is None else measured
-    rounds = max(speculative["target_calls"], 1)
-    depth = tree_decoding.TreeSpec.parse(tree).depth
-    drafted = bool(speculative.get("drafter_calls", 0)) and hasattr(drafter, "extend")
-    full_paths = speculative["accepted_histogram"][depth] if drafted and not with_next else 0
-    calls = _tree_calls(tree=tree, alpha=alpha, target=target, target_params=target_params,
-                        drafter=drafter if drafted else None, drafter_params=drafter_params,
-                        batch_size=batch_size, measured=measured, with_next=with_next,
-                        catch_up=bool(full_paths))
-    model = {**calls, "tree": tree,
-             "tokens_per_target_call": speculative["tokens"] / rounds,
-             "drafter_calls_per_round": speculative.get("drafter_calls", 0) / rounds,
-             "catch_ups_per_round": full_paths / rounds}
-    model["round_s"] = cost.tree_round_seconds(
-        target_call_s=calls["tree_call_s"], drafter_root_s=calls["drafter_step_s"],
-        drafter_level_s=calls["drafter_level_s"], catch_up_s=calls["drafter_catch_up_s"],
-        catch_ups=model["catch_ups_per_round"])
-    model["predicted_speedup"] = (model["tokens_per_target_call"] * calls["target_step_s"]
-                                  / model["round_s"])
-    model["break_even_tokens_per_call"] = model["round_s"] / calls["target_step_s"]
-    return model
 
 
 def _cost_model_head(m: dict, measured: float | None) -> tuple[str, list[str]]:
@@ -443,65 +264,6 @@ def explain_tree(model: dict, measured: float | None) -> str:
             "(--draft mag), or an accelerator (where a call of many nodes costs about one "
             "step) changes that.")
     return "\n".join(lines)
-
-
-def cost_model(*, target, target_params, drafter, drafter_params, gamma: int,
-               speculative: dict, batch_size: int, measured: dict | None = None
-               ) -> dict | None:
-    """Why the speedup is what it is: the target's step (K = 1) and scoring
-    call (K = G + 1), the drafter's step and its 2-token catch-up call, each
-    timed inside a jitted loop (``timing.in_loop_step``), combined with the
-    run's counters into the predicted speedup ``tokens per target call x
-    t_target(1) / round``, ``round = t_target(G+1) + (drafter calls - catch-ups)
-    x t_drafter(1) + catch-ups x t_drafter(2)`` per round. A round after one that
-    accepted all G drafts must first feed the last draft (never fed;
-    ``drafting.ModelDrafter``). On accelerators that rides in a 2-token call
-    (its head at one row), priced here; the full-accept rounds of the run count
-    them (a prompt's last round has no successor, one too many; at batch > 1
-    the 2-token window runs whenever any row lags, so more often than one row's
-    count). On CPU, where a 2-token call costs two to three steps, it is one
-    more 1-token call, already among the drafter's calls and priced as a step
-    (it skips the head, so slightly less). None when the drafter is not a
-    single model (a cascade's calls have several prices)."""
-    drafter_calls = speculative.get("drafter_calls", 0)
-    if drafter_calls and not hasattr(drafter, "extend"):
-        return None
-    two_token_catch_up = max(drafter_model.default_catch_up_widths()) >= 2
-
-    measured = {} if measured is None else measured
-
-    def step(model, params, k, head_rows=None):
-        role = "target" if model is target else "drafter"
-        return measure_step(measured, role, model, params, k, batch_size, head_rows)
-
-    rounds = max(speculative["target_calls"], 1)
-    full_accepts = (speculative["accepted_histogram"][gamma]
-                    if drafter_calls and two_token_catch_up else 0)
-    model = {"target_step_s": step(target, target_params, 1),
-             "scoring_call_s": step(target, target_params, gamma + 1),
-             "drafter_step_s": step(drafter, drafter_params, 1) if drafter_calls else 0.0,
-             # The catch-up runs the output head at its last position only.
-             "drafter_catch_up_s": (step(drafter, drafter_params, 2, head_rows=1)
-                                    if full_accepts else 0.0),
-             "tokens_per_target_call": speculative["tokens"] / rounds,
-             "drafter_calls_per_round": drafter_calls / rounds,
-             "catch_ups_per_round": full_accepts / rounds,
-             "catch_up": "2-token call" if two_token_catch_up else "1-token call"}
-    # Priced by the one cost model (jobs.cost), with no per-round overhead: the
-    # measured speedup beside it shows what the loop around the calls costs.
-    costs = cost.CostModel(
-        target=cost.CallCost.from_steps({1: model["target_step_s"],
-                                         gamma + 1: model["scoring_call_s"]}),
-        drafter=cost.CallCost.from_steps({1: model["drafter_step_s"],
-                                          2: model["drafter_catch_up_s"]}))
-    round_s = costs.round_seconds(gamma=gamma, drafter_calls=model["drafter_calls_per_round"],
-                                  catch_ups=model["catch_ups_per_round"])
-    model["round_s"] = round_s
-    model["predicted_speedup"] = costs.predicted_speedup(
-        tokens_per_round=model["tokens_per_target_call"], round_s=round_s)
-    # Tokens per target call at which a round would just pay for itself.
-    model["break_even_tokens_per_call"] = round_s / model["target_step_s"]
-    return model
 
 
 def explain(model: dict, measured: float | None, gamma: int) -> str:
@@ -762,14 +524,14 @@ def run(args) -> int:
         # Holds the drafters as loaded: a full head replaced by a restricted
         # one (--drafter-head-vocab) is freed only once this goes.
         drafter_models.clear()
-    measured, gamma_choice = {}, None
+    timer, gamma_choice = cost.CallTimer(batch_size=args.batch_size), None
     if (args.gamma is None and args.k_matrix is None and hasattr(drafter, "extend")
             and args.tree is None
             and args.method not in cascade_baselines.MODES and not args.no_cost_model):
-        gamma_choice = choose_gamma(
+        gamma_choice = cost.choose_gamma(
             target_name=args.target, drafter_name=names[0], target=target,
             target_params=target_params, drafter=drafter, drafter_params=drafter_params,
-            batch_size=args.batch_size, measured=measured)
+            timer=timer)
         args.gamma = gamma_choice["gamma"]
         if not args.json:
             print(explain_gamma(gamma_choice), flush=True)
@@ -779,11 +541,10 @@ def run(args) -> int:
         # A tree's accepted path is at most its depth: the histograms' G.
         tree, gamma = args.tree, tree_decoding.TreeSpec.parse(args.tree).depth
         if hasattr(drafter, "extend") and not args.no_cost_model:
-            tree_choice = predict_tree(
+            tree_choice = cost.predict_tree(
                 tree=tree, target_name=args.target, drafter_name=names[0], target=target,
                 target_params=target_params, drafter=drafter, drafter_params=drafter_params,
-                batch_size=args.batch_size, measured=measured,
-                with_next=_tree_needs_next(args.method))
+                timer=timer, with_next=cost.tree_scores_leaves(args.method))
             if not args.json:
                 print(explain_tree_prediction(tree_choice), flush=True)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
@@ -839,16 +600,16 @@ def run(args) -> int:
         report["speedup_vs_autoregressive"] = round(
             results["autoregressive"]["seconds"] / results[args.method]["seconds"], 3)
     if gamma and not args.no_cost_model and tree is not None:
-        report["cost_model"] = tree_cost_model(
+        report["cost_model"] = cost.price_tree_run(
             tree=tree, target=target, target_params=target_params, drafter=drafter,
-            drafter_params=drafter_params, speculative=results[args.method],
-            batch_size=args.batch_size, with_next=_tree_needs_next(args.method),
-            alpha=tree_choice["alpha"] if tree_choice else DEFAULT_ALPHA, measured=measured)
+            drafter_params=drafter_params, run=results[args.method], timer=timer,
+            with_next=cost.tree_scores_leaves(args.method),
+            alpha=tree_choice["alpha"] if tree_choice else cost.DEFAULT_ALPHA)
     elif gamma and not args.no_cost_model:
-        report["cost_model"] = cost_model(
+        report["cost_model"] = cost.price_chain_run(
             target=target, target_params=target_params, drafter=drafter,
-            drafter_params=drafter_params, gamma=gamma, speculative=results[args.method],
-            batch_size=args.batch_size, measured=measured)
+            drafter_params=drafter_params, gamma=gamma, run=results[args.method],
+            timer=timer)
     if gamma_choice is not None:
         report["gamma_choice"] = gamma_choice
     if tree_choice is not None:
