@@ -94,7 +94,8 @@ from specdec_jax.models import weight_storage
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, tree_verifier
+from specdec_jax.tree_decoding import TreeDecoder, TreeSpec
+from specdec_jax.verifiers import VERIFIERS, get_verifier
 
 DRAFTERS = ("model", "mag")
 CONFIG_FIELDS = ("drafter", "tree", "temperature", "verifiers")
@@ -223,16 +224,16 @@ def check_configs(configs: Sequence[dict]) -> list[Config]:
             gamma = tree[len(CHAIN_PREFIX):]
             if not gamma.isdigit() or int(gamma) < 1:
                 raise ValueError(f"configuration {raw!r}: a chain is 'chain:G' with G >= 1.")
-            if len(verifiers) != 1 or verifiers[0] not in api.VERIFIERS:
+            if len(verifiers) != 1 or verifiers[0] not in VERIFIERS:
                 raise ValueError(f"configuration {raw!r}: a chain takes one chain verifier, "
-                                 f"one of {', '.join(api.VERIFIERS)}.")
+                                 f"one of {', '.join(VERIFIERS)}.")
         elif tree.startswith(TRIE_PREFIX):
             parse_trie(tree)
             if raw["drafter"] != "mag":
                 raise ValueError(f"configuration {raw!r}: 'trie:' trees are Max-Gram's; give "
                                  "a model drafter widths or 'dynamic:...'.")
             for name in verifiers:
-                tree_verifier(name)
+                get_verifier(name, tree=True)
             if temperature == 0 and len(verifiers) > 1:
                 raise ValueError(f"configuration {raw!r}: at T = 0 every tree verifier is "
                                  "the greedy one; compare verifiers at T > 0.")
@@ -242,7 +243,7 @@ def check_configs(configs: Sequence[dict]) -> list[Config]:
                 raise ValueError(f"configuration {raw!r}: Max-Gram trees are static (its "
                                  "children carry no probability to rank); give widths.")
             for name in verifiers:
-                tree_verifier(name)  # raises on an unknown name
+                get_verifier(name, tree=True)  # raises on an unknown name
             if len(set(verifiers)) != len(verifiers):
                 raise ValueError(f"configuration {raw!r}: a verifier is named twice.")
             if temperature == 0 and len(verifiers) > 1:
@@ -388,7 +389,8 @@ def build_decoder(config: Config, *, pair, drafter_name: str, vocab: int,
     if len(config.verifiers) > 1:
         fields = {f.name: getattr(decoder, f.name) for f in dataclasses.fields(TreeDecoder)}
         decoder = PairedTreeDecoder(
-            **fields, others=tuple(tree_verifier(v) for v in config.verifiers[1:]), sink=sink)
+            **fields, others=tuple(get_verifier(v, tree=True) for v in config.verifiers[1:]),
+            sink=sink)
     return decoder
 
 

@@ -31,6 +31,7 @@ from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
+from specdec_jax.verifiers import get_verifier
 
 VERIFIERS = ("token", "block", "block-seed")
 PHASES = ("efficiency", "wallclock")
@@ -83,7 +84,7 @@ def efficiency_units(decoder, params, prefilled, units, temperature, batch_size)
 
 
 def verifier_kernel_seconds(name, gamma, vocab, repeats=50):
-    verifier = api.get_verifier(name)
+    verifier = get_verifier(name)
     key = jax.random.PRNGKey(0)
     q = jax.nn.softmax(jax.random.normal(key, (1, gamma, vocab)), -1)
     pi = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(1), (1, gamma, vocab)), -1)

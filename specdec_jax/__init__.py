@@ -4,11 +4,8 @@ Import is cheap: no model is built and nothing is compiled at import time.
 """
 
 from specdec_jax.api import (
-    TREE_VERIFIERS,
-    VERIFIERS,
     decode_layout,
     generate,
-    get_verifier,
     make_decoder,
     make_generate_fn,
     sampling_params,
@@ -37,6 +34,7 @@ from specdec_jax.models import (
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.target_functions import METHODS
 from specdec_jax.tree_decoding import TreeSpec
+from specdec_jax.verifiers import TREE_VERIFIERS, VERIFIERS, get_verifier
 
 __version__ = "0.1.0"
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import sampling, target_functions, verify_block, verify_tree
+from specdec_jax import sampling, target_functions
 from specdec_jax.cascade_baselines import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
 from specdec_jax.decoding import (
     MIN_SCRATCH,
@@ -45,26 +45,10 @@ from specdec_jax.tree_decoding import (
     TreeSpec,
     check_greedy_temperature,
     make_tree_drafter,
-    tree_verifier,
 )
-from specdec_jax.verify import TokenVerifier
-from specdec_jax.verify_tree import TREE_VERIFIERS
+from specdec_jax.verifiers import get_verifier, requested_draws
 
-VERIFIERS = ("token", "block", "block-seed")  # chains; the default first
-# With a token tree (tree=...): the tree verifiers (the default, traversal,
-# first); 'token' and 'block' name their tree forms (rrs, traversal).
-ALL_VERIFIERS = VERIFIERS + tuple(v for v in TREE_VERIFIERS if v not in VERIFIERS)
 DEFAULT_GAMMA = 5
-
-
-def get_verifier(name: str):
-    """Verifier strategy for ``token`` | ``block`` (stateless) | ``block-seed``."""
-    if name == "token":
-        return TokenVerifier()
-    if name in ("block", "block-seed"):
-        return verify_block.BlockVerifier() if name == "block" else \
-            verify_block.SeedBlockVerifier()
-    raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}.")
 
 
 def decode_layout(model: LanguageModel, params: Any) -> tuple[LanguageModel, Any]:
@@ -189,10 +173,7 @@ def _make_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, t
                              verifier=verifier, max_new_tokens=max_new_tokens, config=config,
                              eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
                              rounds_per_sync=rounds_per_sync, tree=tree)
-    verifier = VERIFIERS[0] if verifier is None else verifier
-    if verifier in TREE_VERIFIERS and verifier not in VERIFIERS:
-        raise ValueError(f"verifier {verifier!r} verifies token trees; pass tree=... (e.g. "
-                         f"(3, 2, 1, 1)) or a chain verifier: {', '.join(VERIFIERS)}.")
+    chain_verifier = get_verifier(verifier)
     if method in MODES:
         if is_drafter(drafter):
             raise ValueError(f"method {method!r} runs a drafter model token by token; pass a "
@@ -215,7 +196,7 @@ def _make_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, t
     _check_pair(target, drafter)
     return SpeculativeDecoder(
         target=target, drafter=drafter, target_fn=target_functions.get_target(method), gamma=gamma,
-        max_new_tokens=max_new_tokens, verifier=get_verifier(verifier),
+        max_new_tokens=max_new_tokens, verifier=chain_verifier,
         sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
         rounds_per_sync=rounds_per_sync)
 
@@ -228,8 +209,8 @@ def _tree_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, c
         raise ValueError("gamma is a chain's draft length; a tree's size is its shape "
                          "(tree=...). Drop gamma.")
     _check_pair(target, drafter)
-    checked = tree_verifier(verifier)
-    drafter = make_tree_drafter(drafter, tree, draws=verify_tree.requested_draws(checked))
+    checked = get_verifier(verifier, tree=True)
+    drafter = make_tree_drafter(drafter, tree, draws=requested_draws(checked))
     return TreeDecoder(target=target, drafter=drafter,
                        target_fn=target_functions.get_target(method),
                        max_new_tokens=max_new_tokens, verifier=checked,

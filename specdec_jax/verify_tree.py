@@ -547,31 +547,3 @@ class TraversalVerifier(SamplingTreeVerifier):
             0, 2 * n + 1, body_fn, init)
         return accepted, jnp.where(changed_D[accepted_level], p_DxV[accepted_level],
                                    pi_N1xV[accepted + 1])
-
-
-# The names a tree decoder takes, the default first. 'rrs-replacement' is RRS
-# over children drawn *with* replacement (SpecInfer's trees): the name asks the
-# drafter to draw so (``requested_draws``); the verifier is RRS, whose laws come
-# from the tree. 'greedy' verifies the target's argmax path at any temperature:
-# for T = 0 only (where every tree verifier verifies greedily anyway).
-TREE_VERIFIERS = ("traversal", "rrs", "rrs-replacement", "greedy")
-DEFAULT_TREE_VERIFIER = "traversal"
-_REQUESTED_DRAWS = {"rrs-replacement": WITH_REPLACEMENT}
-
-
-def get_tree_verifier(name: str):
-    """The tree verifier for a name (see ``TREE_VERIFIERS``)."""
-    verifiers = {"greedy": GreedyTreeVerifier(), "rrs": RecursiveRejectionVerifier(),
-                 "rrs-replacement": RecursiveRejectionVerifier(name="rrs-replacement"),
-                 "traversal": TraversalVerifier()}
-    if name not in verifiers:
-        raise ValueError(f"unknown tree verifier {name!r}; choose one of "
-                         f"{', '.join(TREE_VERIFIERS)}.")
-    return verifiers[name]
-
-
-def requested_draws(verifier) -> str | None:
-    """How a verifier (or its name) asks the drafter to draw children, or None
-    (the drafter's own way: every sampling verifier reads the laws from the
-    tree). Only 'rrs-replacement' asks: for children drawn with replacement."""
-    return _REQUESTED_DRAWS.get(getattr(verifier, "name", verifier))

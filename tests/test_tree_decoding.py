@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import api, target_functions, verify_tree
+from specdec_jax import api, target_functions, verifiers, verify_tree
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
@@ -122,7 +122,7 @@ def test_a_width_one_tree_is_the_chain():
     prompt = make_prompt(PROMPTS)
     chain = SpeculativeDecoder(TOY, ModelDrafter(TOY, catch_up_widths=(1, 5)),
                                target_functions.SpecDecode(), gamma=4, max_new_tokens=MAX_NEW,
-                               verifier=api.get_verifier("block"))
+                               verifier=verifiers.get_verifier("block"))
     tree = TreeDecoder(TOY, StaticTreeDrafter(TOY, TreeShape.from_widths((1,) * 4),
                                               catch_up_widths=(1, 5)),
                        target_functions.SpecDecode(), MAX_NEW,

@@ -38,6 +38,7 @@ from scipy import stats
 
 from specdec_jax.sampling import POINT_MASS, WITH_REPLACEMENT, WITHOUT_REPLACEMENT
 from specdec_jax.target_functions import get_target
+from specdec_jax.verifiers import get_verifier
 from specdec_jax.verify import TokenVerifier
 from specdec_jax.verify_block import BlockVerifier
 from specdec_jax.verify_tree import (
@@ -50,7 +51,6 @@ from specdec_jax.verify_tree import (
     chain,
     depths,
     emitted_tokens,
-    get_tree_verifier,
     node_law,
     path_nodes,
     path_tokens,
@@ -793,9 +793,9 @@ def test_tree_helpers():
         validate_tree([[-1, 2, 0]])
     with pytest.raises(ValueError, match="invalid parent"):
         validate_tree([[-1, 0]], [[False, True]])
-    assert get_tree_verifier("traversal") == TraversalVerifier()
+    assert get_verifier("traversal", tree=True) == TraversalVerifier()
     with pytest.raises(ValueError, match="unknown tree verifier"):
-        get_tree_verifier("beam")
+        get_verifier("beam", tree=True)
 
 
 def test_sparse_laws_stay_in_support():

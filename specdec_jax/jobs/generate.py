@@ -38,6 +38,7 @@ from specdec_jax import (
     precision,
     target_functions,
     tree_decoding,
+    verifiers,
 )
 from specdec_jax.checkpoints import feature_heads, fetch, load, registry
 from specdec_jax.data import bigram
@@ -94,7 +95,7 @@ def add_parser(subparsers) -> None:
                    help="draft block length G (default: for one drafter model, the G the "
                         "cost model predicts fastest from steps timed here, else 5 (also "
                         "with --no-cost-model); a K-matrix fixes its own)")
-    p.add_argument("--verifier", default=None, choices=api.ALL_VERIFIERS,
+    p.add_argument("--verifier", default=None, choices=verifiers.ALL_VERIFIERS,
                    help="chains: token (default), block, block-seed; trees (--tree): "
                         "traversal (default), rrs, rrs-replacement (children drawn with "
                         "replacement), greedy (temperature 0 only); token = rrs, block = "
@@ -460,7 +461,7 @@ def check_args(args) -> None:
         if args.gamma is not None or args.k_matrix is not None:
             raise ValueError("--tree sets the round's drafts by its shape; drop --gamma and "
                              "--k-matrix.")
-    elif args.verifier not in (None, *api.VERIFIERS):
+    elif args.verifier not in (None, *verifiers.VERIFIERS):
         raise ValueError(f"--verifier {args.verifier} verifies token trees; add --tree (e.g. "
                          "--tree 3,2,1,1) or use token, block or block-seed.")
     target_functions.validate_alpha(args.method, args.alpha, args.beta)
@@ -587,8 +588,8 @@ def run(args) -> int:
     report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
               "lenience": args.lenience, "method": args.method,
               "alpha": args.alpha, "gamma": gamma, "tree": tree,
-              "verifier": args.verifier or (tree_decoding.DEFAULT_TREE_VERIFIER if tree
-                                            else api.VERIFIERS[0]),
+              "verifier": args.verifier or (verifiers.DEFAULT_TREE_VERIFIER if tree
+                                            else verifiers.VERIFIERS[0]),
               "temperature": args.temperature, "kernel_layout": args.kernel_layout,
               "drafter_head_vocab": args.drafter_head_vocab,
               "draft_weights": args.draft_weights, "target_weights": args.target_weights,

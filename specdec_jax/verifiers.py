@@ -1,0 +1,80 @@
+"""Every verifier a decoder takes, by name: one registry for chains and token trees.
+
+Chains (a block of G drafts a round):
+
+- ``token`` (the default): token-by-token rejection sampling (``verify.TokenVerifier``);
+- ``block``: the stateless optimal block verifier (``verify_block.BlockVerifier``);
+- ``block-seed``: the published block verifier with its carried state
+  (``verify_block.SeedBlockVerifier``).
+
+Token trees (``tree=...``; ``verify_tree``):
+
+- ``traversal`` (the default): traversal verification, the tree form of ``block``;
+- ``rrs``: recursive rejection sampling, the tree form of ``token``;
+- ``rrs-replacement``: RRS over children drawn *with* replacement (SpecInfer's
+  trees): the name asks the drafter to draw so (``requested_draws``);
+- ``greedy``: the target's argmax path at any temperature, for T = 0 only
+  (where every tree verifier verifies greedily anyway).
+
+A chain's name given for a tree names its tree form, so ``verifier="token"``
+means the same rule whether the round drafts a chain or a tree.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from specdec_jax.sampling import WITH_REPLACEMENT
+from specdec_jax.verify import TokenVerifier
+from specdec_jax.verify_block import BlockVerifier, SeedBlockVerifier
+from specdec_jax.verify_tree import (
+    GreedyTreeVerifier,
+    RecursiveRejectionVerifier,
+    TraversalVerifier,
+)
+
+# name -> a constructor of the strategy (frozen dataclasses: hashable, static).
+CHAIN_VERIFIERS: dict[str, Callable[[], Any]] = {
+    "token": TokenVerifier, "block": BlockVerifier, "block-seed": SeedBlockVerifier}
+TREE_VERIFIER_TYPES: dict[str, Callable[[], Any]] = {
+    "traversal": TraversalVerifier, "rrs": RecursiveRejectionVerifier,
+    "rrs-replacement": functools.partial(RecursiveRejectionVerifier, name="rrs-replacement"),
+    "greedy": GreedyTreeVerifier}
+VERIFIERS = tuple(CHAIN_VERIFIERS)  # chains; the default first
+TREE_VERIFIERS = tuple(TREE_VERIFIER_TYPES)  # trees; the default first
+ALL_VERIFIERS = VERIFIERS + tuple(v for v in TREE_VERIFIERS if v not in VERIFIERS)
+DEFAULT_TREE_VERIFIER = TREE_VERIFIERS[0]
+# A chain verifier's name, given for a tree: its tree form.
+TREE_FORMS = {"token": "rrs", "block": "traversal"}
+_REQUESTED_DRAWS = {"rrs-replacement": WITH_REPLACEMENT}
+
+
+def get_verifier(name: str | None = None, *, tree: bool = False) -> Any:
+    """The verifier strategy ``name`` gives for a chain, or with ``tree`` for a
+    token tree; None is the default of each (``token``, ``traversal``)."""
+    if not tree:
+        name = VERIFIERS[0] if name is None else name
+        if name in CHAIN_VERIFIERS:
+            return CHAIN_VERIFIERS[name]()
+        if name in TREE_VERIFIER_TYPES:
+            raise ValueError(f"verifier {name!r} verifies token trees; pass tree=... (e.g. "
+                             f"(3, 2, 1, 1)) or a chain verifier: {', '.join(VERIFIERS)}.")
+        raise ValueError(f"unknown verifier {name!r}; choose one of "
+                         f"{', '.join(ALL_VERIFIERS)}.")
+    name = DEFAULT_TREE_VERIFIER if name is None else TREE_FORMS.get(name, name)
+    if name == "block-seed":
+        raise ValueError("the 'block-seed' verifier carries state between chain rounds and has "
+                         "no tree form; use 'traversal' (the tree form of 'block') or 'rrs'.")
+    if name not in TREE_VERIFIER_TYPES:
+        raise ValueError(f"unknown tree verifier {name!r}; choose one of "
+                         f"{', '.join(TREE_VERIFIERS)} (or token = rrs, block = traversal).")
+    return TREE_VERIFIER_TYPES[name]()
+
+
+def requested_draws(verifier) -> str | None:
+    """How a verifier (or its name) asks the drafter to draw a tree's
+    children, or None (the drafter's own way: every sampling verifier reads
+    the laws from the tree). Only 'rrs-replacement' asks: with replacement."""
+    return _REQUESTED_DRAWS.get(getattr(verifier, "name", verifier))
