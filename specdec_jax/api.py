@@ -16,6 +16,7 @@ Example (toy models; any model implementing the interface works)::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -44,11 +45,19 @@ from specdec_jax.tree_decoding import (
     TreeDecoder,
     TreeSpec,
     check_greedy_temperature,
+    is_tree_drafter,
     make_tree_drafter,
 )
 from specdec_jax.verifiers import get_verifier, requested_draws
 
 DEFAULT_GAMMA = 5
+# The kinds of decoder, one round structure each (``DecoderSpec.kind``).
+AUTOREGRESSIVE = "autoregressive"  # the target alone, a token a step
+CHAIN = "chain"  # draft G, score G + 1, verify a chain (decoding.SpeculativeDecoder)
+TREE = "tree"  # draft a token tree, score it in one call (tree_decoding.TreeDecoder)
+ORACLE = "oracle"  # a G = 0 round with the Diff rule: both models at every position
+DRAFT_UNTIL = "draft-until"  # the drafter runs until a rule calls the target
+#                              (cascade_baselines.DraftUntilDecoder)
 
 
 def decode_layout(model: LanguageModel, params: Any) -> tuple[LanguageModel, Any]:
@@ -107,6 +116,10 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
 
     (A prefill serves any decoder whose gamma and max_new_tokens fit its caches.)
 
+    Which decoder a request makes is decided once, by ``decoder_spec``: a
+    typed ``DecoderSpec`` (its kind: autoregressive, chain, tree, oracle or
+    draft-until; its target function, verifier, draft length and tree).
+
     ``drafter`` is a ``LanguageModel`` (sampled autoregressively) or any
     drafting strategy (``specdec_jax.drafting``: Max-Gram, cascades; see
     ``make_drafter`` for the spec strings). ``gamma`` defaults to 5, or to the
@@ -148,81 +161,88 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
                          tree=None if tree is None else TreeSpec.parse(tree))
 
 
-@functools.lru_cache(maxsize=64)
-def _make_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, top_k, eos_ids,
-                  pad_id, fallback_alpha, stop_rule, rounds_per_sync, tree):
-    """``make_decoder`` once its arguments are hashable (``tree`` a ``TreeSpec``)."""
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+    """What one decoder is made of, resolved once from ``make_decoder``'s
+    arguments (``decoder_spec``): its ``kind``, the target function its
+    rounds apply, its verifier strategy, its draft length (a chain's G, the
+    draft-until cap) and its tree. Hashable, like the decoders it builds."""
+
+    method: str
+    kind: str
+    target_fn: target_functions.TargetFunction | None = None
+    verifier: Any = None
+    gamma: int = 0
+    tree: TreeSpec | None = None
+
+
+def decoder_spec(method: str, *, drafter: Any, gamma: int | None = None,
+                 verifier: str | None = None, tree: TreeSpec | None = None) -> DecoderSpec:
+    """The ``DecoderSpec`` of a request, with every error it can raise before
+    a model is touched: an unknown method or verifier, a tree where none
+    applies, a gamma that conflicts with the drafter or the tree."""
     if method not in target_functions.METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of "
                          f"{', '.join(target_functions.METHODS)}.")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-    config = sampling.SamplingConfig(top_k=top_k)
-    if method == "autoregressive":
+    if method == AUTOREGRESSIVE:
         if tree is not None:
             raise ValueError("method 'autoregressive' drafts nothing, so it takes no tree; "
                              "drop tree= or pick a speculative method (e.g. 'specdecode').")
-        return AutoregressiveDecoder(target=target, max_new_tokens=max_new_tokens,
-                                     sampling_config=config, eos_ids=tuple(eos_ids),
-                                     pad_id=pad_id, stop_rule=stop_rule,
-                                     rounds_per_sync=rounds_per_sync)
+        return DecoderSpec(method, AUTOREGRESSIVE)
     if drafter is None:
         raise ValueError(f"method {method!r} needs a drafter model.")
-    if tree is not None or hasattr(drafter, "propose_tree"):
-        return _tree_decoder(target=target, drafter=drafter, method=method, gamma=gamma,
-                             verifier=verifier, max_new_tokens=max_new_tokens, config=config,
-                             eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
-                             rounds_per_sync=rounds_per_sync, tree=tree)
+    if tree is not None or is_tree_drafter(drafter):
+        if method in MODES or method == ORACLE:
+            raise ValueError(f"method {method!r} verifies no drafted block; it takes no tree.")
+        if gamma is not None:
+            raise ValueError("gamma is a chain's draft length; a tree's size is its shape "
+                             "(tree=...). Drop gamma.")
+        return DecoderSpec(method, TREE, target_functions.get_target(method),
+                           get_verifier(verifier, tree=True), tree=tree)
     chain_verifier = get_verifier(verifier)
     if method in MODES:
         if is_drafter(drafter):
             raise ValueError(f"method {method!r} runs a drafter model token by token; pass a "
                              "LanguageModel, not a drafting strategy.")
-        _check_pair(target, drafter)
-        return DraftUntilDecoder(
-            target=target, drafter=drafter, mode=method, max_new_tokens=max_new_tokens,
-            max_drafts=effective_gamma(method, drafter, gamma),
-            fallback_alpha=fallback_alpha, sampling_config=config, eos_ids=tuple(eos_ids),
-            pad_id=pad_id, stop_rule=stop_rule, rounds_per_sync=rounds_per_sync)
-    if method == "oracle":
-        _check_pair(target, drafter)
-        return SpeculativeDecoder(
-            target=target, drafter=drafter, target_fn=target_functions.Diff(), gamma=0,
-            max_new_tokens=max_new_tokens, sampling_config=config, eos_ids=tuple(eos_ids),
-            pad_id=pad_id, stop_rule=stop_rule, rounds_per_sync=rounds_per_sync)
+        return DecoderSpec(method, DRAFT_UNTIL, gamma=effective_gamma(method, drafter, gamma))
+    if method == ORACLE:
+        return DecoderSpec(method, ORACLE, target_functions.Diff(), chain_verifier)
     gamma = resolve_gamma(drafter, gamma)
     if gamma < 1:
         raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
-    _check_pair(target, drafter)
-    return SpeculativeDecoder(
-        target=target, drafter=drafter, target_fn=target_functions.get_target(method), gamma=gamma,
-        max_new_tokens=max_new_tokens, verifier=chain_verifier,
-        sampling_config=config, eos_ids=tuple(eos_ids), pad_id=pad_id, stop_rule=stop_rule,
-        rounds_per_sync=rounds_per_sync)
+    return DecoderSpec(method, CHAIN, target_functions.get_target(method), chain_verifier,
+                       gamma=gamma)
 
 
-def _tree_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, config, eos_ids,
-                  pad_id, stop_rule, rounds_per_sync, tree) -> TreeDecoder:
-    if method in MODES or method == "oracle":
-        raise ValueError(f"method {method!r} verifies no drafted block; it takes no tree.")
-    if gamma is not None:
-        raise ValueError("gamma is a chain's draft length; a tree's size is its shape "
-                         "(tree=...). Drop gamma.")
+@functools.lru_cache(maxsize=64)
+def _make_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, top_k, eos_ids,
+                  pad_id, fallback_alpha, stop_rule, rounds_per_sync, tree):
+    """``make_decoder`` once its arguments are hashable (``tree`` a ``TreeSpec``)."""
+    spec = decoder_spec(method, drafter=drafter, gamma=gamma, verifier=verifier, tree=tree)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    options = dict(max_new_tokens=max_new_tokens,
+                   sampling_config=sampling.SamplingConfig(top_k=top_k), eos_ids=eos_ids,
+                   pad_id=pad_id, stop_rule=stop_rule, rounds_per_sync=rounds_per_sync)
+    if spec.kind == AUTOREGRESSIVE:
+        return AutoregressiveDecoder(target=target, **options)
     _check_pair(target, drafter)
-    checked = get_verifier(verifier, tree=True)
-    drafter = make_tree_drafter(drafter, tree, draws=requested_draws(checked))
-    return TreeDecoder(target=target, drafter=drafter,
-                       target_fn=target_functions.get_target(method),
-                       max_new_tokens=max_new_tokens, verifier=checked,
-                       sampling_config=config, eos_ids=eos_ids, pad_id=pad_id,
-                       stop_rule=stop_rule, rounds_per_sync=rounds_per_sync)
+    if spec.kind == TREE:
+        drafter = make_tree_drafter(drafter, tree, draws=requested_draws(spec.verifier))
+        return TreeDecoder(target=target, drafter=drafter, target_fn=spec.target_fn,
+                           verifier=spec.verifier, **options)
+    if spec.kind == DRAFT_UNTIL:
+        return DraftUntilDecoder(target=target, drafter=drafter, mode=method,
+                                 max_drafts=spec.gamma, fallback_alpha=fallback_alpha, **options)
+    return SpeculativeDecoder(target=target, drafter=drafter, target_fn=spec.target_fn,
+                              gamma=spec.gamma, verifier=spec.verifier, **options)
 
 
 def effective_gamma(method: str, drafter, gamma: int | None) -> int:
     """The draft length a method's decoder runs with (what its caches must hold):
     0 for autoregressive decoding and the oracle, the 10-token cap (or ``gamma``)
     for the draft-until baselines, else ``resolve_gamma``."""
-    if method in ("autoregressive", "oracle"):
+    if method in (AUTOREGRESSIVE, ORACLE):
         return 0
     if method in MODES:
         return MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma
