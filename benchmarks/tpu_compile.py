@@ -28,8 +28,6 @@ import functools
 import multiprocessing
 import os
 import pathlib
-import platform
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -38,7 +36,7 @@ import jax
 
 from benchmarks import hlo_stats, tpu_aot, tpu_programs
 from specdec_jax.jobs import resolver, tables
-from specdec_jax.runtime import jsonio, resume
+from specdec_jax.runtime import jsonio, resume, timing
 
 TARGET = "qwen2.5-coder-1.5b"
 DRAFTER = "qwen2.5-coder-0.5b"
@@ -172,20 +170,6 @@ def compile_in_processes(names: Sequence[str], shapes: tpu_programs.Shapes, topo
         return {name: future.result() for name, future in futures.items()}
 
 
-def source_commit() -> str | None:
-    """The checkout's commit (``git rev-parse``) the programs were built from,
-    with ``+`` when the tree has uncommitted changes; None outside a checkout."""
-    root = pathlib.Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root,
-                              capture_output=True, text=True, timeout=10, check=True).stdout
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.strip() + ("+" if dirty.strip() else "")
-
-
 def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
                     markdown_path: str | None = None, target: str = TARGET,
                     drafter: str = DRAFTER, batch: int = 1, cache_length: int = 2048,
@@ -219,12 +203,10 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
     markdown_path = markdown_path or str(pathlib.Path(out).with_suffix(".md"))
     report = load_report(out, settings)
     mesh = tpu_aot.make_mesh(topology, data=data, model=model)
-    commit = source_commit()
-    report["environment"] = {"machine": f"{platform.machine()} ({os.cpu_count()} CPUs)",
-                             "commit": commit,
-                             "jax": jax.__version__, "libtpu": tpu_aot.libtpu_version(),
-                             "chip": chip.name, "chips_in_topology":
-                                 len(tpu_aot.topology_devices(topology))}
+    report["environment"] = {**timing.environment(), "libtpu": tpu_aot.libtpu_version(),
+                             "chip": chip.name,
+                             "chips_in_topology": len(tpu_aot.topology_devices(topology))}
+    commit = report["environment"]["commit"]
     models = {"target": tpu_programs.abstract_model(shapes.target),
               "drafter": tpu_programs.abstract_model(shapes.drafter)}
     todo = [n for n in names if n not in report["programs"]]

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import hlo_stats, tpu_aot, tpu_compile, tpu_programs
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.runtime import timing
 from tests import tpu_topology
 
 TOPOLOGY = "v5e:2x2"
@@ -142,7 +143,7 @@ def test_job_writes_resumes_and_refuses_other_settings(tmp_path, monkeypatch):
     step = report["programs"]["target_k1"]
     assert step["status"] == "compiled" and step["memory"]["alias"] > 0  # cache donated
     assert step["floor_s"] > 0 and step["hlo"]["fusions"] > 0
-    assert step["commit"] == report["environment"]["commit"]  # this checkout's
+    assert step["commit"] == report["environment"]["commit"] == timing.checkout_commit()
     assert json.loads(out.read_text())["settings"]["topology"] == TOPOLOGY
     text = (tmp_path / "report.md").read_text()
     assert tpu_aot.ESTIMATE in text and "`target_k1`" in text

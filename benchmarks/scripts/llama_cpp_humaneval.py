@@ -39,7 +39,6 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import llama_cpp_peer  # noqa: E402
 
-from benchmarks import tpu_compile  # noqa: E402
 from specdec_jax.checkpoints import registry  # noqa: E402
 from specdec_jax.data import humaneval  # noqa: E402
 from specdec_jax.runtime import timing  # noqa: E402
@@ -176,7 +175,7 @@ def main(argv=None) -> int:
         "threads": args.threads, "rounds": args.rounds, "draft_max": args.draft_max,
         "ours_settings": settings,
         "llama.cpp": {"sdist": f"{llama_cpp_peer.SDIST}=={llama_cpp_peer.VERSION}"},
-        "commit": tpu_compile.source_commit(),
+        "commit": timing.checkout_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
         "environment": timing.environment(),
         "tokens_per_s": tokens_per_s,

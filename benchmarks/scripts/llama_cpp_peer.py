@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tarfile
 
-from benchmarks import tpu_compile
 from specdec_jax.checkpoints import fetch, load, registry
 from specdec_jax.runtime import cpu_kernels, timing
 
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
     med = {key: statistics.median(values) for key, values in runs.items()}
     report = {"model": args.model, "file": path.name, "threads": args.threads,
               "llama.cpp": {"sdist": f"{SDIST}=={VERSION}", "build": build_id},
-              "commit": tpu_compile.source_commit(),
+              "commit": timing.checkout_commit(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "environment": timing.environment(), "runs_s": runs, "median_s": med,
               "tokens_per_s": {who: round(1 / med[f"{who}_step_s"], 2)

@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import tpu_compile
 from specdec_jax.checkpoints import load
 from specdec_jax.data import humaneval
 from specdec_jax.models import weight_storage
@@ -146,7 +145,7 @@ def main(argv=None) -> int:
     models = {"stored": stored[:2]}
     if {"agreement", "steps"} - set(args.skip):  # the float32 copy: 6 GB for the 1.5B
         models["f32"] = load.load_for_decoding(args.model, "float32")[:2]
-    report = {"model": args.model, "commit": tpu_compile.source_commit(),
+    report = {"model": args.model, "commit": timing.checkout_commit(),
               "date": datetime.date.today().isoformat(), "environment": timing.environment(),
               "precision": "float32 activations; stored: int8 activations per 64/256 values"}
     # --skip name -> (report key, what computes it)

@@ -8,9 +8,12 @@ cancels out; the helpers here make sure compilation never leaks into them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
+import pathlib
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import jaxlib
 
 from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.reductions import first_argmax
@@ -148,8 +152,25 @@ def seconds(fn, *args) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def environment() -> dict[str, str]:
-    """Machine, precision and versions, recorded with every figure."""
+def checkout_commit() -> str | None:
+    """The commit of the checkout the package runs from (``git rev-parse``),
+    with ``+`` when its tree has uncommitted changes; None for an installed
+    package or where git cannot answer."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.strip() + ("+" if dirty.strip() else "")
+
+
+def environment() -> dict[str, str | None]:
+    """Machine, versions, date and commit, recorded with every figure."""
 
     device = jax.devices()[0]
     return {
@@ -158,7 +179,10 @@ def environment() -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
         "python": platform.python_version(),
         "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
         "flax": flax.__version__,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": checkout_commit(),
     }
 
 
