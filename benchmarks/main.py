@@ -1,9 +1,9 @@
 """The lab's launcher: ``python -m benchmarks.main --gin_file=benchmarks/configs/<name>.gin``.
 
 The package's gin launcher (``specdec_jax.jobs.launch``) with the benchmark
-jobs added: the ``bench_*`` timing jobs, the TPU compile job
-(``tpu_compile``) and ``tpu_prices``. It runs the package's own jobs too
-(``run_study`` ...), so every lab config runs from here. Run from the
+jobs added: the ``bench_*`` timing jobs and ``tpu_prices``. It runs the
+package's own jobs too (``run_study``, ``tpu_compile`` ...), so every lab
+config runs from here. Run from the
 repository root (``benchmarks`` is not installed: ``pip install`` ships the
 library, not its lab). Example::
 
@@ -34,7 +34,6 @@ BENCH_JOBS = {
     "bench_batch": "benchmarks.batch:run_bench_batch",
     "bench_feature_steps": "benchmarks.feature_steps:run_bench_feature_steps",
     "bench_feature_drafter": "benchmarks.feature_drafter:run_bench_feature_drafter",
-    "tpu_compile": "benchmarks.tpu_compile:run_tpu_compile",
     "tpu_prices": "benchmarks.tpu_prices:run_tpu_prices",
 }
 

@@ -1,7 +1,7 @@
 """The real pair's predicted speedup on TPU chips, priced by the one cost model.
 
 Nothing here runs on a TPU. Per-call costs come from the compiled TPU programs
-of the compile job (``benchmarks.tpu_compile``'s reports): each program's
+of the compile job (``jobs.tpu_compile``'s reports): each program's
 ``optimal_seconds`` (a **TPU compiler estimate**, never a measurement), and
 beside it the roofline floor (weights + KV cache read once at the chip's HBM
 bandwidth). Where a program's estimate is negative (sliced prefetches on v4,
@@ -39,7 +39,7 @@ prices:
 Priced calls leave out what a round does between them (sampling and
 verification over the vocabulary, the commit, the loop's own work). Where a
 chip's report holds the whole round compiled as one program
-(``round_specdecode_g<G>``, ``benchmarks.tpu_programs``), ``between_calls`` is its
+(``round_specdecode_g<G>``, ``jobs.tpu_programs``), ``between_calls`` is its
 estimate less the estimates of the calls it makes (from the same report and
 commit), and the 0.5B drafter's speedup is priced again with that per round
 (``round_overhead_s``): the "whole round" column.
@@ -60,10 +60,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from benchmarks import tpu_aot, tpu_programs
-from benchmarks.tpu_compile import program_seconds, read_report
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import tables
+from specdec_jax.jobs import tables, tpu_aot, tpu_programs
+from specdec_jax.jobs.tpu_compile import program_seconds, read_report
 from specdec_jax.runtime import jsonio
 
 ESTIMATE = tpu_aot.ESTIMATE
@@ -106,7 +105,7 @@ def chip_programs(reports: Sequence[Mapping]) -> dict:
     if missing:
         paths = ", ".join(r.get("path", "?") for r in reports)
         raise ValueError(f"no positive {ESTIMATE} for {', '.join(missing)} in {paths}; "
-                         "compile them (benchmarks/configs/tpu_compile.gin), with compiler_options "
+                         "compile them (configs/runs/tpu_compile.gin), with compiler_options "
                          f"{NO_SLICED_PREFETCH} where the estimate is negative.")
     return found
 

@@ -53,7 +53,7 @@ Figures, per configuration (95% intervals: percentile bootstrap over prompts,
   ``max_gram``: one lookup per chain draft, one best-first tree per trie
   round of a timed budget, other Max-Gram trees unpriced), else at zero (the
   H100 / H200 reports so far). Modelled, not measured;
-* the same on each TPU chip of ``tpu_reports`` (``benchmarks.tpu_compile``'s
+* the same on each TPU chip of ``tpu_reports`` (``jobs.tpu_compile``'s
   reports, by chip: the compiler's ``optimal_seconds`` of the per-call
   programs, read as ``tpu_compile.program_seconds`` reads them: **TPU compiler
   estimates**, nothing ran on a TPU): the target's ``target_k<K>`` and
@@ -82,13 +82,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import shared, tpu_aot, tpu_compile, tpu_programs, tree_replay
+from benchmarks import shared, tree_replay
 from specdec_jax import api, precision
 from specdec_jax.data import bigram, metrics, tasks
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTreeDrafter, MaxGramTrieDrafter, TreeShape
 from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs import tables
+from specdec_jax.jobs import tables, tpu_aot, tpu_compile, tpu_programs
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
 from specdec_jax.models.interface import make_prompt
@@ -315,7 +315,7 @@ def load_tpu_steps(paths: Sequence[str]) -> dict:
         if 1 not in steps[role]:
             raise ValueError(f"{', '.join(paths)}: no positive {tpu_aot.ESTIMATE} of the "
                              f"{role}'s one-token step; compile the per-call programs "
-                             "(benchmarks/configs/tpu_compile.gin).")
+                             "(configs/runs/tpu_compile.gin).")
     steps["mag_step_s"] = seconds("maxgram_step")
     trie = seconds("maxgram_trie")
     steps["mag_trie_s"] = {} if trie is None else {tpu_programs.TREE_TRIE: trie}

@@ -3,10 +3,9 @@
 
 The jobs are ``run_study`` (the default: a quality-vs-latency sweep),
 ``run_generate`` (one method, outputs printed), ``run_benchmark`` (wall-clock
-speed ratios at batch 1), the training and data jobs; a
+speed ratios at batch 1), the training and data jobs and ``tpu_compile``; a
 config picks one with ``run.job`` (``specdec_jax.jobs.launch.JOBS`` lists
-them). The lab's benchmarks (the TPU compile job among them) run from
-``python -m benchmarks.main``. Example::
+them). The lab's benchmarks run from ``python -m benchmarks.main``. Example::
 
     python -m eval.main --gin_file=configs/runs/cascades_humaneval.gin \\
         --gin_bindings="run_study.num_examples = 5"

@@ -7,7 +7,7 @@ tests need no TPU runtime: ``jax.experimental.topologies`` describes a TPU
 topology and compiles for it under ``JAX_PLATFORMS=cpu`` too. Set here, before any
 test imports jax; subprocesses the tests start inherit it. A ``JAX_PLATFORMS``
 already set is kept, and so is everything on a TPU VM (chips under ``/dev``, the
-same test as ``benchmarks.tpu_aot``'s) or where a CUDA plugin is installed (the GPU check
+same test as ``jobs.tpu_aot``'s) or where a CUDA plugin is installed (the GPU check
 runs this suite on a GPU).
 """
 

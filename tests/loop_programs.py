@@ -4,7 +4,7 @@ TPU compiler, ``test_cpu_loop_buffers.py`` on this CPU): the 1.5B's and the
 0.5B's hidden and MLP sizes, two and one layers, a 2,048-token vocabulary,
 batch 1, a 512-token prompt."""
 
-from benchmarks import hlo_stats, tpu_aot, tpu_programs
+from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_programs
 from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
 
 SHAPES = tpu_programs.Shapes(target="qwen-widths-2", drafter="qwen-widths-1",

@@ -15,8 +15,8 @@ import functools
 import jax
 import pytest
 
-from benchmarks import tpu_programs
 from specdec_jax import sharding
+from specdec_jax.jobs import tpu_programs
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels
 from tests.loop_programs import SHAPES, figures, qwen_width_models

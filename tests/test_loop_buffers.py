@@ -16,7 +16,7 @@ import functools
 
 import pytest
 
-from benchmarks import tpu_aot, tpu_programs
+from specdec_jax.jobs import tpu_aot, tpu_programs
 from tests import tpu_topology
 from tests.loop_programs import SHAPES, figures, qwen_width_models
 

@@ -11,8 +11,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from benchmarks import tpu_compile, tpu_prices
-from specdec_jax.jobs import cost
+from benchmarks import tpu_prices
+from specdec_jax.jobs import cost, tpu_compile
 
 REPORTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "reports"
 

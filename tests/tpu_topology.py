@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import tpu_aot
+from specdec_jax.jobs import tpu_aot
 
 
 def require(topology: str) -> None:

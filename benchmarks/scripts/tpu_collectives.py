@@ -15,7 +15,7 @@ import re
 import sys
 import time
 
-from benchmarks import tpu_aot, tpu_programs
+from specdec_jax.jobs import tpu_aot, tpu_programs
 
 COLLECTIVE = re.compile(
     r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+|\(.*?\)) (all-reduce|all-gather|collective-permute|"

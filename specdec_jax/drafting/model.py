@@ -89,7 +89,7 @@ class ModelDrafter(SingleModelDrafter):
     catch_up_widths: tuple[int, ...] | None = None
     # Unrolls the draft steps into straight-line code (same drafts). A compiler's
     # cost analysis counts a loop body once, so a round priced as one program
-    # (``benchmarks.tpu_programs``' round programs) needs each step visible.
+    # (``jobs.tpu_programs``' round programs) needs each step visible.
     unroll: bool = False
 
     @property

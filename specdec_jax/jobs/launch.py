@@ -34,6 +34,7 @@ JOBS = {
     "run_specdecpp_train": "specdec_jax.jobs.head_training:run_specdecpp_train",
     "run_feature_head_data": "specdec_jax.jobs.head_training:run_feature_head_data",
     "run_feature_head_train": "specdec_jax.jobs.head_training:run_feature_head_train",
+    "tpu_compile": "specdec_jax.jobs.tpu_compile:run_tpu_compile",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
 # writing; training: batches split along the data axis, orbax writing every

@@ -1,11 +1,11 @@
 """The TPU compile job: compile the library's programs for a TPU topology from
-any machine, and report what the compiler says (``benchmarks/configs/tpu_compile.gin``).
+any machine, and report what the compiler says (``configs/runs/tpu_compile.gin``).
 
 Before booking TPUs, check that a job's programs compile for the chips, fit in
 their HBM, keep their loops free of host communication and run the collectives
 a sharded model should. ``run_tpu_compile`` builds every named program from
-shapes alone (``benchmarks.tpu_programs``: registry architectures, bfloat16, no
-weights), compiles it with libtpu for ``topology`` (``benchmarks.tpu_aot``; a CPU-only
+shapes alone (``jobs.tpu_programs``: registry architectures, bfloat16, no
+weights), compiles it with libtpu for ``topology`` (``jobs.tpu_aot``; a CPU-only
 machine will do) and records per program: compiled or the compiler's error,
 HBM use against the chip's, flops, bytes accessed and the compiler's
 ``optimal_seconds``, the roofline floor (weights and KV cache read once at the
@@ -17,7 +17,7 @@ Writes ``out`` (JSON) and its Markdown beside it after every program, and
 resumes: programs already in ``out`` for the same topology and settings are
 skipped (a compile of a 1.5B generate function takes minutes on 2 cores)::
 
-    python -m benchmarks.main --gin_file=benchmarks/configs/tpu_compile.gin \\
+    specdec-jax eval --gin_file=tpu_compile \\
         --gin_bindings="TOPOLOGY = 'v5e:2x2'"
 """
 
@@ -34,8 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import jax
 
-from benchmarks import hlo_stats, tpu_aot, tpu_programs
-from specdec_jax.jobs import resolver, tables
+from specdec_jax.jobs import hlo_stats, resolver, tables, tpu_aot, tpu_programs
 from specdec_jax.runtime import jsonio, resume, timing
 
 TARGET = "qwen2.5-coder-1.5b"
@@ -187,7 +186,7 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
     ``model``), on the topology's first ``data * model`` chips.
     ``train_batch`` / ``train_length``: rows per training step (split over
     ``data``) and tokens per row of the decoder-only training programs
-    (``benchmarks.tpu_training``). ``compiler_options``: XLA options for every
+    (``jobs.tpu_training``). ``compiler_options``: XLA options for every
     compile (recorded; e.g. to compare a flag's effect). Returns the report."""
     names = tpu_programs.expand(programs)
     chip = tpu_aot.chip_of(topology)

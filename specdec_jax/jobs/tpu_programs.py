@@ -27,7 +27,7 @@ so no weight is ever made. Two kinds:
 - *generate* programs, whole ``api.make_generate_fn`` functions (prefill and
   every round inside one program): ``generate_<name>`` in ``GENERATE``;
 - *training* programs, one optimizer step of each training recipe
-  (``benchmarks.tpu_training``): ``TRAINING``.
+  (``jobs.tpu_training``): ``TRAINING``.
 
 ``cost_analysis`` of a whole generate program is not per-call cost (a while
 loop's body is counted once, not per iteration): read it for memory, host
@@ -42,8 +42,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from benchmarks import tpu_aot, tpu_training
-from benchmarks.tpu_aot import Program
 from specdec_jax import api, precision, sharding
 from specdec_jax.checkpoints import registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
@@ -54,6 +52,8 @@ from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
 from specdec_jax.drafting.model import ModelDrafter, default_catch_up_widths
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
+from specdec_jax.jobs import tpu_aot, tpu_training
+from specdec_jax.jobs.tpu_aot import Program
 from specdec_jax.models import feature_head
 from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import Prompt
