@@ -228,11 +228,11 @@ def _make_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, t
         return AutoregressiveDecoder(target=target, **options)
     _check_pair(target, drafter)
     if spec.kind == TREE:
-        drafter = make_tree_drafter(drafter, tree, draws=requested_draws(spec.verifier))
+        drafter = make_tree_drafter(drafter, spec.tree, draws=requested_draws(spec.verifier))
         return TreeDecoder(target=target, drafter=drafter, target_fn=spec.target_fn,
                            verifier=spec.verifier, **options)
     if spec.kind == DRAFT_UNTIL:
-        return DraftUntilDecoder(target=target, drafter=drafter, mode=method,
+        return DraftUntilDecoder(target=target, drafter=drafter, mode=spec.method,
                                  max_drafts=spec.gamma, fallback_alpha=fallback_alpha, **options)
     return SpeculativeDecoder(target=target, drafter=drafter, target_fn=spec.target_fn,
                               gamma=spec.gamma, verifier=spec.verifier, **options)
