@@ -36,14 +36,14 @@ from specdec_jax.verify_tree import (
 )
 
 # name -> a constructor of the strategy (frozen dataclasses: hashable, static).
-CHAIN_VERIFIERS: dict[str, Callable[[], Any]] = {
+CHAIN_BY_NAME: dict[str, Callable[[], Any]] = {
     "token": TokenVerifier, "block": BlockVerifier, "block-seed": SeedBlockVerifier}
-TREE_VERIFIER_TYPES: dict[str, Callable[[], Any]] = {
+TREE_BY_NAME: dict[str, Callable[[], Any]] = {
     "traversal": TraversalVerifier, "rrs": RecursiveRejectionVerifier,
     "rrs-replacement": functools.partial(RecursiveRejectionVerifier, name="rrs-replacement"),
     "greedy": GreedyTreeVerifier}
-VERIFIERS = tuple(CHAIN_VERIFIERS)  # chains; the default first
-TREE_VERIFIERS = tuple(TREE_VERIFIER_TYPES)  # trees; the default first
+VERIFIERS = tuple(CHAIN_BY_NAME)  # chains; the default first
+TREE_VERIFIERS = tuple(TREE_BY_NAME)  # trees; the default first
 ALL_VERIFIERS = VERIFIERS + tuple(v for v in TREE_VERIFIERS if v not in VERIFIERS)
 DEFAULT_TREE_VERIFIER = TREE_VERIFIERS[0]
 # A chain verifier's name, given for a tree: its tree form.
@@ -56,9 +56,9 @@ def get_verifier(name: str | None = None, *, tree: bool = False) -> Any:
     token tree; None is the default of each (``token``, ``traversal``)."""
     if not tree:
         name = VERIFIERS[0] if name is None else name
-        if name in CHAIN_VERIFIERS:
-            return CHAIN_VERIFIERS[name]()
-        if name in TREE_VERIFIER_TYPES:
+        if name in CHAIN_BY_NAME:
+            return CHAIN_BY_NAME[name]()
+        if name in TREE_BY_NAME:
             raise ValueError(f"verifier {name!r} verifies token trees; pass tree=... (e.g. "
                              f"(3, 2, 1, 1)) or a chain verifier: {', '.join(VERIFIERS)}.")
         raise ValueError(f"unknown verifier {name!r}; choose one of "
@@ -67,10 +67,10 @@ def get_verifier(name: str | None = None, *, tree: bool = False) -> Any:
     if name == "block-seed":
         raise ValueError("the 'block-seed' verifier carries state between chain rounds and has "
                          "no tree form; use 'traversal' (the tree form of 'block') or 'rrs'.")
-    if name not in TREE_VERIFIER_TYPES:
+    if name not in TREE_BY_NAME:
         raise ValueError(f"unknown tree verifier {name!r}; choose one of "
                          f"{', '.join(TREE_VERIFIERS)} (or token = rrs, block = traversal).")
-    return TREE_VERIFIER_TYPES[name]()
+    return TREE_BY_NAME[name]()
 
 
 def requested_draws(verifier) -> str | None:
