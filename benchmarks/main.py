@@ -3,9 +3,8 @@
 The package's gin launcher (``specdec_jax.jobs.launch``) with the benchmark
 jobs added: the ``bench_*`` timing jobs and ``tpu_prices``. It runs the
 package's own jobs too (``run_study``, ``tpu_compile`` ...), so every lab
-config runs from here. Run from the
-repository root (``benchmarks`` is not installed: ``pip install`` ships the
-library, not its lab). Example::
+config runs from here. Run from the repository root (``benchmarks`` is not
+installed: ``pip install`` ships the library, not its lab). Example::
 
     python -m benchmarks.main --gin_file=benchmarks/configs/speculative.gin
 """

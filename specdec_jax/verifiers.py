@@ -9,7 +9,8 @@ Chains (a block of G drafts a round):
 
 Token trees (``tree=...``; ``verify_tree``):
 
-- ``traversal`` (the default): traversal verification, the tree form of ``block``;
+- ``traversal`` (the default: it accepts the most, +4.3% over RRS on the 0.5B's
+  trees): traversal verification, the tree form of ``block``;
 - ``rrs``: recursive rejection sampling, the tree form of ``token``;
 - ``rrs-replacement``: RRS over children drawn *with* replacement (SpecInfer's
   trees): the name asks the drafter to draw so (``requested_draws``);

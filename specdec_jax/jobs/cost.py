@@ -508,7 +508,7 @@ def calibrate(*, target, target_params, drafter, drafter_params, context: int,
 # In-loop calls timed to price a run: few, at a typical cache fill (a call's cost barely
 # moves with the fill at these lengths), the median of a few repeats (one sample on a
 # shared machine can be off by 50%).
-RUN_TIMING_STEPS, RUN_TIMING_REPEATS, RUN_TIMING_FILL = 4, 3, 64
+RUN_TIMING_STEPS, RUN_TIMING_REPEATS, RUN_TIMING_FILL = STEPS_PER_TIMING, 3, 64
 # Tokens per target call measured for a pair at a draft length (greedy, the first
 # command's prompts; benchmarks/reports/first_command_cpu.txt): the acceptance the
 # draft-length choice expects of it. Other pairs expect DEFAULT_ALPHA per draft.
