@@ -9,6 +9,7 @@ what a decoding loop samples. Positions before the start read token 0.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.struct
 import jax
@@ -92,7 +93,7 @@ class TableLM:
                           cache=new_cache)
 
     def score_tree(self, params: dict, tokens: Array, parents: Array, cache: TableCache,
-                   start: int = 0) -> StepOutput:
+                   start: int | Array = 0) -> StepOutput:
         """Token-tree scoring (``DecoderOnlyLM.score_tree``): node i's context is
         the committed history then the tokens on the path root -> i; its token
         is written to the scratch slot ``lengths + i``, lengths unchanged."""
@@ -107,9 +108,12 @@ class TableLM:
         slots_BxN = jnp.clip(cache.lengths[:, None] + jnp.arange(n)[None, :], 0,
                              cache.max_length - 1)
         node_tokens_BxN = history[rows_B1, slots_BxN]
-        anc_BxKxN = interface.tree_ancestors(parents.astype(jnp.int32))[:, start:start + k]
+        # ``start`` may be traced (a dynamic tree's loop over its equally wide depths).
+        nodes = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=start,
+                                  slice_size=k, axis=1)
+        anc_BxKxN = nodes(interface.tree_ancestors(parents.astype(jnp.int32)))
         all_depth_BxN = interface.tree_depths(parents.astype(jnp.int32))
-        depth_BxK = all_depth_BxN[:, start:start + k]
+        depth_BxK = nodes(all_depth_BxN)
         index_BxK = jnp.zeros((batch, k), jnp.int32)
         for back in range(self.order):  # back = 0 is the node's own token
             # The ancestor at depth d_i - back (on the path), else the committed

@@ -66,6 +66,8 @@ CHAINS = [(v, d, None) for v in (None, "token", "block", "block-seed") for d in 
 TREES = [(v, "model", t) for v in (None, "traversal", "rrs", "rrs-replacement", "token", "block")
          for t in ("2,2", "dynamic:2,1,2")]
 TREES += [(v, "model", CUSTOM) for v in ("traversal", "rrs", "rrs-replacement")]
+# Depth 4: the dynamic tree's middle depths drafted in a loop (two iterations).
+TREES += [(v, "model", "dynamic:4,1,2") for v in ("traversal", "rrs")]
 TREES += [(v, "mag", t) for v in ("traversal", "rrs") for t in ("2,1", "parents:-1,-1,0,1")]
 
 

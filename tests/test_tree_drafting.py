@@ -167,14 +167,20 @@ def test_a_width_one_static_tree_is_the_chain(which, temperature):
         np.testing.assert_array_equal(np.asarray(got.calls), np.asarray(want.calls))
 
 
+@pytest.mark.parametrize(("depth", "with_next"), [(3, True), (5, True), (5, False)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_dynamic_tree_expands_the_most_probable_paths(temperature):
-    drafter = DynamicTreeDrafter(TOY, depth=3, expand=2, children=3, name="toy")
-    n = 3 + 2 * 6
+def test_dynamic_tree_expands_the_most_probable_paths(temperature, depth, with_next):
+    """Every node's law is the drafter's at its context (the last depth's
+    only with ``with_next``, else zero), and each depth's ``expand`` most probable nodes
+    get the children. Depths 1 .. depth - 2 are drafted in a ``fori_loop``:
+    depth 5 runs it three times."""
+    drafter = DynamicTreeDrafter(TOY, depth=depth, expand=2, children=3, name="toy")
+    n = 3 + (depth - 1) * 6
     assert drafter.num_nodes == n
-    proposal = _propose(drafter, TOY_PARAMS, temperature, key=4)
+    proposal = _propose(drafter, TOY_PARAMS, temperature, key=4, with_next=with_next)
     _check_tree(proposal, n)
     par, tok = np.asarray(proposal.parents), np.asarray(proposal.tokens)
+    leaves = set(range(n)) - set(par.ravel().tolist())
     for b, prompt in enumerate(PROMPTS):
         value = {-1: 1.0}
         for i in range(n):
@@ -184,7 +190,16 @@ def test_dynamic_tree_expands_the_most_probable_paths(temperature):
             value[i] = value[par[b, i]] * full[tok[b, i]]
             law = np.eye(V)[np.argmax(full)] if temperature == 0 else full
             np.testing.assert_allclose(np.asarray(proposal.q[b, par[b, i] + 1]), law, atol=1e-5)
-        for start, stop in ((0, 3), (3, 9)):  # each depth: its 2 most probable nodes expand
+            if i in leaves:
+                leaf = _toy_law(context + (int(tok[b, i]),))
+                scored = with_next or i < n - 6  # the last depth is scored only with_next
+                want = (np.eye(V)[np.argmax(leaf)] if temperature == 0 else leaf) if scored \
+                    else np.zeros(V)
+                np.testing.assert_allclose(np.asarray(proposal.q[b, i + 1]), want, atol=1e-5)
+        starts = [0, 3] + [3 + 6 * d for d in range(1, depth - 1)]
+        for start, stop in zip(starts, starts[1:] + [n]):  # its 2 most probable nodes expand
+            if stop == n:
+                break
             expanded = sorted(set(par[b, stop:stop + 6].tolist()))
             best = sorted(start + np.argsort([-value[i] for i in range(start, stop)],
                                              kind="stable")[:2])
@@ -382,3 +397,20 @@ def test_greedy_tree_rounds_reproduce_the_targets_greedy_output(drafts_with):
             want.append(int(np.argmax(t_table[target.context_index(tuple(want))])))
         assert histories[b] == want, f"row {b}"
     assert sum(len(h) - len(p) for h, p in zip(histories, PROMPTS, strict=True)) > 8
+
+
+def test_a_dynamic_trees_program_does_not_grow_with_its_depth():
+    """Depths 1 .. depth - 2 share one traced drafter call (a ``fori_loop``):
+    the program holds as many of the drafter's products at depth 6 as at 3
+    (unrolled, each depth added a copy of the layers)."""
+    model, params = _small_decoder()
+    sp = sampling_params(temperature=1.0)
+
+    def products(depth):
+        drafter = DynamicTreeDrafter(model, depth=depth, expand=2, children=2, name="d",
+                                     catch_up_widths=(1,))
+        state, context = _start(drafter, params)
+        lowered = _jitted(drafter, True).lower(params, state, context, jax.random.PRNGKey(0), sp)
+        return lowered.as_text().count("dot_general")
+
+    assert products(6) == products(3) > 0

@@ -227,9 +227,11 @@ class FixedShapeDrafter:
 
 @dataclasses.dataclass(frozen=True)
 class _DraftedLevels:
-    """What a model tree drafter records while its level loop unrolls (a
-    Python loop, traced once): each level's laws (``q`` / ``q_stat``: [B, W, V]
-    per level, the root's first) and the counters of the calls that scored them."""
+    """What a model tree drafter records while it drafts, depth by depth (a
+    Python loop, traced once): the laws of each block of rows (``q`` /
+    ``q_stat``: [B, W, V] per depth, the root's first, concatenated by
+    ``proposal``; or one [B, N + 1, V] block written in place) and the
+    counters of the calls that scored them."""
 
     q: tuple[Array, ...]
     q_stat: tuple[Array, ...]
@@ -415,41 +417,100 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
     def propose_tree(self, params, state: TreeDrafterState, context: Context, with_next: bool,
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
                      ) -> tuple[TreeProposal, TreeDrafterState]:
+        """Depth 0 (``children`` nodes) and depth 1 are drafted as written; the
+        depths 1 .. depth - 2 that get children all have ``expand * children``
+        nodes, so they run as one traced drafter call in a ``fori_loop``: a
+        compiled program holds three copies of the drafter's layers whatever
+        the depth, not one per depth (each copy brings its own weight
+        prefetches and scratch on a TPU). Same calls, keys and laws as an
+        unrolled loop."""
         keys = jax.random.split(key, self.depth + 1)
         levels, logits, dist, cache = self._root(params, state, context, sp, config)
         batch = logits.shape[0]
-        n, k = self.num_nodes, self.children
-        kids_BxWxk = draw_children(keys[0], dist.probs, logits, k, sp.temperature,
-                                   self.replacement)  # W = 1
-        tokens_BxW = kids_BxWxk[:, 0]
+        n, k, wide = self.num_nodes, self.children, self.expand * self.children
+        tokens_BxW = draw_children(keys[0], dist.probs, logits, k, sp.temperature,
+                                   self.replacement)[:, 0]  # the root's W = 1
         value_BxW = jnp.take_along_axis(dist.stats[:, 0], tokens_BxW, axis=1)
-        parents_BxN = jnp.full((batch, n), -1, jnp.int32)  # later levels filled as drawn
-        level_tokens, start = [tokens_BxW], 0
-        for level, width in enumerate(self.level_sizes):
-            last = level + 1 == self.depth
-            if not last or with_next:
-                levels, logits, dist, cache = self._score_level(
-                    params, levels, tokens_BxW, parents_BxN, cache, start, sp, config)
-            else:
-                levels = levels.unscored(width)
-            if last:
-                break
-            # The `expand` most probable paths of this depth get children; sorted
-            # by node index so the next depth's parents stay non-decreasing.
-            chosen_BxM = jnp.sort(jax.lax.top_k(value_BxW, self.expand)[1], axis=1)
-            pick = functools.partial(_pick, index_BxM=chosen_BxM)
-            probs_BxMxV, stats_BxMxV = pick(dist.probs), pick(dist.stats)
-            kids_BxMxk = draw_children(keys[level + 1], probs_BxMxV, pick(logits), k,
-                                       sp.temperature, self.replacement)
-            child_value = _pick(value_BxW, chosen_BxM)[..., None] * jnp.take_along_axis(
-                stats_BxMxV, kids_BxMxk, axis=2)  # [B, M, k]
-            start += width
-            new_parents = jnp.repeat(start - width + chosen_BxM, k, axis=1)  # [B, M * k]
-            parents_BxN = parents_BxN.at[:, start:start + new_parents.shape[1]].set(new_parents)
-            tokens_BxW = kids_BxMxk.reshape(batch, -1)
-            value_BxW = child_value.reshape(batch, -1)
+        parents_BxN = jnp.full((batch, n), -1, jnp.int32)  # later depths filled as drawn
+        level_tokens = [tokens_BxW]
+        if self.depth > 1:
+            levels, logits, dist, cache = self._score_level(
+                params, levels, tokens_BxW, parents_BxN, cache, 0, sp, config)
+            tokens_BxW, value_BxW, parents_BxN = self._expand(
+                keys[1], dist, logits, value_BxW, parents_BxN, 0, k, sp)
             level_tokens.append(tokens_BxW)
+        middle = self.depth - 2  # depths scored and expanded inside the loop
+        if middle <= 0:
+            if with_next:  # the last depth's laws, for the bonus token
+                levels, logits, dist, cache = self._score_level(
+                    params, levels, tokens_BxW, parents_BxN, cache, n - tokens_BxW.shape[1], sp,
+                    config)
+            else:
+                levels = levels.unscored(tokens_BxW.shape[1])
+            return self._finish(levels, level_tokens, parents_BxN, cache, with_next)
+
+        # The laws of all N + 1 rows in one buffer each, written in place by the
+        # loop (rows not scored stay zero: the last depth's without ``with_next``).
+        done = 1 + k  # rows written so far: the root's and depth 0's
+        rest = jnp.zeros((batch, n + 1 - done, dist.probs.shape[-1]), jnp.float32)
+        q_BxN1xV, q_stat_BxN1xV = (jnp.concatenate(laws + (rest,), axis=1)
+                                   for laws in (levels.q, levels.q_stat))
+
+        def score(start, tokens_BxW, parents_BxN, cache, laws):
+            """Scores the nodes ``start ..`` and writes their laws at rows ``1 + start ..``."""
+            out = self.model.score_tree(params, tokens_BxW, parents_BxN, cache, start=start)
+            dist = sampling.distributions(out.logits, sp.temperature, sp.top_p, config)
+            put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=1 + start,
+                                    axis=1)
+            q_BxN1xV, q_stat_BxN1xV, nan_B = laws
+            return out, dist, (put(q_BxN1xV, dist.probs), put(q_stat_BxN1xV, dist.stats),
+                               nan_B + has_nan(out.logits))
+
+        def depth_fn(i, carry):
+            drawn_BxR, tokens_BxW, value_BxW, parents_BxN, cache, laws = carry
+            start = k + i * wide
+            out, dist, laws = score(start, tokens_BxW, parents_BxN, cache, laws)
+            tokens_BxW, value_BxW, parents_BxN = self._expand(
+                keys[i + 2], dist, out.logits, value_BxW, parents_BxN, start, wide, sp)
+            drawn_BxR = jax.lax.dynamic_update_slice_in_dim(drawn_BxR, tokens_BxW, i * wide, axis=1)
+            return drawn_BxR, tokens_BxW, value_BxW, parents_BxN, out.cache, laws
+
+        drawn_BxR, tokens_BxW, value_BxW, parents_BxN, cache, laws = jax.lax.fori_loop(
+            0, middle, depth_fn, (jnp.zeros((batch, middle * wide), jnp.int32), tokens_BxW,
+                                  value_BxW, parents_BxN, cache,
+                                  (q_BxN1xV, q_stat_BxN1xV, jnp.zeros((batch,), jnp.int32))))
+        level_tokens.append(drawn_BxR)
+        calls = middle + int(with_next)
+        if with_next:  # the last depth's laws, for the bonus token
+            out, _, laws = score(n - wide, tokens_BxW, parents_BxN, cache, laws)
+            cache = out.cache
+        q_BxN1xV, q_stat_BxN1xV, nan_B = laws
+        levels = _DraftedLevels(
+            q=(q_BxN1xV,), q_stat=(q_stat_BxN1xV,), calls_B=levels.calls_B + calls,
+            fed_B=levels.fed_B + calls * wide, single_B=levels.single_B + calls * int(wide == 1),
+            nan_B=levels.nan_B + nan_B)
         return self._finish(levels, level_tokens, parents_BxN, cache, with_next)
+
+    def _expand(self, key, dist, logits, value_BxW, parents_BxN, start, width: int, sp):
+        """The next depth from a scored one (nodes ``start .. start + width - 1``):
+        the ``expand`` nodes of highest path probability get ``children``
+        each, drawn from their laws with ``key``. Returns the new depth's
+        tokens [B, M * k] and path probabilities, and ``parents`` with its
+        nodes' parents written at ``start + width ..``."""
+        k = self.children
+        # Sorted by node index so the next depth's parents stay non-decreasing.
+        chosen_BxM = jnp.sort(jax.lax.top_k(value_BxW, self.expand)[1], axis=1)
+        pick = functools.partial(_pick, index_BxM=chosen_BxM)
+        stats_BxMxV = pick(dist.stats)
+        kids_BxMxk = draw_children(key, pick(dist.probs), pick(logits), k, sp.temperature,
+                                   self.replacement)
+        child_value = _pick(value_BxW, chosen_BxM)[..., None] * jnp.take_along_axis(
+            stats_BxMxV, kids_BxMxk, axis=2)  # [B, M, k]
+        batch = kids_BxMxk.shape[0]
+        new_parents = jnp.repeat(start + chosen_BxM, k, axis=1)  # [B, M * k]
+        parents_BxN = jax.lax.dynamic_update_slice_in_dim(parents_BxN, new_parents,
+                                                          start + width, axis=1)
+        return kids_BxMxk.reshape(batch, -1), child_value.reshape(batch, -1), parents_BxN
 
 
 def ranked_candidates(text_BxT: Array, n_B: Array, bigram_V: Array, max_ngram: int,

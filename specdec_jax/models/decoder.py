@@ -493,7 +493,7 @@ class DecoderOnlyLM:
         return StepOutput(logits=logits, hidden=hidden, cache=new_cache)
 
     def score_tree(self, params: dict, tokens: Array, parents: Array, cache: DecoderCache,
-                   start: int = 0) -> StepOutput:
+                   start: int | Array = 0) -> StepOutput:
         """Scores the nodes ``start .. start + K - 1`` (``tokens`` [B, K]) of a
         token tree with ``parents`` [B, N] (-1 = the root) in one call.
 
@@ -501,7 +501,8 @@ class DecoderOnlyLM:
         committed cache and to its ancestors (itself included); its
         keys/values are written to the scratch slot ``lengths + i``. Nodes
         before ``start`` must already be in their slots (an earlier call of
-        the same tree: a drafter grows its tree one depth per call). Returns
+        the same tree: a drafter grows its tree one depth per call; ``start``
+        may be a traced int32, as in a loop over equally wide depths). Returns
         logits [B, K, V] (next-token logits after each node) and the cache
         with the nodes in scratch and its lengths unchanged; ``commit_path``
         keeps the accepted path. See the interface module ('Token trees').

@@ -246,7 +246,7 @@ class TreeLanguageModel(LanguageModel, Protocol):
     """A model that can also score token trees (decoder-only models)."""
 
     def score_tree(self, params: Any, tokens: Array, parents: Array, cache: Cache,
-                   start: int = 0) -> StepOutput: ...
+                   start: int | Array = 0) -> StepOutput: ...
 
     def commit_path(self, cache: Cache, nodes: Array, count: Array) -> Cache: ...
 
@@ -280,7 +280,7 @@ def tree_depths(parents_BxN: Array) -> Array:
 
 
 def tree_positions_and_mask(lengths_B: Array, parents_BxN: Array, max_length: int,
-                            start: int = 0, k: int | None = None) -> tuple[Array, Array]:
+                            start: int | Array = 0, k: int | None = None) -> tuple[Array, Array]:
     """(positions int32 [B, K], mask bool [B, K, S]) for nodes ``start ..
     start + K - 1`` of an N-node tree (all N by default) whose scratch slots
     are ``L .. L + N - 1``: position ``L + d_i``; key s is visible iff ``s <
@@ -288,7 +288,8 @@ def tree_positions_and_mask(lengths_B: Array, parents_BxN: Array, max_length: in
     itself."""
     n = parents_BxN.shape[1]
     k = n - start if k is None else k
-    anc_BxNxN = tree_ancestors(parents_BxN)[:, start:start + k]  # [B, K, N]
+    # [B, K, N]; ``start`` may be traced (a drafter's loop over equally wide depths).
+    anc_BxNxN = jax.lax.dynamic_slice_in_dim(tree_ancestors(parents_BxN), start, k, axis=1)
     depth_BxK = jnp.sum(anc_BxNxN, axis=-1, dtype=jnp.int32) - 1
     positions_BxK = lengths_B[:, None] + depth_BxK
     rel_S = jnp.arange(max_length)[None, :] - lengths_B[:, None]  # [B, S]
@@ -301,13 +302,14 @@ def tree_positions_and_mask(lengths_B: Array, parents_BxN: Array, max_length: in
 
 
 def check_tree(tokens: Array, parents: Array, lengths: Array, max_length: int,
-               vocab_size: int, start: int = 0, where: str = "score_tree") -> None:
+               vocab_size: int, start: int | Array = 0, where: str = "score_tree") -> None:
     """Static and (when concrete) value checks for one ``score_tree`` call."""
     if tokens.ndim != 2 or parents.ndim != 2 or parents.shape[0] != tokens.shape[0]:
         raise ValueError(f"{where}: tokens must be int [B, K] and parents int [B, N], got "
                          f"{tokens.shape} and {parents.shape}.")
     n = parents.shape[1]
-    if not 0 <= start or start + tokens.shape[1] > n:
+    # A traced start (a drafter's depth loop) is the caller's to keep in range.
+    if isinstance(start, int) and (not 0 <= start or start + tokens.shape[1] > n):
         raise ValueError(f"{where}: feeding nodes {start} .. {start + tokens.shape[1] - 1} of "
                          f"a tree of {n} nodes.")
     check_extend(tokens, lengths, max_length, vocab_size, where)
