@@ -240,3 +240,18 @@ def test_temp_buffers_read_the_hbm_temporaries_of_a_buffer_assignment():
     assert values[0]["type"] == "f32[512,1024]" and values[0]["opcode"] == "fusion"
     assert values[0]["source"] == "/src/specdec_jax/models/decoder.py:321 (_DecoderNet.__call__)"
     assert [v["name"] for v in hlo_stats.temp_buffers(ASSIGNMENT, LOOPS, top=1)] == ["copy32"]
+
+
+def test_hbm_temporaries_sum_the_hbm_space_and_find_the_small_values_at_its_top():
+    assignment = ASSIGNMENT.replace(
+        " value: <5 logits @0> (size=2048,offset=0): f32[1,512]{1,0}\n",
+        " value: <5 logits @0> (size=2048,offset=0): f32[1,512]{1,0}\n"
+        " value: <9 d1 @0> (size=512,offset=2097152): (s32[])\n"
+        " value: <10 d2 @0> (size=512,offset=2113536): (s32[])\n").replace(
+        "allocation 2: size 2097152, preallocated-temp:",
+        "allocation 2: size 2114048, preallocated-temp:")
+    # allocations 2 (temporaries) and 5 (thread-local); not the parameter, output,
+    # constant or on-chip ones
+    assert hlo_stats.hbm_temporaries(assignment) == {
+        "bytes": 2114048 + 512, "small_values": 2, "small_span_bytes": 2113536 + 512 - 2097152}
+    assert hlo_stats.hbm_temporaries(ASSIGNMENT)["small_values"] == 0

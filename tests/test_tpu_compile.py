@@ -89,6 +89,7 @@ def test_a_round_compiles_as_one_program_with_each_draft_step_visible():
     # Its temporaries named from the compiler's buffer assignment, largest first.
     sizes = [v["bytes"] for v in whole["temp_buffers"]]
     assert sizes and sizes == sorted(sizes, reverse=True)
+    assert whole["hbm_temporaries"]["bytes"] >= sizes[0]
     assert "temp_buffers" not in records["drafter_k1"]  # per-call programs are not dumped
     # No output head: fewer flops than the drafter's step.
     assert records["drafter_k1_no_head"]["flops"] < records["drafter_k1"]["flops"]

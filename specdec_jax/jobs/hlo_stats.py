@@ -379,6 +379,38 @@ _VALUE = re.compile(r"^\s*value: <\d+ ([\w.\-]+)(\{[^}]*\})? @(\d+)> "
                     r"\(size=(\d+),offset=(\d+)\): (.*)$")
 
 
+def hbm_temporaries(assignment: str) -> dict:
+    """``{"bytes", "small_values", "small_span_bytes"}`` of a buffer
+    assignment's HBM (memory space 0) temporaries: the allocations that hold
+    no parameter, constant or output, thread-local ones included.
+    ``memory_analysis().temp_size_in_bytes`` is not this on a TPU: it exceeds
+    it by 40-120 MB for the Qwen pair's generate programs on v5e, memory that
+    no HBM allocation of the assignment holds. ``small_values``: values of at
+    most 4 KiB (a prefetch's async-copy descriptors, tuples) above the last
+    larger value of the largest allocation, and ``small_span_bytes`` the span they
+    take: the TPU compiler gives each its own 16 KiB-aligned slot, so a
+    program with more prefetched calls holds more of them."""
+    sizes, allocation, values = {}, None, {}
+    for line in assignment.splitlines():
+        head = _ALLOCATION.match(line)
+        if head:
+            allocation = None
+            if not re.search(r"\bcolor [1-9]|parameter|constant|output|live-out",
+                             head.group(3)):
+                allocation = head.group(1)
+                sizes[allocation] = int(head.group(2))
+            continue
+        value = _VALUE.match(line) if allocation is not None else None
+        if value is not None and value.group(3) == "0":
+            values.setdefault(allocation, []).append((int(value.group(5)), int(value.group(4))))
+    # The small values of the largest allocation (the program's preallocated temporaries).
+    here = values.get(max(sizes, key=sizes.get), []) if sizes else []
+    large_end = max((o + s for o, s in here if s > 4096), default=0)
+    above = [(o, s) for o, s in here if o >= large_end]
+    return {"bytes": sum(sizes.values()), "small_values": len(above),
+            "small_span_bytes": max((o + s for o, s in above), default=large_end) - large_end}
+
+
 def temp_buffers(assignment: str, text: str, top: int = 8) -> list[dict]:
     """The largest values behind a program's HBM temporaries, read from the
     compiler's buffer assignment (``assignment``: the

@@ -121,8 +121,9 @@ def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip
             assignment = sorted(pathlib.Path(dump).glob(
                 "*after_optimizations-buffer-assignment.txt"))
             if assignment:
-                record["temp_buffers"] = hlo_stats.temp_buffers(
-                    assignment[-1].read_text(), compiled.as_text())
+                text = assignment[-1].read_text()
+                record["temp_buffers"] = hlo_stats.temp_buffers(text, compiled.as_text())
+                record["hbm_temporaries"] = hlo_stats.hbm_temporaries(text)
         if interesting_log(log):
             record["compiler_log"] = interesting_log(log)
     except Exception as error:  # noqa: BLE001 - a program that does not compile is a result
@@ -303,6 +304,14 @@ def _value(value: dict) -> str:
     return f"{value['bytes'] / 1e6:.1f} MB {value['type']} at {where.rsplit('/', 1)[-1]}"
 
 
+def _hbm_space(record: dict) -> str:
+    space = record.get("hbm_temporaries")
+    if not space:
+        return "-"
+    return (f"{space['bytes'] / 1e6:.1f} ({space['small_values']}, "
+            f"{space['small_span_bytes'] / 1e6:.1f})")
+
+
 def markdown(report: dict) -> str:
     """The report as Markdown: settings, then one table row per program."""
     s, env = report["settings"], report.get("environment", {})
@@ -357,9 +366,15 @@ def markdown(report: dict) -> str:
                   "compiler's buffer assignment; values share their allocation over their "
                   "lifetimes, so they do not add up):", ""]
         lines += tables.markdown_table(
-            ["program", "largest temporary values (MB, type, source)"],
-            [[f"`{name}`", "; ".join(_value(v) for v in values[:3])]
-             for name, values in buffers])
+            ["program", "HBM-space temporaries MB (small values: count, MB they span)",
+             "largest temporary values (MB, type, source)"],
+            [[f"`{name}`", _hbm_space(report["programs"][name]),
+              "; ".join(_value(v) for v in values[:3])] for name, values in buffers])
+        lines += ["", "HBM-space temporaries: the buffer assignment's memory-space-0 "
+                  "allocations beside arguments and outputs (`memory.temp`, the compiler's "
+                  "`temp_size_in_bytes`, counts more on a TPU); small values: the async-copy "
+                  "descriptors of weight prefetches and tuples of at most 4 KiB at the top of "
+                  "the allocation, each in its own 16 KiB-aligned slot."]
     lines += ["", "HBM: arguments + outputs + temporaries + generated code, less donated "
               "(aliased) buffers, per chip; its temporaries are the compiler's buffers beside "
               "arguments and outputs. A weight-sized value written per loop iteration is a "
