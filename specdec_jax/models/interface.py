@@ -240,6 +240,11 @@ def causal_cache_mask(lengths_B: Array, k: int, max_length: int) -> Array:
 # copies slots 5, 7, 9 to 5, 6, 7 and sets lengths to 8. A chain is the tree
 # ``parents[i] = i - 1``; scoring it equals ``extend`` and committing all of it
 # leaves the cache ``extend`` leaves.
+#
+# ``score_tree(..., start=s)`` scores only nodes ``s .. s + K - 1`` (a drafter
+# grows its tree one depth per call). ``s`` may be a traced int32 scalar: the
+# dynamic tree drafter scores its equally wide depths in a ``fori_loop``, so an
+# implementation slices with ``lax.dynamic_slice``, not Python indexing.
 
 
 class TreeLanguageModel(LanguageModel, Protocol):
