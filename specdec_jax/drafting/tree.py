@@ -417,13 +417,14 @@ class DynamicTreeDrafter(_ModelTreeDrafter):
     def propose_tree(self, params, state: TreeDrafterState, context: Context, with_next: bool,
                      key: Array, sp: sampling.SamplingParams, config: sampling.SamplingConfig
                      ) -> tuple[TreeProposal, TreeDrafterState]:
-        """Depth 0 (``children`` nodes) and depth 1 are drafted as written; the
-        depths 1 .. depth - 2 that get children all have ``expand * children``
-        nodes, so they run as one traced drafter call in a ``fori_loop``: a
-        compiled program holds three copies of the drafter's layers whatever
-        the depth, not one per depth (each copy brings its own weight
-        prefetches and scratch on a TPU). Same calls, keys and laws as an
-        unrolled loop."""
+        """Depth 0 (``children`` nodes) is scored and expanded on its own;
+        depths 1 .. depth - 2, all ``expand * children`` nodes wide, are
+        scored and expanded by one traced drafter call in a ``fori_loop``;
+        the last depth is scored after it, only ``with_next``. So a compiled
+        program holds at most three ``score_tree`` copies of the drafter's
+        layers whatever the depth, not one per depth (on a TPU each copy
+        brings its own weight prefetches and scratch). Same calls, keys and
+        laws as one call per depth written out."""
         keys = jax.random.split(key, self.depth + 1)
         levels, logits, dist, cache = self._root(params, state, context, sp, config)
         batch = logits.shape[0]
