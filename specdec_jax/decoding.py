@@ -42,7 +42,12 @@ from specdec_jax.drafting.base import (
     write_rows,
 )
 from specdec_jax.drafting.model import ModelDrafter, has_nan
-from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
+from specdec_jax.models.interface import (
+    LanguageModel,
+    Prompt,
+    is_encoder_decoder,
+    switch_writing_windows,
+)
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.target_functions import TargetFunction
 from specdec_jax.verify import (
@@ -208,12 +213,13 @@ def extend_bucketed(model: LanguageModel, params, tokens_BxW: Array, needed: Arr
         def fn(cache):
             out = model.extend(params, tokens_BxW[:, :width], cache)
             pad = lambda x: jnp.pad(x, ((0, 0), (0, full - width), (0, 0)))  # noqa: E731
-            return pad(out.logits), pad(out.hidden), out.cache
+            return (pad(out.logits), pad(out.hidden)), out.cache, cache.lengths
         return fn
 
     branch = jnp.sum(needed > jnp.asarray(sizes)).astype(jnp.int32)
-    logits, hidden, cache = jax.lax.switch(branch, [run(w) for w in sizes], cache)
-    return logits, hidden, cache, jnp.asarray(sizes, jnp.int32)[branch]
+    (logits, hidden), new = switch_writing_windows(branch, [run(w) for w in sizes], cache,
+                                                   most=full)
+    return logits, hidden, new, jnp.asarray(sizes, jnp.int32)[branch]
 
 
 def emit_round(decoder, state, drafts_BxG, accepted_B, next_B, pending_B):

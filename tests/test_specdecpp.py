@@ -715,3 +715,50 @@ def test_bad_benchmark_settings_are_refused_before_loading(monkeypatch, tmp_path
     with pytest.raises(error, match=message):
         bench_main.main(["--gin_file", f"benchmarks/configs/{gin_file}.gin",
                         *(f"--gin.{b}" for b in [*defaults, *bindings])])
+
+
+def test_a_bucketed_call_leaves_the_cache_as_a_switch_over_whole_caches_does():
+    """``extend_bucketed`` writes only the fed window back after its switch
+    (``interface.switch_writing_windows``): at every width its logits and cache
+    equal, bit for bit, those of a ``lax.switch`` whose branches return the
+    whole cache, and a narrow call leaves the entries after its window as
+    they were."""
+    from specdec_jax.decoding import extend_bucketed
+    from specdec_jax.models import DecoderConfig, DecoderOnlyLM
+
+    model = DecoderOnlyLM(DecoderConfig(vocab_size=16, hidden_size=32, intermediate_size=64,
+                                        num_layers=2, num_heads=4, num_kv_heads=2))
+    params = model.init_params(jax.random.PRNGKey(3))
+    cache = model.prefill(params, make_prompt([[3, 1, 4, 1, 5], [9, 2, 6]]),
+                          model.init_cache(2, 16)).cache
+    # Stale entries past each row's length: a narrow call must leave them.
+    cache = cache.replace(keys=tuple(k + 7.0 for k in cache.keys))
+    tokens = jnp.asarray([[2, 7, 1, 8], [2, 8, 1, 8]], jnp.int32)
+    widths = (1, 2, 4)
+
+    @jax.jit
+    def whole_caches(needed):
+        def run(width):
+            def fn(cache):
+                out = model.extend(params, tokens[:, :width], cache)
+                return jnp.pad(out.logits, ((0, 0), (0, 4 - width), (0, 0))), out.cache
+            return fn
+        branch = jnp.sum(needed > jnp.asarray(widths)).astype(jnp.int32)
+        return jax.lax.switch(branch, [run(w) for w in widths], cache)
+
+    bucketed_fn = jax.jit(lambda needed: extend_bucketed(model, params, tokens, needed, cache,
+                                                         widths))
+    for needed in range(1, 5):
+        logits, _, bucketed, width = bucketed_fn(jnp.int32(needed))
+        assert int(width) == {1: 1, 2: 2, 3: 4, 4: 4}[needed]
+        want_logits, want = whole_caches(jnp.int32(needed))
+        np.testing.assert_array_equal(np.asarray(logits), np.asarray(want_logits))
+        np.testing.assert_array_equal(np.asarray(bucketed.lengths), np.asarray(want.lengths))
+        for ours, theirs in zip(bucketed.keys + bucketed.values, want.keys + want.values,
+                                strict=True):
+            np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+        after_B = np.asarray(cache.lengths) + int(width)
+        for ours, before in zip(bucketed.keys, cache.keys, strict=True):
+            for b, start in enumerate(after_B):
+                np.testing.assert_array_equal(np.asarray(ours)[b, :, start:],
+                                              np.asarray(before)[b, :, start:])

@@ -277,6 +277,8 @@ def extend_from_history(model: LanguageModel, params, cache, context: Context,
         branch = jnp.where(chunk, len(sizes) - 1,
                            jnp.sum(jnp.max(lacking_B) > jnp.asarray(sizes))).astype(jnp.int32)
         width = jnp.asarray(sizes, jnp.int32)[branch]
+        # Not ``interface.switch_writing_windows``: here its branches would each keep
+        # a copy of every layer's cache (SpecDec++ on v5e: 0.265 -> 0.330 GiB).
         logits, hidden, cache = jax.lax.switch(branch, [window(w) for w in sizes], cache, chunk)
         calls_B = jnp.where(chunk, lacking_B > widest, True).astype(jnp.int32)
         return (cache, logits, hidden, ~chunk,

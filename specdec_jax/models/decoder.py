@@ -203,6 +203,19 @@ class DecoderCache:
     def max_length(self) -> int:
         return self.keys[0].shape[self.SEQ_AXIS]
 
+    def window(self, start_B: Array, width: int) -> tuple:
+        """Every layer's keys and values at ``start .. start + width - 1``."""
+        read = lambda b: interface.read_at_lengths(b, start_B, width, self.SEQ_AXIS)  # noqa: E731
+        return tuple(map(read, self.keys)), tuple(map(read, self.values))
+
+    def with_window(self, window: tuple, start_B: Array, lengths_B: Array) -> "DecoderCache":
+        """This cache with ``window`` (``window()``'s) written at ``start`` and
+        the rows' lengths set to ``lengths``."""
+        write = lambda b, w: interface.write_at_lengths(b, w, start_B, self.SEQ_AXIS)  # noqa: E731
+        keys, values = window
+        return self.replace(keys=tuple(map(write, self.keys, keys)),
+                            values=tuple(map(write, self.values, values)), lengths=lengths_B)
+
     @classmethod
     def zeros(cls, batch_size: int, max_length: int, num_layers: int, num_kv_heads: int,
               head_dim: int, dtype) -> "DecoderCache":
