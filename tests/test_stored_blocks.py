@@ -14,6 +14,7 @@ target is exact: greedy equals autoregressive here, and the chi-square suite
 from __future__ import annotations
 
 import dataclasses
+import functools
 import zlib
 
 import jax
@@ -161,8 +162,13 @@ def stored_decoder(seed: int = 0) -> tuple[DecoderOnlyLM, dict, dict]:
     return model, jax.tree.map(jnp.asarray, stored), jax.tree.map(jnp.asarray, floats)
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_extend(model):
+    return jax.jit(model.extend)
+
+
 def _logits(model, params, tokens):
-    return np.asarray(jax.jit(model.extend)(params, jnp.asarray(tokens),
+    return np.asarray(_jitted_extend(model)(params, jnp.asarray(tokens),
                                             model.init_cache(1, 16)).logits)
 
 
