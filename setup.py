@@ -31,6 +31,7 @@ CORE = [
 # transformers 5 is what the parity tests ran against (5.24.0); 4.x is untested.
 DEV = [
     "pytest>=8",
+    "pytest-xdist>=3.5",  # pytest.ini runs the suite in two worker processes
     "torch==2.13.0",
     "transformers>=5.24,<6",
     "accelerate>=1.0",

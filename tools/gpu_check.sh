@@ -206,6 +206,8 @@ run_suite() {
       dist=worksteal
     fi
     args+=(-n "$WORKERS" --dist "$dist"); note="xdist -n $WORKERS --dist $dist"
+  elif "$PY" -c 'import xdist' 2>/dev/null; then
+    args+=(-n 0)  # pytest.ini asks for two workers; serial means this process
   fi
   if "$PY" -c 'import pytest_timeout' 2>/dev/null; then
     args+=(--timeout="$TEST_TIMEOUT"); note="$note, --timeout $TEST_TIMEOUT"
