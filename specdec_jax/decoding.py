@@ -213,7 +213,7 @@ def extend_bucketed(model: LanguageModel, params, tokens_BxW: Array, needed: Arr
         def fn(cache):
             out = model.extend(params, tokens_BxW[:, :width], cache)
             pad = lambda x: jnp.pad(x, ((0, 0), (0, full - width), (0, 0)))  # noqa: E731
-            return (pad(out.logits), pad(out.hidden)), out.cache, cache.lengths
+            return (pad(out.logits), pad(out.hidden)), out.cache
         return fn
 
     branch = jnp.sum(needed > jnp.asarray(sizes)).astype(jnp.int32)

@@ -224,11 +224,10 @@ def read_at_lengths(buffer: Array, lengths_B: Array, k: int, seq_axis: int = 1) 
     return buffer[_at_positions(rows_BxK, positions_BxK, seq_axis)]
 
 
-def switch_writing_windows(branch: Array, calls, cache: Cache, *operands, most: int):
-    """``lax.switch(branch, calls, cache, *operands)`` for calls that feed a
-    model: each returns ``(outputs, new cache, start)``, the new cache
-    differing from ``cache`` only in its lengths and at positions ``start[b] ..
-    start[b] + most - 1``. Returns ``(outputs, new cache)``.
+def switch_writing_windows(branch: Array, calls, cache: Cache, most: int):
+    """``lax.switch(branch, calls, cache)`` for calls that feed a model: each
+    returns ``(outputs, new cache)``, the new cache differing from ``cache``
+    only in its lengths and at positions ``cache.lengths[b] .. + most - 1``.
 
     Why: a branch that returns the whole cache has it as its result, and the
     TPU compiler (libtpu 0.0.42, v5e) copied every layer's keys and values out
@@ -240,21 +239,16 @@ def switch_writing_windows(branch: Array, calls, cache: Cache, *operands, most: 
     (SpecDec++'s program: 0.292 -> 0.265 GiB of temporaries). Other caches
     take the plain switch."""
     if not hasattr(cache, "window"):
-        return jax.lax.switch(branch, [_drop_start(call) for call in calls], cache, *operands)
+        return jax.lax.switch(branch, calls, cache)
 
     def windowed(call):
-        def run(cache, *operands):
-            outputs, new_cache, start_B = call(cache, *operands)
-            return outputs, new_cache.window(start_B, most), start_B, new_cache.lengths
+        def run(cache):
+            outputs, new_cache = call(cache)
+            return outputs, new_cache.window(cache.lengths, most), new_cache.lengths
         return run
 
-    outputs, window, start_B, lengths_B = jax.lax.switch(
-        branch, [windowed(call) for call in calls], cache, *operands)
-    return outputs, cache.with_window(window, start_B, lengths_B)
-
-
-def _drop_start(call):
-    return lambda *args: call(*args)[:2]
+    outputs, window, lengths_B = jax.lax.switch(branch, [windowed(c) for c in calls], cache)
+    return outputs, cache.with_window(window, cache.lengths, lengths_B)
 
 
 def causal_cache_mask(lengths_B: Array, k: int, max_length: int) -> Array:
