@@ -19,7 +19,6 @@ from specdec_jax.checkpoints import fingerprinted
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 
 META_FILE = "head.json"
-PARAMS_DIR = fingerprinted.PARAMS_DIR
 ROLE = "drafter"
 
 

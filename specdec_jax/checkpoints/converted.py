@@ -126,7 +126,7 @@ def _save_safetensors(flat: dict[str, Any], path: pathlib.Path,
     ``shape`` and ``dtype`` (``jax.ShapeDtypeStruct``) when ``tensors``
     yields the arrays, ``(name, array)`` in the same order, one at a time (so
     a caller can make each array just before it is written and drop it
-    after). Returns ``_checksums`` of what it wrote."""
+    after). Returns ``{name: [shape, tensor_checksum]}`` of what it wrote."""
     header, offset, gaps = {}, 0, {}
     for name, array in flat.items():
         dtype = np.dtype(array.dtype)
@@ -182,11 +182,6 @@ def _nested(flat: dict[str, np.ndarray]) -> dict:
     return tree
 
 
-def _checksums(params: Any) -> dict[str, list]:
-    return {jax.tree_util.keystr(path): [list(np.shape(leaf)), tensor_checksum(np.asarray(leaf))]
-            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
-
-
 def _jsonable(value):
     if isinstance(value, np.generic):
         return value.item()
@@ -235,7 +230,7 @@ def _read(directory: pathlib.Path, source_sha256: str, dtype: str,
 
 
 def _file_checksums(path: pathlib.Path, chunk: int = 1 << 24) -> dict[str, list]:
-    """``_checksums`` of a safetensors file's tensors (padding left out),
+    """``{name: [shape, tensor_checksum]}`` of a safetensors file's tensors (padding left out),
     computed by reading the file in ``chunk``-byte pieces into one buffer
     rather than through a mapping: the page cache holds the data afterwards,
     this process's resident memory does not."""

@@ -23,7 +23,6 @@ from specdec_jax.models import feature_head
 from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
 
 META_FILE = "feature_head.json"
-PARAMS_DIR = fingerprinted.PARAMS_DIR
 ROLE = "target"
 
 

@@ -95,8 +95,6 @@ def _rouge2_items(outputs: list[str], examples: list[Example]) -> list:
 BLEU = Metric(name="bleu", score_examples=_bleu_items, aggregate=_bleu_aggregate)
 ROUGE2 = Metric(name="rouge2", score_examples=_rouge2_items, aggregate=_mean)
 
-METRICS = {m.name: m for m in (BLEU, ROUGE2, PASS_AT_1)}
-
 
 def execution_isolation(metric: Metric) -> str | None:
     """For a study record: how the samples ``metric`` executes are isolated on
@@ -106,8 +104,3 @@ def execution_isolation(metric: Metric) -> str | None:
         return None
     return sandbox.isolation_level()
 
-
-def get_metric(name: str) -> Metric:
-    if name not in METRICS:
-        raise ValueError(f"unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
-    return METRICS[name]

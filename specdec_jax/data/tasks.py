@@ -67,10 +67,6 @@ def register(name: str, factory: Callable[[], Task]) -> None:
     _TASKS[name] = factory
 
 
-def task_names() -> tuple[str, ...]:
-    return tuple(sorted(_TASKS))
-
-
 def get_task(name: str) -> Task:
     """The task called ``name``; an unknown name fails with the known ones."""
     if name not in _TASKS:

@@ -25,8 +25,6 @@ acceptance head (a float32 head, as trained) and the optimizer's counters.
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -211,6 +209,3 @@ def check_batch(batch: int, mesh: Mesh, name: str) -> None:
         raise ValueError(f"{name}: train_batch {batch} is not divisible by the data axis "
                          f"({shards}); choose a multiple of it.")
 
-
-def is_training(name: str) -> bool:
-    return re.fullmatch(r"train_\w+", name) is not None

@@ -290,14 +290,6 @@ def causal_cache_mask(lengths_B: Array, k: int, max_length: int) -> Array:
 # implementation slices with ``lax.dynamic_slice``, not Python indexing.
 
 
-class TreeLanguageModel(LanguageModel, Protocol):
-    """A model that can also score token trees (decoder-only models)."""
-
-    def score_tree(self, params: Any, tokens: Array, parents: Array, cache: Cache,
-                   start: int | Array = 0) -> StepOutput: ...
-
-    def commit_path(self, cache: Cache, nodes: Array, count: Array) -> Cache: ...
-
 
 def supports_trees(model: Any) -> bool:
     return callable(getattr(model, "score_tree", None)) and callable(
