@@ -715,9 +715,12 @@ def description_records() -> list[dict]:
             f"the snapshot built from the pinned list has sha256 {actual} ({len(records)} "
             f"records), expected {expected} ({DESCRIPTIONS_SNAPSHOT['records']}): the parser in "
             f"{__name__} changed. Update DESCRIPTIONS_SNAPSHOT if the change is intended.")
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(blob)
-    partial.replace(path)
+    # A name of its own: two processes building the snapshot at once each
+    # write their copy, and the last rename wins with the same bytes.
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".",
+                                     suffix=".partial", delete=False) as partial:
+        partial.write(blob)
+    pathlib.Path(partial.name).replace(path)
     return records
 
 
