@@ -141,6 +141,15 @@ def cached_table(tok, vocab_size: int, *, progress: bool = True) -> pathlib.Path
     pin = path.with_name(path.name + SHA256_SUFFIX)
     if path.is_file() and pin.is_file() and _sha256(path) == pin.read_text().strip():
         return path
+    with fetch.cache_lock(f"bigram-{path.stem}"):  # two processes would share one .tmp
+        if path.is_file() and pin.is_file() and _sha256(path) == pin.read_text().strip():
+            return path
+        return _build_cached_table(tok, vocab_size, path, pin, version, progress)
+
+
+def _build_cached_table(tok, vocab_size: int, path: pathlib.Path, pin: pathlib.Path,
+                        version: str, progress: bool) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     files = stdlib_sources()
     print(f"Building Max-Gram's bigram table for this tokenizer ({vocab_size} tokens; not the "
           f"packaged one) from the Python {version} standard library ({len(files)} files; "
