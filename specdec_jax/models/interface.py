@@ -290,7 +290,6 @@ def causal_cache_mask(lengths_B: Array, k: int, max_length: int) -> Array:
 # implementation slices with ``lax.dynamic_slice``, not Python indexing.
 
 
-
 def supports_trees(model: Any) -> bool:
     return callable(getattr(model, "score_tree", None)) and callable(
         getattr(model, "commit_path", None))

@@ -359,9 +359,6 @@ struct Chunk {
   __m512 o;   // per lane: offset
 };
 
-inline __m512 Halves(float a, float b) {
-  return _mm512_mask_blend_ps(__mmask16(0xFF00), _mm512_set1_ps(a), _mm512_set1_ps(b));
-}
 inline __m512i Join(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
@@ -399,7 +396,7 @@ template <> struct Unit<kQ8_0> {
     const __m256i flip = _mm256_set1_epi8(char(0x80));
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
     const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 36));
-    const __m512 s = Halves(F16(b), F16(b + 34));
+    const __m512 s = HalvesF16(b, b + 34);
     return {Join(_mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip)), s,
             _mm512_mul_ps(s, _mm512_set1_ps(-128.0f))};
   }
@@ -484,7 +481,7 @@ void ForRowCount(int64_t n, Fn&& f) {
   ForRowCountIn(std::min<int64_t>(n, Max), f, std::make_integer_sequence<int, Max>{});
 }
 
-constexpr int64_t kBlockAheadBytes = 2048;  // software prefetch distance of a 32-weight pass
+constexpr int64_t kAheadBytes = 2048;  // software prefetch distance of a pass
 
 template <int F, int MB>
 void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0,
@@ -493,7 +490,7 @@ void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t 
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   Unit<F> unit;
   const int64_t units = k_dim / Unit<F>::kWeights;
-  constexpr int64_t kAhead = kBlockAheadBytes / Unit<F>::kBytes;
+  constexpr int64_t kAhead = kAheadBytes / Unit<F>::kBytes;
   for (int64_t u = 0; u < units; ++u) {
     if (m0 == 0) {  // as the k-quants' passes do (KRowPass): the first pass asks ahead
       const char* ahead = reinterpret_cast<const char*>(w_row + (u + kAhead) * Unit<F>::kBytes);
@@ -659,8 +656,6 @@ template <> struct KUnit<kQ6_K> {
     return _mm512_permutexvar_epi16(_mm512_load_si512(kQ6KPicks.of[h]), sc16);
   }
 };
-
-constexpr int64_t kAheadBytes = 2048;  // software prefetch distance of a k-quant pass
 
 template <int F, int MB>
 void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m0,
