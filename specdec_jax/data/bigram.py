@@ -149,7 +149,6 @@ def cached_table(tok, vocab_size: int, *, progress: bool = True) -> pathlib.Path
 
 def _build_cached_table(tok, vocab_size: int, path: pathlib.Path, pin: pathlib.Path,
                         version: str, progress: bool) -> pathlib.Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     files = stdlib_sources()
     print(f"Building Max-Gram's bigram table for this tokenizer ({vocab_size} tokens; not the "
           f"packaged one) from the Python {version} standard library ({len(files)} files; "

@@ -715,12 +715,8 @@ def description_records() -> list[dict]:
             f"the snapshot built from the pinned list has sha256 {actual} ({len(records)} "
             f"records), expected {expected} ({DESCRIPTIONS_SNAPSHOT['records']}): the parser in "
             f"{__name__} changed. Update DESCRIPTIONS_SNAPSHOT if the change is intended.")
-    # A name of its own: two processes building the snapshot at once each
-    # write their copy, and the last rename wins with the same bytes.
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".",
-                                     suffix=".partial", delete=False) as partial:
-        partial.write(blob)
-    pathlib.Path(partial.name).replace(path)
+    with fetch.partial_file(path) as out:  # processes building it at once: each its own copy
+        out.write(blob)
     return records
 
 
