@@ -3,7 +3,8 @@ block kernel that multiplies them (native/small_m_matmul.cc).
 
 Dequantisation must equal the ``gguf`` package's bit for bit (per format, on
 blocks with random codes, scales and minimums, and on every kept type of the
-registry's files under ``-m slow``). The block kernel quantises each row of
+registry's files under ``-m slow``), also for ``q4_k_x16``, q4_k's blocks
+interleaved by 16 output rows. The block kernel quantises each row of
 activations to int8 and must be one function of that row: a row's products
 are the same bits alone or among 16. A decoder holding stored matrices is the
 float model of its file through XLA, and speculative decoding with a stored
@@ -33,13 +34,18 @@ from tests import exactness
 gguf = pytest.importorskip("gguf")
 
 FORMATS = tuple(stored_blocks.FORMATS)
+# The file format each layout holds (q4_k_x16: q4_k's blocks, interleaved).
+FILE_FORMAT = {"q4_k_x16": "q4_k"}
 # Offsets of each format's float16 fields inside a block (scales, minimums).
 F16_FIELDS = {"q8_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
 
 
 def random_blocks(fmt: str, rows: int, k: int, rng, *, scale: float = 0.05) -> np.ndarray:
     """uint8 [rows, row bytes]: random codes and sub-scales, float16 fields
-    drawn around ``scale`` with random signs (a few exact zeros included)."""
+    drawn around ``scale`` with random signs (a few exact zeros included).
+    ``q4_k_x16``: random q4_k blocks, interleaved."""
+    if fmt == "q4_k_x16":
+        return stored_blocks.interleave_q4_k(random_blocks("q4_k", rows, k, rng, scale=scale))
     spec = stored_blocks.FORMATS[fmt]
     blocks = rng.integers(0, 256, (rows, k // spec.block, spec.type_size), dtype=np.uint8)
     for offset in F16_FIELDS[fmt]:
@@ -50,7 +56,31 @@ def random_blocks(fmt: str, rows: int, k: int, rng, *, scale: float = 0.05) -> n
 
 
 def gguf_dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
+    if fmt == "q4_k_x16":  # the file's blocks back from the interleaved layout
+        blocks = deinterleave_q4_k(blocks)
+    fmt = FILE_FORMAT.get(fmt, fmt)
     return gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt.upper()))
+
+
+def deinterleave_q4_k(x16: np.ndarray) -> np.ndarray:
+    """q4_k file blocks from ``q4_k_x16`` bytes, written from the layout's
+    description (stored_blocks), apart from ``interleave_q4_k``'s code."""
+    rows, supers = x16.shape[0], x16.shape[1] // 148
+    out = np.zeros((rows, supers, 144), np.uint8)
+    groups = x16.reshape(rows // 16, supers, 16 * 148)
+    for g, u, lane in np.ndindex(rows // 16, supers, 16):
+        p, block = groups[g, u], out[16 * g + lane, u]
+        block[0:2], block[2:4] = p[2 * lane:2 * lane + 2], p[32 + 2 * lane:34 + 2 * lane]
+        sc, mn = p[64 + lane:192:16], p[192 + lane:320:16]
+        block[4:8] = (sc[:4] & 63) | ((sc[4:] >> 4) << 6)
+        block[8:12] = (mn[:4] & 63) | ((mn[4:] >> 4) << 6)
+        block[12:16] = (sc[4:] & 15) | ((mn[4:] & 15) << 4)
+        codes = np.zeros((8, 32), np.uint8)
+        for j, t, b in np.ndindex(8, 4, 4):
+            byte = p[320 + (4 * j + t) * 64 + 4 * lane + b]
+            codes[j, 8 * t + b], codes[j, 8 * t + 4 + b] = byte & 15, byte >> 4
+        block[16:] = (codes[0::2] | (codes[1::2] << 4)).reshape(-1)
+    return out.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -61,6 +91,10 @@ def test_dequantisation_equals_gguf_bit_for_bit(fmt):
     got = np.asarray(jax.jit(stored_blocks.dequantize)(matrix))
     assert got.shape == want.shape == (48, 512)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    if fmt in FILE_FORMAT:
+        with pytest.raises(ValueError, match="not read by rows"):
+            matrix.take_rows(jnp.asarray([0]))
+        return
     rows = np.asarray(matrix.take_rows(jnp.asarray([[3, 0], [47, 3]])))
     np.testing.assert_array_equal(rows.view(np.uint32), want[[[3, 0], [47, 3]]].view(np.uint32))
 
@@ -76,6 +110,19 @@ def test_stored_matrix_refuses_what_it_cannot_read():
     assert matrix.shape == (3, 32) and matrix.reshape(3, 32) is matrix
     with pytest.raises(ValueError, match="cannot be reshaped"):
         matrix.reshape(32, 3)
+    with pytest.raises(ValueError, match="multiple of 16 output rows"):
+        stored_blocks.StoredMatrix(jnp.zeros((8, 148), jnp.uint8), "q4_k_x16", 256)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        stored_blocks.interleave_q4_k(np.zeros((8, 144), np.uint8))
+
+
+def test_interleaving_keeps_every_byte_of_the_file():
+    """``interleave_q4_k`` against a deinterleaver written from the layout's
+    description: the file's blocks come back byte for byte."""
+    blocks = random_blocks("q4_k", 32, 512, np.random.default_rng(8))
+    x16 = stored_blocks.interleave_q4_k(blocks)
+    assert x16.shape == (32, 2 * 148)
+    np.testing.assert_array_equal(deinterleave_q4_k(x16), blocks)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +144,7 @@ def test_block_kernel_is_one_function_of_each_row(block_kernel, fmt):
     """Rows multiplied 1, 9 and 17 at a time give the same bits, and the
     products are within int8 activations' rounding of the float model's."""
     rng = np.random.default_rng(zlib.crc32(fmt.encode()) + 1)
-    k, n = 768, 40
+    k, n = 768, 48  # 48: a multiple of q4_k_x16's 16 rows
     blocks = random_blocks(fmt, n, k, rng)
     x = jnp.asarray(rng.standard_normal((17, k)), jnp.float32)
     product = _product(fmt, k)
@@ -136,7 +183,7 @@ CONFIG = DecoderConfig(vocab_size=exactness.V, hidden_size=256, intermediate_siz
                        kernel_layout=OUT_IN, row_independent=True)  # as gguf.load_stored
 LAYOUT = {("attention", "query"): "q4_k", ("attention", "key"): "q8_0",
           ("attention", "value"): "q5_0", ("attention", "out"): "q4_1",
-          ("mlp", "wi_0"): "q6_k", ("mlp", "wi_1"): "q4_k", ("mlp", "wo"): "q5_0"}
+          ("mlp", "wi_0"): "q6_k", ("mlp", "wi_1"): "q4_k_x16", ("mlp", "wo"): "q5_0"}
 
 
 # Scales that keep each stored embedding and head's values of order 0.1.
@@ -277,6 +324,10 @@ def test_every_kept_type_of_the_registry_files_equals_gguf():
                 jnp.asarray(blocks), fmt)))
             np.testing.assert_array_equal(got.view(np.uint32),
                                           gguf_dequantize(blocks, fmt).view(np.uint32))
+            if fmt == "q4_k" and len(blocks) % 16 == 0:  # as the loader keeps it on CPU
+                x16 = stored_blocks.StoredMatrix.of_blocks(
+                    jnp.asarray(stored_blocks.interleave_q4_k(blocks)), "q4_k_x16")
+                np.testing.assert_array_equal(np.asarray(stored_blocks.dequantize(x16)), got)
     assert {fmt for _, fmt in seen} >= {"q4_k", "q6_k", "q5_0", "q8_0", "q4_1"}
 
 

@@ -1,7 +1,9 @@
 """The CPU block kernel alone: one product of stored (GGUF-block) weights by row count.
 
 For the 1.5B target's layer shapes (gate and up fused, down in q6_k and q4_k,
-q/k/v, o) with random blocks of each format (valid f16 scales), the 10th
+q/k/v, o) with random blocks of each format (valid f16 scales; each q4_k
+matrix also interleaved by 16 rows, ``q4_k_x16``, as the loader keeps it on
+CPU), the 10th
 percentile of ``--calls`` timed calls of one jitted ``native.matmul.block_product``
 at each row count M, and its ratio to M = 1. What a scoring call of G + 1 tokens
 pays per matrix against a step's one row, without the rest of the model; the
@@ -26,13 +28,19 @@ from specdec_jax.native import matmul, stored_blocks
 from specdec_jax.runtime import cpu_kernels, timing
 
 # (name, format, out, in): the 1.5B target's matrices.
-SHAPES = (("gate+up", "q4_k", 2 * 8960, 1536), ("down", "q6_k", 1536, 8960),
-          ("down", "q4_k", 1536, 8960), ("q+k+v", "q4_k", 2048, 1536),
-          ("o", "q4_k", 1536, 1536))
+SHAPES = tuple((name, fmt, out, k)
+               for name, q4_k_out, q4_k_in in (("gate+up", 2 * 8960, 1536), ("down", 1536, 8960),
+                                                ("q+k+v", 2048, 1536), ("o", 1536, 1536))
+               for fmt, out, k in (("q4_k", q4_k_out, q4_k_in), ("q4_k_x16", q4_k_out, q4_k_in))
+               ) + (("down", "q6_k", 1536, 8960),)
 
 
 def random_blocks(fmt: str, out: int, k: int, rng) -> stored_blocks.StoredMatrix:
     """Random codes and scales; only the f16 scales are set to finite values."""
+    if fmt == "q4_k_x16":
+        file_blocks = random_blocks("q4_k", out, k, rng).blocks
+        return stored_blocks.StoredMatrix(
+            jnp.asarray(stored_blocks.interleave_q4_k(np.asarray(file_blocks))), fmt, k)
     spec = stored_blocks.block_format(fmt)
     blocks = rng.integers(0, 256, size=(out, k // spec.block, spec.type_size), dtype=np.uint8)
     scale = rng.uniform(0.001, 0.05, size=blocks.shape[:2]).astype(np.float16)
@@ -44,7 +52,7 @@ def random_blocks(fmt: str, out: int, k: int, rng) -> stored_blocks.StoredMatrix
             np.int8).view(np.uint8)
         blocks[..., 208:210] = scale_bytes
     else:
-        raise ValueError(f"no random blocks for {fmt!r}; choose q4_k or q6_k.")
+        raise ValueError(f"no random blocks for {fmt!r}; choose q4_k, q4_k_x16 or q6_k.")
     return stored_blocks.StoredMatrix(jnp.asarray(blocks.reshape(out, -1)), fmt, k)
 
 

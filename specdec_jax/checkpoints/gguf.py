@@ -201,11 +201,14 @@ def stored_format(tensor) -> str | None:
     return name if name in stored_blocks.FORMATS else None
 
 
-def _stored_or_dequantised(tensor, name: str, rows_permutation=None) -> tuple[str, np.ndarray]:
+def _stored_or_dequantised(tensor, name: str, rows_permutation=None, *,
+                           interleave: bool = False) -> tuple[str, np.ndarray]:
     """(parameter name, value): ``{name}_{format}`` and the file's block bytes
     (uint8 [out, row bytes]) when its type is kept, else ``name`` and the
     dequantised float32 [out, in]. ``rows_permutation``: applied to the rows
-    (llama's Q/K un-permutation is a permutation of output rows)."""
+    (llama's Q/K un-permutation is a permutation of output rows).
+    ``interleave``: a q4_k matrix of a multiple of 16 rows is kept as
+    ``q4_k_x16`` (the same values, laid out for the CPU kernel)."""
     fmt = stored_format(tensor)
     if fmt is None:
         value, key = dequantize(tensor), name
@@ -214,6 +217,8 @@ def _stored_or_dequantised(tensor, name: str, rows_permutation=None) -> tuple[st
         value, key = np.asarray(tensor.data, np.uint8).reshape(rows, -1), f"{name}_{fmt}"
     if rows_permutation is not None:
         value = rows_permutation(value)
+    if interleave and fmt == "q4_k" and value.shape[0] % stored_blocks.X16_ROWS == 0:
+        return f"{name}_q4_k_x16", stored_blocks.interleave_q4_k(value)
     return key, np.ascontiguousarray(value)
 
 
@@ -230,7 +235,8 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
     meta = read_metadata(reader)
     arch = meta["general.architecture"]
     names = {t.name for t in reader.tensors}
-    # On a CPU a stored product takes int8 activations, row by row; computing
+    # On a CPU a stored product takes int8 activations, row by row (q4_k
+    # matrices interleaved by 16 rows for the kernel, ``interleave_q4_k``); computing
     # attention and norms row by row too makes the target one function of each
     # row there (``DecoderConfig.row_independent``): a scoring call's rows are
     # a step's.
@@ -250,7 +256,7 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
             key, value = _stored_or_dequantised(tensor, "embedding")
             params.setdefault("embedder", {})[key] = value
         elif name == "output.weight":
-            key, value = _stored_or_dequantised(tensor, "kernel")
+            key, value = _stored_or_dequantised(tensor, "kernel", interleave=on_cpu)
             params.setdefault("logits_dense", {})[key] = value
         elif name == "output_norm.weight":
             params["decoder_norm"] = {"scale": dequantize(tensor)}
@@ -266,7 +272,8 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
                            if arch == "llama" and heads is not None else None)
                 target = entry.setdefault(module, {}).setdefault(proj, {})
                 if suffix == "weight":
-                    key, value = _stored_or_dequantised(tensor, "kernel", permute)
+                    key, value = _stored_or_dequantised(tensor, "kernel", permute,
+                                                        interleave=on_cpu)
                 else:
                     key, value = "bias", dequantize(tensor)
                     value = value if permute is None else permute(value)

@@ -344,7 +344,7 @@ ffi::Error MatmulScaledI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 #define SPECDEC_HAS_BLOCKS 1
 namespace blocks {
 
-enum Format : int32_t { kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4 };
+enum Format : int32_t { kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4, kQ4_KX16 = 5 };
 constexpr int kChunk = 64;  // weights per chunk (one zmm of codes)
 
 inline float F16(const uint8_t* p) {
@@ -756,6 +756,154 @@ ffi::Error Run(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* y
   return ffi::Error::Success();
 }
 
+
+// q4_k interleaved by 16 output rows (models' matrices on CPU, stored_blocks.
+// interleave_q4_k): one zmm lane per output row. Why: in the file's layout a
+// lane holds 4 weights of one output row, so every row of x ends each block
+// with a float epilogue and a reduction across lanes of its own; a 9-row
+// product cost 3.8x a row (measured [8960, 1536]). With a lane per output row,
+// one vpdpbusd multiplies 4 weights of 16 output rows by 4 activations
+// broadcast from one row of x, and a row's float work is one multiply-add
+// per 32 weights and 16 outputs: 8 rows cost 1.45x one row there (a prototype
+// of this loop; memory-bound up to ~4 rows).
+// Per 16 rows and super-block of 256 weights, kX16Bytes bytes: d[16] and
+// dmin[16] (float16), sc[8][16] and mn[8][16] (the 6-bit scales and minimums,
+// a byte each), then per sub-block j and group t of 8 weights one line of 64
+// bytes: byte 4 * lane + b holds the code of weight 32j + 8t + b in its low
+// nibble and of weight 32j + 8t + 4 + b in its high nibble.
+// Activations are quantised per row and 32 (the sub-block): int8 codes, scale
+// da, and da times the codes' sum; per output lane
+//   x . w ~= sum over sub-blocks of da * (d sc) * isum - (da * asum) * (dmin mn)
+// with isum the sub-block's integer sum: exact integers to each sub-block's
+// end, then one float order per row, whatever rows share the call.
+constexpr int kX16Lanes = 16;
+constexpr int64_t kX16Bytes = 32 + 32 + 128 + 128 + 2048;
+constexpr int kX16Codes = 320;  // offset of the code lines in a super-block
+constexpr int kMaxMPerX16Pass = 12;
+constexpr int64_t kX16AheadBytes = 2 * kX16Bytes;  // measured best of 1, 2 and 5 super-blocks
+
+// x per pass of rows: codes as int32 words of 4 (word k of row m at k * rows + m),
+// so a broadcast of one row's 4 codes is one load.
+struct PassActivations {
+  std::vector<int32_t> words;  // per pass: [K / 4][rows]
+  std::vector<float> d, dsum;  // per pass: [K / 32][rows]
+  std::vector<int64_t> first, rows;  // per pass: its first row of x and row count
+};
+
+void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations& a) {
+  const int64_t passes = (m_dim + kMaxMPerX16Pass - 1) / kMaxMPerX16Pass;
+  const int64_t per_pass = (m_dim + passes - 1) / passes;
+  a.words.resize(m_dim * k_dim / 4);
+  a.d.resize(m_dim * k_dim / 32);
+  a.dsum.resize(m_dim * k_dim / 32);
+  a.first.clear();
+  a.rows.clear();
+  alignas(64) int8_t codes[32];
+  for (int64_t m0 = 0; m0 < m_dim; m0 += per_pass) {
+    const int64_t rows = std::min(per_pass, m_dim - m0);
+    a.first.push_back(m0);
+    a.rows.push_back(rows);
+    int32_t* words = a.words.data() + m0 * k_dim / 4;
+    float* d = a.d.data() + m0 * k_dim / 32;
+    float* dsum = a.dsum.data() + m0 * k_dim / 32;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < k_dim / 32; ++b) {
+        const float* xb = x + (m0 + r) * k_dim + 32 * b;
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+        const __m512i r0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // nearest, ties even
+        const __m512i r1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtsepi32_epi8(r0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), _mm512_cvtsepi32_epi8(r1));
+        const float da = top / 127.0f;
+        d[b * rows + r] = da;
+        dsum[b * rows + r] = da * float(_mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1)));
+        for (int w = 0; w < 8; ++w) std::memcpy(&words[(8 * b + w) * rows + r], codes + 4 * w, 4);
+      }
+    }
+  }
+}
+
+inline __m512 BytesToFloats(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Rows [m0, m0 + MB) of x times the 16 output rows of group g. Up to 6 rows,
+// the low and high nibbles' products go to two integer sums per row (two
+// dependency chains: one chain held 4 rows at ~70% of the speed of two); more
+// rows have enough chains of their own. The sums are exact integers either way.
+template <int MB>
+void X16Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
+             const float* dsum_act, float* y, int64_t n_dim, int64_t m0, int64_t lane0) {
+  constexpr bool kTwoChains = MB <= 6;
+  __m512 acc[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t u = 0; u < supers; ++u) {
+    const uint8_t* p = group + u * kX16Bytes;
+    const char* ahead = reinterpret_cast<const char*>(p + kX16AheadBytes);
+    for (int l = 0; l < kX16Codes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    for (int j = 0; j < 8; ++j) {
+      const __m512 scale = _mm512_mul_ps(d, BytesToFloats(p + 64 + 16 * j));
+      const __m512 offset = _mm512_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j));
+      __m512i isum[MB], isum_high[MB];
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = isum_high[m] = _mm512_setzero_si512();
+      const int32_t* wj = words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
+      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+        const uint8_t* line = p + kX16Codes + (4 * j + t) * 64;
+        _mm_prefetch(reinterpret_cast<const char*>(line) + kX16AheadBytes, _MM_HINT_T0);
+        const __m512i codes = _mm512_loadu_si512(line);
+        const __m512i lo = _mm512_and_si512(codes, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), low4);
+        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+          isum[m] = _mm512_dpbusd_epi32(isum[m], lo, _mm512_set1_epi32(wj[(2 * t) * MB + m]));
+          __m512i& high = kTwoChains ? isum_high[m] : isum[m];
+          high = _mm512_dpbusd_epi32(high, hi, _mm512_set1_epi32(wj[(2 * t + 1) * MB + m]));
+        }
+      }
+      const int64_t b = u * 8 + j;
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        const __m512i sum = kTwoChains ? _mm512_add_epi32(isum[m], isum_high[m]) : isum[m];
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                                 _mm512_mul_ps(scale, _mm512_set1_ps(d_act[b * MB + m])), acc[m]);
+        acc[m] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(dsum_act[b * MB + m]), acc[m]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
+}
+
+ffi::Error RunX16(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* y, int64_t m_dim,
+                  int64_t k_dim, int64_t n_dim, int64_t row_bytes) {
+  const int64_t supers = k_dim / kSuper;
+  if (k_dim % kSuper != 0 || n_dim % kX16Lanes != 0 ||
+      row_bytes * kX16Lanes != supers * kX16Bytes)
+    return ffi::Error::InvalidArgument(
+        "block_matmul: w is not q4_k interleaved by 16 rows of K weights (stored_blocks.interleave_q4_k)");
+  PassActivations a;
+  QuantizeBy32(x, m_dim, k_dim, a);
+  const PassActivations* act = &a;
+  ParallelRows(pool, n_dim / kX16Lanes, 1, [=](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const uint8_t* group = w + g * supers * kX16Bytes;
+      for (size_t p = 0; p < act->first.size(); ++p) {
+        const int64_t m0 = act->first[p];
+        const int32_t* words = act->words.data() + m0 * k_dim / 4;
+        const float* d = act->d.data() + m0 * k_dim / 32;
+        const float* dsum = act->dsum.data() + m0 * k_dim / 32;
+        ForRowCount<kMaxMPerX16Pass>(act->rows[p], [&](auto rows) {
+          X16Pass<decltype(rows)::value>(group, supers, words, d, dsum, y, n_dim, m0,
+                                         g * kX16Lanes);
+        });
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace blocks
 
 ffi::Error BlockMatmulI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
@@ -772,6 +920,7 @@ ffi::Error BlockMatmulI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
     case blocks::kQ5_0: return blocks::Run<blocks::kQ5_0>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     case blocks::kQ4_K: return blocks::RunK<blocks::kQ4_K>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     case blocks::kQ6_K: return blocks::RunK<blocks::kQ6_K>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ4_KX16: return blocks::RunX16(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     default: return ffi::Error::InvalidArgument("block_matmul: unknown block format");
   }
 }

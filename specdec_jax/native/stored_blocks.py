@@ -27,6 +27,14 @@ q4_k     256    144        ``(d * sc_j) * q - (dmin * m_j)``, 8 sub-blocks of 32
 q6_k     256    210        ``(d * sc_j) * (q - 32)``, 16 sub-blocks of 16 with
                            int8 sc_j, q 0..63
 =======  =====  =========  ====================================================
+
+One layout is not the file's: ``q4_k_x16`` holds a q4_k matrix's codes, scales
+and minimums unchanged but interleaved by 16 output rows (``interleave_q4_k``),
+so that the CPU kernel gives each output row a lane of its own (why and the
+byte layout: ``small_m_matmul.cc``, "q4_k interleaved by 16 output rows"). It
+takes 148 bytes per row and 256 weights where the file takes 144, and
+dequantises to the same values, bit for bit. The GGUF loader keeps a model's
+q4_k matrices in it on CPU; an embedding, read by rows, stays in the file's.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 Array = jax.Array
@@ -44,12 +53,18 @@ Array = jax.Array
 class BlockFormat:
     name: str
     block: int      # weights per block
-    type_size: int  # bytes per block
+    type_size: int  # bytes per block (interleaved: per output row)
+    interleave: int = 1  # output rows whose blocks are interleaved
 
 
 FORMATS = {f.name: f for f in (BlockFormat("q8_0", 32, 34), BlockFormat("q4_1", 32, 20),
                                BlockFormat("q5_0", 32, 22), BlockFormat("q4_k", 256, 144),
-                               BlockFormat("q6_k", 256, 210))}
+                               BlockFormat("q6_k", 256, 210),
+                               BlockFormat("q4_k_x16", 256, 148, interleave=16))}
+# Per 16 output rows and 256 weights in q4_k_x16: d[16] and dmin[16] (float16),
+# scales[8][16] and minimums[8][16] (a byte each), codes[8][4][64].
+X16_ROWS = 16
+X16_GROUP_BYTES = 16 * 148
 
 
 def block_format(name: str) -> BlockFormat:
@@ -85,6 +100,9 @@ class StoredMatrix:
         if shape is not None and (len(shape) != 2 or shape[-1] != row_bytes):
             raise ValueError(f"{self.format} blocks of rows of {self.in_features} weights "
                              f"must be [out, {row_bytes}] bytes, got {tuple(shape)}.")
+        if shape is not None and shape[0] % fmt.interleave:
+            raise ValueError(f"a {self.format} matrix needs a multiple of {fmt.interleave} "
+                             f"output rows, got {shape[0]}.")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -120,6 +138,9 @@ class StoredMatrix:
 
     def take_rows(self, ids: Array) -> Array:
         """float32 ``[*ids.shape, in]``: the dequantised rows ``ids`` (an embedding lookup)."""
+        if block_format(self.format).interleave > 1:
+            raise ValueError(f"a {self.format} matrix interleaves its rows' blocks and is "
+                             "not read by rows; keep an embedding in its file's format.")
         rows = jnp.take(self.blocks, ids.reshape(-1), axis=0)
         return dequantize_blocks(rows, self.format, self.in_features).reshape(
             (*ids.shape, self.in_features))
@@ -147,6 +168,8 @@ def dequantize_blocks(rows: Array, name: str, in_features: int) -> Array:
     what makes the values equal to its bit for bit.
     """
     fmt = block_format(name)
+    if name == "q4_k_x16":
+        return _dequantize_x16(rows, in_features)
     b = rows.reshape(rows.shape[0], in_features // fmt.block, fmt.type_size)
     if name == "q8_0":
         q = lax.bitcast_convert_type(b[..., 2:], jnp.int8).astype(jnp.float32)
@@ -182,8 +205,53 @@ def dequantize_blocks(rows: Array, name: str, in_features: int) -> Array:
 
 
 def q4_k_scales(packed: Array) -> tuple[Array, Array]:
-    """The eight 6-bit scales and minimums of a q4_k block from its 12 bytes."""
+    """The eight 6-bit scales and minimums of a q4_k block from its 12 bytes
+    (numpy in, numpy out: the loader interleaves on the host)."""
+    xp = np if isinstance(packed, np.ndarray) else jnp
     d, m, md = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    scales = jnp.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    minimums = jnp.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    scales = xp.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    minimums = xp.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
     return scales, minimums
+
+
+def _dequantize_x16(rows: Array, in_features: int) -> Array:
+    """``dequantize_blocks`` of ``q4_k_x16``: q4_k's formula on the interleaved bytes."""
+    groups, supers = rows.shape[0] // X16_ROWS, in_features // 256
+    b = rows.reshape(groups, supers, X16_GROUP_BYTES)
+    d = _f16(b[..., 0:32].reshape(groups, supers, 16, 2))             # [G, U, lane]
+    dmin = _f16(b[..., 32:64].reshape(groups, supers, 16, 2))
+    sc = b[..., 64:192].reshape(groups, supers, 8, 16).astype(jnp.float32)  # [G, U, j, lane]
+    mn = b[..., 192:320].reshape(groups, supers, 8, 16).astype(jnp.float32)
+    scale = d[:, :, None, :] * sc
+    minimum = dmin[:, :, None, :] * mn
+    lines = b[..., 320:].reshape(groups, supers, 8, 4, 16, 4)           # [G, U, j, t, lane, b]
+    q = jnp.stack([lines & 0x0F, lines >> 4], axis=4)                  # [G, U, j, t, half, lane, b]
+    out = (scale[:, :, :, None, None, :, None] * q.astype(jnp.float32)
+           - minimum[:, :, :, None, None, :, None])
+    # weight 32 j + 8 t + 4 half + b of output row 16 g + lane
+    out = out.transpose(0, 5, 1, 2, 3, 4, 6)
+    return out.reshape(rows.shape[0], in_features)
+
+
+def interleave_q4_k(blocks: np.ndarray) -> np.ndarray:
+    """uint8 ``[out, in / 256 * 148]`` in ``q4_k_x16`` from a q4_k matrix's file
+    blocks ``[out, in / 256 * 144]`` (``out`` a multiple of 16): the same codes,
+    scales and minimums, laid out for the CPU kernel (module docstring)."""
+    blocks = np.asarray(blocks, np.uint8)
+    out, row_bytes = blocks.shape
+    if out % X16_ROWS or row_bytes % 144:
+        raise ValueError(f"q4_k blocks to interleave must be [a multiple of {X16_ROWS}, a "
+                         f"multiple of 144] bytes, got {blocks.shape}.")
+    groups, supers = out // X16_ROWS, row_bytes // 144
+    b = blocks.reshape(groups, X16_ROWS, supers, 144).transpose(0, 2, 1, 3)  # [G, U, lane, 144]
+    sc, mn = q4_k_scales(b[..., 4:16])                                      # [G, U, lane, 8]
+    codes = b[..., 16:].reshape(groups, supers, X16_ROWS, 4, 32)             # [.., pair, 32]
+    q = np.stack([codes & 0x0F, codes >> 4], axis=-2)                       # [.., pair, 2, 32]
+    q = q.reshape(groups, supers, X16_ROWS, 8, 4, 2, 4)                      # [.., j, t, half, b]
+    lines = q[..., 0, :] | (q[..., 1, :] << 4)                             # [G, U, lane, j, t, b]
+    packed = np.concatenate([
+        b[..., 0:2].reshape(groups, supers, 32), b[..., 2:4].reshape(groups, supers, 32),
+        sc.transpose(0, 1, 3, 2).reshape(groups, supers, 128),
+        mn.transpose(0, 1, 3, 2).reshape(groups, supers, 128),
+        lines.transpose(0, 1, 3, 4, 2, 5).reshape(groups, supers, 2048)], axis=-1)
+    return np.ascontiguousarray(packed.reshape(out, supers * 148))
