@@ -63,8 +63,8 @@ FORMATS = {f.name: f for f in (BlockFormat("q8_0", 32, 34), BlockFormat("q4_1", 
                                BlockFormat("q4_k_x16", 256, 148, interleave=16))}
 # Per 16 output rows and 256 weights in q4_k_x16: d[16] and dmin[16] (float16),
 # scales[8][16] and minimums[8][16] (a byte each), codes[8][4][64].
-X16_ROWS = 16
-X16_GROUP_BYTES = 16 * 148
+X16_ROWS = FORMATS["q4_k_x16"].interleave
+X16_GROUP_BYTES = X16_ROWS * FORMATS["q4_k_x16"].type_size
 
 
 def block_format(name: str) -> BlockFormat:
@@ -239,11 +239,12 @@ def interleave_q4_k(blocks: np.ndarray) -> np.ndarray:
     scales and minimums, laid out for the CPU kernel (module docstring)."""
     blocks = np.asarray(blocks, np.uint8)
     out, row_bytes = blocks.shape
-    if out % X16_ROWS or row_bytes % 144:
+    size = FORMATS["q4_k"].type_size
+    if out % X16_ROWS or row_bytes % size:
         raise ValueError(f"q4_k blocks to interleave must be [a multiple of {X16_ROWS}, a "
-                         f"multiple of 144] bytes, got {blocks.shape}.")
-    groups, supers = out // X16_ROWS, row_bytes // 144
-    b = blocks.reshape(groups, X16_ROWS, supers, 144).transpose(0, 2, 1, 3)  # [G, U, lane, 144]
+                         f"multiple of {size}] bytes, got {blocks.shape}.")
+    groups, supers = out // X16_ROWS, row_bytes // size
+    b = blocks.reshape(groups, X16_ROWS, supers, size).transpose(0, 2, 1, 3)  # [G, U, lane, 144]
     sc, mn = q4_k_scales(b[..., 4:16])                                      # [G, U, lane, 8]
     codes = b[..., 16:].reshape(groups, supers, X16_ROWS, 4, 32)             # [.., pair, 32]
     q = np.stack([codes & 0x0F, codes >> 4], axis=-2)                       # [.., pair, 2, 32]
@@ -254,4 +255,4 @@ def interleave_q4_k(blocks: np.ndarray) -> np.ndarray:
         sc.transpose(0, 1, 3, 2).reshape(groups, supers, 128),
         mn.transpose(0, 1, 3, 2).reshape(groups, supers, 128),
         lines.transpose(0, 1, 3, 4, 2, 5).reshape(groups, supers, 2048)], axis=-1)
-    return np.ascontiguousarray(packed.reshape(out, supers * 148))
+    return np.ascontiguousarray(packed.reshape(out, supers * X16_GROUP_BYTES // X16_ROWS))
