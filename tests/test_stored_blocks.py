@@ -35,7 +35,7 @@ gguf = pytest.importorskip("gguf")
 
 FORMATS = tuple(stored_blocks.FORMATS)
 # The file format each layout holds (q4_k_x16: q4_k's blocks, interleaved).
-FILE_FORMAT = {"q4_k_x16": "q4_k"}
+FILE_FORMAT = {"q4_k_x16": "q4_k", "q6_k_x16": "q6_k"}
 # Offsets of each format's float16 fields inside a block (scales, minimums).
 F16_FIELDS = {"q8_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
 
@@ -44,8 +44,9 @@ def random_blocks(fmt: str, rows: int, k: int, rng, *, scale: float = 0.05) -> n
     """uint8 [rows, row bytes]: random codes and sub-scales, float16 fields
     drawn around ``scale`` with random signs (a few exact zeros included).
     ``q4_k_x16``: random q4_k blocks, interleaved."""
-    if fmt == "q4_k_x16":
-        return stored_blocks.interleave_q4_k(random_blocks("q4_k", rows, k, rng, scale=scale))
+    if fmt in FILE_FORMAT:
+        _, arrange = stored_blocks.INTERLEAVE[FILE_FORMAT[fmt]]
+        return arrange(random_blocks(FILE_FORMAT[fmt], rows, k, rng, scale=scale))
     spec = stored_blocks.FORMATS[fmt]
     blocks = rng.integers(0, 256, (rows, k // spec.block, spec.type_size), dtype=np.uint8)
     for offset in F16_FIELDS[fmt]:
@@ -58,6 +59,8 @@ def random_blocks(fmt: str, rows: int, k: int, rng, *, scale: float = 0.05) -> n
 def gguf_dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
     if fmt == "q4_k_x16":  # the file's blocks back from the interleaved layout
         blocks = deinterleave_q4_k(blocks)
+    if fmt == "q6_k_x16":
+        blocks = deinterleave_q6_k(blocks)
     fmt = FILE_FORMAT.get(fmt, fmt)
     return gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt.upper()))
 
@@ -116,6 +119,29 @@ def test_stored_matrix_refuses_what_it_cannot_read():
         stored_blocks.interleave_q4_k(np.zeros((8, 144), np.uint8))
 
 
+def deinterleave_q6_k(x16: np.ndarray) -> np.ndarray:
+    """q6_k file blocks from ``q6_k_x16`` bytes, from the layout's description
+    (small_m_matmul.cc) and llama.cpp's q6_k block: ql[128], qh[64], scales[16], d."""
+    rows, supers = x16.shape[0], x16.shape[1] // 210
+    out = np.zeros((rows, supers, 210), np.uint8)
+    groups = x16.reshape(rows // 16, supers, 16 * 210)
+    for g, u, lane in np.ndindex(rows // 16, supers, 16):
+        p, block = groups[g, u], out[16 * g + lane, u]
+        block[208:210] = p[2 * lane:2 * lane + 2]
+        block[192:208] = p[32 + lane:288:16]
+        q = np.zeros(256, np.uint8)
+        for j, t, b in np.ndindex(16, 2, 4):
+            byte = p[288 + (2 * j + t) * 64 + 4 * lane + b]
+            q[16 * j + 8 * t + b], q[16 * j + 8 * t + 4 + b] = byte & 15, byte >> 4
+        for j, k, b in np.ndindex(16, 4, 4):
+            q[16 * j + 4 * k + b] |= ((p[2336 + 64 * j + 4 * lane + b] >> (2 * k)) & 3) << 4
+        for w in range(256):  # weight w = 128 n + 32 s + i: ql/qh as llama.cpp packs them
+            n, s, i = w // 128, (w % 128) // 32, w % 32
+            block[64 * n + i + 32 * (s % 2)] |= (q[w] & 15) << (4 * (s // 2))
+            block[128 + 32 * n + i] |= (q[w] >> 4) << (2 * s)
+    return out.reshape(rows, -1)
+
+
 def test_interleaving_keeps_every_byte_of_the_file():
     """``interleave_q4_k`` against a deinterleaver written from the layout's
     description: the file's blocks come back byte for byte."""
@@ -123,6 +149,20 @@ def test_interleaving_keeps_every_byte_of_the_file():
     x16 = stored_blocks.interleave_q4_k(blocks)
     assert x16.shape == (32, 2 * 148)
     np.testing.assert_array_equal(deinterleave_q4_k(x16), blocks)
+    blocks = random_blocks("q6_k", 32, 512, np.random.default_rng(9))
+    np.testing.assert_array_equal(deinterleave_q6_k(stored_blocks.interleave_q6_k(blocks)), blocks)
+
+
+@pytest.mark.parametrize("fmt", sorted(stored_blocks.INTERLEAVE))
+def test_interleaving_in_chunks_changes_no_byte(fmt, monkeypatch):
+    """The loader interleaves a matrix a chunk of rows at a time (peak memory):
+    chunks of 16 rows, a remainder among them, give the whole matrix's bytes."""
+    blocks = random_blocks(fmt, 80, 512, np.random.default_rng(10))
+    _, arrange = stored_blocks.INTERLEAVE[fmt]
+    whole = arrange(blocks)
+    monkeypatch.setattr(stored_blocks, "INTERLEAVE_CHUNK_ROWS", 32)
+    np.testing.assert_array_equal(arrange(blocks), whole)
+    np.testing.assert_array_equal(arrange(blocks)[:16], arrange(blocks[:16]))
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +223,7 @@ CONFIG = DecoderConfig(vocab_size=exactness.V, hidden_size=256, intermediate_siz
                        kernel_layout=OUT_IN, row_independent=True)  # as gguf.load_stored
 LAYOUT = {("attention", "query"): "q4_k", ("attention", "key"): "q8_0",
           ("attention", "value"): "q5_0", ("attention", "out"): "q4_1",
-          ("mlp", "wi_0"): "q6_k", ("mlp", "wi_1"): "q4_k_x16", ("mlp", "wo"): "q5_0"}
+          ("mlp", "wi_0"): "q6_k_x16", ("mlp", "wi_1"): "q4_k_x16", ("mlp", "wo"): "q5_0"}
 
 
 # Scales that keep each stored embedding and head's values of order 0.1.
@@ -324,9 +364,9 @@ def test_every_kept_type_of_the_registry_files_equals_gguf():
                 jnp.asarray(blocks), fmt)))
             np.testing.assert_array_equal(got.view(np.uint32),
                                           gguf_dequantize(blocks, fmt).view(np.uint32))
-            if fmt == "q4_k" and len(blocks) % 16 == 0:  # as the loader keeps it on CPU
-                x16 = stored_blocks.StoredMatrix.of_blocks(
-                    jnp.asarray(stored_blocks.interleave_q4_k(blocks)), "q4_k_x16")
+            if fmt in stored_blocks.INTERLEAVE and len(blocks) % 16 == 0:  # as kept on CPU
+                layout, arrange = stored_blocks.INTERLEAVE[fmt]
+                x16 = stored_blocks.StoredMatrix.of_blocks(jnp.asarray(arrange(blocks)), layout)
                 np.testing.assert_array_equal(np.asarray(stored_blocks.dequantize(x16)), got)
     assert {fmt for _, fmt in seen} >= {"q4_k", "q6_k", "q5_0", "q8_0", "q4_1"}
 

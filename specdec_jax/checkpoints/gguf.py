@@ -207,8 +207,8 @@ def _stored_or_dequantised(tensor, name: str, rows_permutation=None, *,
     (uint8 [out, row bytes]) when its type is kept, else ``name`` and the
     dequantised float32 [out, in]. ``rows_permutation``: applied to the rows
     (llama's Q/K un-permutation is a permutation of output rows).
-    ``interleave``: a q4_k matrix of a multiple of 16 rows is kept as
-    ``q4_k_x16`` (the same values, laid out for the CPU kernel)."""
+    ``interleave``: a q4_k or q6_k matrix of a multiple of 16 rows is kept as
+    ``q4_k_x16`` / ``q6_k_x16`` (the same values, laid out for the CPU kernel)."""
     fmt = stored_format(tensor)
     if fmt is None:
         value, key = dequantize(tensor), name
@@ -217,8 +217,10 @@ def _stored_or_dequantised(tensor, name: str, rows_permutation=None, *,
         value, key = np.asarray(tensor.data, np.uint8).reshape(rows, -1), f"{name}_{fmt}"
     if rows_permutation is not None:
         value = rows_permutation(value)
-    if interleave and fmt == "q4_k" and value.shape[0] % stored_blocks.X16_ROWS == 0:
-        return f"{name}_q4_k_x16", stored_blocks.interleave_q4_k(value)
+    if (interleave and fmt in stored_blocks.INTERLEAVE
+            and value.shape[0] % stored_blocks.X16_ROWS == 0):
+        layout, arrange = stored_blocks.INTERLEAVE[fmt]
+        return f"{name}_{layout}", arrange(value)
     return key, np.ascontiguousarray(value)
 
 

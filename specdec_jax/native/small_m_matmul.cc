@@ -344,7 +344,7 @@ ffi::Error MatmulScaledI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 #define SPECDEC_HAS_BLOCKS 1
 namespace blocks {
 
-enum Format : int32_t { kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4, kQ4_KX16 = 5 };
+enum Format : int32_t { kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4, kQ4_KX16 = 5, kQ6_KX16 = 6 };
 constexpr int kChunk = 64;  // weights per chunk (one zmm of codes)
 
 inline float F16(const uint8_t* p) {
@@ -788,6 +788,9 @@ constexpr int64_t kX16AheadBytes = 2 * kX16Bytes;
 struct PassActivations {
   std::vector<int32_t> words;  // per pass: [K / 4][rows]
   std::vector<float> d, dsum;  // per pass: [K / 32][rows]
+  // per pass: [K / 16][rows]: -32 times the integer sum of each 16 codes (q6_k's
+  // sub-blocks of 16, whose weights are q - 32)
+  std::vector<int32_t> q6_offset;
   std::vector<int64_t> first, rows;  // per pass: its first row of x and row count
 };
 
@@ -797,6 +800,7 @@ void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations&
   a.words.resize(m_dim * k_dim / 4);
   a.d.resize(m_dim * k_dim / 32);
   a.dsum.resize(m_dim * k_dim / 32);
+  a.q6_offset.resize(m_dim * k_dim / 16);
   a.first.clear();
   a.rows.clear();
   alignas(64) int8_t codes[32];
@@ -807,6 +811,7 @@ void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations&
     int32_t* words = a.words.data() + m0 * k_dim / 4;
     float* d = a.d.data() + m0 * k_dim / 32;
     float* dsum = a.dsum.data() + m0 * k_dim / 32;
+    int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t b = 0; b < k_dim / 32; ++b) {
         const float* xb = x + (m0 + r) * k_dim + 32 * b;
@@ -820,6 +825,8 @@ void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations&
         const float da = top / 127.0f;
         d[b * rows + r] = da;
         dsum[b * rows + r] = da * float(_mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1)));
+        q6_offset[2 * b * rows + r] = -32 * _mm512_reduce_add_epi32(r0);
+        q6_offset[(2 * b + 1) * rows + r] = -32 * _mm512_reduce_add_epi32(r1);
         for (int w = 0; w < 8; ++w) std::memcpy(&words[(8 * b + w) * rows + r], codes + 4 * w, 4);
       }
     }
@@ -877,27 +884,112 @@ void X16Pass(const uint8_t* group, int64_t supers, const int32_t* words, const f
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
 }
 
+// q6_k interleaved the same way (stored_blocks.interleave_q6_k). Per 16 rows and
+// super-block, kX16Q6Bytes bytes: d[16] (float16), sc[16][16] (int8 scales of the
+// sub-blocks of 16), then per sub-block j two lines of the codes' low 4 bits
+// (line t: byte 4 * lane + b holds weight 16j + 8t + b's in its low nibble and
+// 16j + 8t + 4 + b's in its high nibble), then per sub-block one line of their
+// high 2 bits (byte 4 * lane + b: bits 2k, 2k + 1 of weight 16j + 4k + b's).
+// w = d sc (q - 32). Per output lane and block b of 32 weights (one activation
+// scale da), the sum stays an exact integer through both sub-blocks j of b:
+//   x . w ~= sum over b of (d da) * sum over j in b of sc_j (isum_j - 32 asum_j)
+// so a row's bits do not depend on the rows beside it, and one float fma per 32
+// weights and row is all the epilogue (a sub-block's float epilogue, as q4_k's
+// pass has per 32, made one row ~1.2x slower than the file's layout).
+// |isum_j - 32 asum_j| <= 16 * 127 * (63 + 32) and |sc| <= 128: far from overflow.
+constexpr int64_t kX16Q6Bytes = 32 + 256 + 2048 + 1024;
+constexpr int kX16Q6Low = 288, kX16Q6High = 288 + 2048;
+
+template <int MB>
+void X16Q6Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
+               const int32_t* q6_offset, float* y, int64_t n_dim, int64_t m0, int64_t lane0) {
+  constexpr bool kTwoChains = MB <= 6;
+  __m512 acc[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
+  for (int64_t u = 0; u < supers; ++u) {
+    const uint8_t* p = group + u * kX16Q6Bytes;
+    const char* ahead = reinterpret_cast<const char*>(p + 2 * kX16Q6Bytes);
+    for (int l = 0; l < kX16Q6Low; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    for (int jp = 0; jp < 8; ++jp) {
+      __m512i block_sum[MB];
+      _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
+        const int j = 2 * jp + half;
+        const __m512i sc = _mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * j)));
+        const uint8_t* low = p + kX16Q6Low + 128 * j;
+        const uint8_t* high = p + kX16Q6High + 64 * j;
+        _mm_prefetch(reinterpret_cast<const char*>(low) + 2 * kX16Q6Bytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + 2 * kX16Q6Bytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(high) + 2 * kX16Q6Bytes, _MM_HINT_T0);
+        const __m512i l0 = _mm512_loadu_si512(low), l1 = _mm512_loadu_si512(low + 64);
+        const __m512i h = _mm512_loadu_si512(high);
+        const __m512i codes[4] = {
+            _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), high2)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
+                            _mm512_and_si512(_mm512_slli_epi16(h, 2), high2)),
+            _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(h, high2)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                            _mm512_and_si512(_mm512_srli_epi16(h, 2), high2))};
+        const int32_t* wj = words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
+        const int32_t* offset = q6_offset + (u * 16 + j) * MB;
+        __m512i isum[MB], isum_odd[MB];
+        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+          isum[m] = _mm512_set1_epi32(offset[m]);  // the -32 of every code, paid up front
+          isum_odd[m] = _mm512_setzero_si512();
+        }
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) {
+          _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+            __m512i& sum = (kTwoChains && k % 2) ? isum_odd[m] : isum[m];
+            sum = _mm512_dpbusd_epi32(sum, codes[k], _mm512_set1_epi32(wj[k * MB + m]));
+          }
+        }
+        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+          const __m512i sum = kTwoChains ? _mm512_add_epi32(isum[m], isum_odd[m]) : isum[m];
+          const __m512i scaled = _mm512_mullo_epi32(sum, sc);
+          block_sum[m] = half ? _mm512_add_epi32(block_sum[m], scaled) : scaled;
+        }
+      }
+      const int64_t b = u * 8 + jp;
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[m]),
+                                 _mm512_mul_ps(d, _mm512_set1_ps(d_act[b * MB + m])), acc[m]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
+}
+
+template <int F>
 ffi::Error RunX16(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* y, int64_t m_dim,
                   int64_t k_dim, int64_t n_dim, int64_t row_bytes) {
   const int64_t supers = k_dim / kSuper;
+  constexpr int64_t kGroupBytes = F == kQ6_KX16 ? kX16Q6Bytes : kX16Bytes;
   if (k_dim % kSuper != 0 || n_dim % kX16Lanes != 0 ||
-      row_bytes * kX16Lanes != supers * kX16Bytes)
+      row_bytes * kX16Lanes != supers * kGroupBytes)
     return ffi::Error::InvalidArgument(
-        "block_matmul: w is not q4_k interleaved by 16 rows of K weights (stored_blocks.interleave_q4_k)");
+        "block_matmul: w is not a k-quant interleaved by 16 rows of K weights (stored_blocks.interleave)");
   PassActivations a;
   QuantizeBy32(x, m_dim, k_dim, a);
   const PassActivations* act = &a;
   ParallelRows(pool, n_dim / kX16Lanes, 1, [=](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      const uint8_t* group = w + g * supers * kX16Bytes;
+      const uint8_t* group = w + g * supers * kGroupBytes;
       for (size_t p = 0; p < act->first.size(); ++p) {
         const int64_t m0 = act->first[p];
         const int32_t* words = act->words.data() + m0 * k_dim / 4;
         const float* d = act->d.data() + m0 * k_dim / 32;
         const float* dsum = act->dsum.data() + m0 * k_dim / 32;
+        const int32_t* q6_offset = act->q6_offset.data() + m0 * k_dim / 16;
         ForRowCount<kMaxMPerX16Pass>(act->rows[p], [&](auto rows) {
-          X16Pass<decltype(rows)::value>(group, supers, words, d, dsum, y, n_dim, m0,
-                                         g * kX16Lanes);
+          if constexpr (F == kQ6_KX16) {
+            X16Q6Pass<decltype(rows)::value>(group, supers, words, d, q6_offset, y, n_dim, m0,
+                                             g * kX16Lanes);
+          } else {
+            X16Pass<decltype(rows)::value>(group, supers, words, d, dsum, y, n_dim, m0,
+                                           g * kX16Lanes);
+          }
         });
       }
     }
@@ -921,7 +1013,8 @@ ffi::Error BlockMatmulI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
     case blocks::kQ5_0: return blocks::Run<blocks::kQ5_0>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     case blocks::kQ4_K: return blocks::RunK<blocks::kQ4_K>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     case blocks::kQ6_K: return blocks::RunK<blocks::kQ6_K>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
-    case blocks::kQ4_KX16: return blocks::RunX16(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ6_KX16: return blocks::RunX16<blocks::kQ6_KX16>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ4_KX16: return blocks::RunX16<blocks::kQ4_KX16>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     default: return ffi::Error::InvalidArgument("block_matmul: unknown block format");
   }
 }

@@ -28,13 +28,15 @@ q6_k     256    210        ``(d * sc_j) * (q - 32)``, 16 sub-blocks of 16 with
                            int8 sc_j, q 0..63
 =======  =====  =========  ====================================================
 
-One layout is not the file's: ``q4_k_x16`` holds a q4_k matrix's codes, scales
-and minimums unchanged but interleaved by 16 output rows (``interleave_q4_k``),
-so that the CPU kernel gives each output row a lane of its own (why and the
-byte layout: ``small_m_matmul.cc``, "q4_k interleaved by 16 output rows"). It
-takes 148 bytes per row and 256 weights where the file takes 144, and
-dequantises to the same values, bit for bit. The GGUF loader keeps a model's
-q4_k matrices in it on CPU; an embedding, read by rows, stays in the file's.
+Two layouts are not the file's: ``q4_k_x16`` holds a q4_k matrix's codes,
+scales and minimums unchanged but interleaved by 16 output rows
+(``interleave_q4_k``), so that the CPU kernel gives each output row a lane of
+its own (why and the byte layout: ``small_m_matmul.cc``, "q4_k interleaved by
+16 output rows"). It takes 148 bytes per row and 256 weights where the file
+takes 144. ``q6_k_x16`` does the same for q6_k (``interleave_q6_k``, 210 bytes
+as in the file). Both dequantise to the file's values, bit for bit. The GGUF
+loader keeps a model's q4_k and q6_k matrices in them on CPU (``INTERLEAVE``);
+an embedding, read by rows, stays in the file's.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class BlockFormat:
 FORMATS = {f.name: f for f in (BlockFormat("q8_0", 32, 34), BlockFormat("q4_1", 32, 20),
                                BlockFormat("q5_0", 32, 22), BlockFormat("q4_k", 256, 144),
                                BlockFormat("q6_k", 256, 210),
-                               BlockFormat("q4_k_x16", 256, 148, interleave=16))}
+                               BlockFormat("q4_k_x16", 256, 148, interleave=16),
+                               BlockFormat("q6_k_x16", 256, 210, interleave=16))}
 # Per 16 output rows and 256 weights in q4_k_x16: d[16] and dmin[16] (float16),
 # scales[8][16] and minimums[8][16] (a byte each), codes[8][4][64].
 X16_ROWS = FORMATS["q4_k_x16"].interleave
@@ -170,6 +173,8 @@ def dequantize_blocks(rows: Array, name: str, in_features: int) -> Array:
     fmt = block_format(name)
     if name == "q4_k_x16":
         return _dequantize_x16(rows, in_features)
+    if name == "q6_k_x16":
+        return _dequantize_q6_k_x16(rows, in_features)
     b = rows.reshape(rows.shape[0], in_features // fmt.block, fmt.type_size)
     if name == "q8_0":
         q = lax.bitcast_convert_type(b[..., 2:], jnp.int8).astype(jnp.float32)
@@ -233,17 +238,37 @@ def _dequantize_x16(rows: Array, in_features: int) -> Array:
     return out.reshape(rows.shape[0], in_features)
 
 
+# Rows interleaved per numpy pass: the passes' temporaries are a few times the
+# chunk's bytes, so a 196 MB head needs no whole-matrix copies (peak RSS).
+INTERLEAVE_CHUNK_ROWS = 1024
+
+
+def _interleave(blocks: np.ndarray, fmt: str, arrange) -> np.ndarray:
+    """``arrange`` (file blocks of 16 k rows -> their interleaved bytes) over
+    ``blocks`` in chunks of ``INTERLEAVE_CHUNK_ROWS`` rows, into one new array."""
+    blocks = np.asarray(blocks, np.uint8)
+    out, row_bytes = blocks.shape
+    size = FORMATS[fmt].type_size
+    if out % X16_ROWS or row_bytes % size:
+        raise ValueError(f"{fmt} blocks to interleave must be [a multiple of {X16_ROWS}, a "
+                         f"multiple of {size}] bytes, got {blocks.shape}.")
+    supers = row_bytes // size
+    packed = np.empty((out, supers * FORMATS[f"{fmt}_x16"].type_size), np.uint8)
+    for first in range(0, out, INTERLEAVE_CHUNK_ROWS):
+        chunk = blocks[first:first + INTERLEAVE_CHUNK_ROWS]
+        packed[first:first + len(chunk)] = arrange(chunk, len(chunk) // X16_ROWS, supers)
+    return packed
+
+
 def interleave_q4_k(blocks: np.ndarray) -> np.ndarray:
     """uint8 ``[out, in / 256 * 148]`` in ``q4_k_x16`` from a q4_k matrix's file
     blocks ``[out, in / 256 * 144]`` (``out`` a multiple of 16): the same codes,
     scales and minimums, laid out for the CPU kernel (module docstring)."""
-    blocks = np.asarray(blocks, np.uint8)
-    out, row_bytes = blocks.shape
+    return _interleave(blocks, "q4_k", _arrange_q4_k)
+
+
+def _arrange_q4_k(blocks: np.ndarray, groups: int, supers: int) -> np.ndarray:
     size = FORMATS["q4_k"].type_size
-    if out % X16_ROWS or row_bytes % size:
-        raise ValueError(f"q4_k blocks to interleave must be [a multiple of {X16_ROWS}, a "
-                         f"multiple of {size}] bytes, got {blocks.shape}.")
-    groups, supers = out // X16_ROWS, row_bytes // size
     b = blocks.reshape(groups, X16_ROWS, supers, size).transpose(0, 2, 1, 3)  # [G, U, lane, 144]
     sc, mn = q4_k_scales(b[..., 4:16])                                      # [G, U, lane, 8]
     codes = b[..., 16:].reshape(groups, supers, X16_ROWS, 4, 32)             # [.., pair, 32]
@@ -255,4 +280,58 @@ def interleave_q4_k(blocks: np.ndarray) -> np.ndarray:
         sc.transpose(0, 1, 3, 2).reshape(groups, supers, 128),
         mn.transpose(0, 1, 3, 2).reshape(groups, supers, 128),
         lines.transpose(0, 1, 3, 4, 2, 5).reshape(groups, supers, 2048)], axis=-1)
-    return np.ascontiguousarray(packed.reshape(out, supers * X16_GROUP_BYTES // X16_ROWS))
+    return packed.reshape(groups * X16_ROWS, supers * X16_GROUP_BYTES // X16_ROWS)
+
+
+def _q6_k_codes(b):
+    """The 256 codes (0..63, weight order) of q6_k blocks ``[..., 210]``."""
+    xp = np if isinstance(b, np.ndarray) else jnp
+    lead = b.shape[:-1]
+    low = b[..., :128].reshape(*lead, 2, 1, 64) >> xp.array([0, 4], xp.uint8)[:, None]
+    low = (low & 0x0F).reshape(*lead, 8, 32)
+    high = b[..., 128:192].reshape(*lead, 2, 1, 32) >> xp.array([0, 2, 4, 6], xp.uint8)[:, None]
+    high = (high & 0x03).reshape(*lead, 8, 32)
+    return (low | (high << 4)).reshape(*lead, 256)
+
+
+def _dequantize_q6_k_x16(rows: Array, in_features: int) -> Array:
+    """``dequantize_blocks`` of ``q6_k_x16``: q6_k's formula on the interleaved bytes."""
+    groups, supers = rows.shape[0] // X16_ROWS, in_features // 256
+    b = rows.reshape(groups, supers, 16 * 210)
+    d = _f16(b[..., 0:32].reshape(groups, supers, 16, 2))                    # [G, U, lane]
+    scales = lax.bitcast_convert_type(b[..., 32:288], jnp.int8).astype(jnp.float32)
+    scale = d[:, :, None, :] * scales.reshape(groups, supers, 16, 16)  # [G, U, j, lane]
+    low = b[..., 288:2336].reshape(groups, supers, 16, 2, 16, 4)            # [.., j, t, lane, b]
+    low = jnp.stack([low & 0x0F, low >> 4], axis=4)  # [.., j, t, half, lane, b]
+    low = low.reshape(groups, supers, 16, 4, 16, 4)                         # [.., j, k, lane, b]
+    high = b[..., 2336:].reshape(groups, supers, 16, 1, 16, 4) >> jnp.array(
+        [0, 2, 4, 6], jnp.uint8)[:, None, None]                              # [.., j, k, lane, b]
+    q = (low | ((high & 0x03) << 4)).astype(jnp.int32) - 32
+    out = scale[:, :, :, None, :, None] * q.astype(jnp.float32)
+    # weight 16 j + 4 k + b of output row 16 g + lane
+    return out.transpose(0, 4, 1, 2, 3, 5).reshape(rows.shape[0], in_features)
+
+
+def interleave_q6_k(blocks: np.ndarray) -> np.ndarray:
+    """uint8 ``[out, in / 256 * 210]`` in ``q6_k_x16`` from a q6_k matrix's file
+    blocks (``out`` a multiple of 16): the same codes and scales, laid out for
+    the CPU kernel (``small_m_matmul.cc``, "q6_k interleaved the same way")."""
+    return _interleave(blocks, "q6_k", _arrange_q6_k)
+
+
+def _arrange_q6_k(blocks: np.ndarray, groups: int, supers: int) -> np.ndarray:
+    b = blocks.reshape(groups, X16_ROWS, supers, 210).transpose(0, 2, 1, 3)  # [G, U, lane, 210]
+    q = _q6_k_codes(b).reshape(groups, supers, X16_ROWS, 16, 4, 4)          # [.., lane, j, k, b]
+    low, high = q & 0x0F, q >> 4
+    low_lines = (low[..., 0::2, :] | (low[..., 1::2, :] << 4))              # [.., lane, j, t, b]
+    high_lines = (high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4)
+                  | (high[..., 3, :] << 6))                                  # [.., lane, j, b]
+    packed = np.concatenate([
+        b[..., 208:210].reshape(groups, supers, 32),
+        b[..., 192:208].transpose(0, 1, 3, 2).reshape(groups, supers, 256),
+        low_lines.transpose(0, 1, 3, 4, 2, 5).reshape(groups, supers, 2048),
+        high_lines.transpose(0, 1, 3, 2, 4).reshape(groups, supers, 1024)], axis=-1)
+    return packed.reshape(groups * X16_ROWS, supers * 210)
+
+
+INTERLEAVE = {"q4_k": ("q4_k_x16", interleave_q4_k), "q6_k": ("q6_k_x16", interleave_q6_k)}
