@@ -201,7 +201,20 @@ def stored_format(tensor) -> str | None:
     return name if name in stored_blocks.FORMATS else None
 
 
-def _stored_or_dequantised(tensor, name: str, rows_permutation=None, *,
+def _file_bytes(file, tensor) -> np.ndarray:
+    """uint8 [n_bytes]: a tensor's bytes, read from the open file into memory of
+    their own. Slicing the reader's memory map instead would keep every page
+    read in the process's resident set for as long as any slice lives: the
+    1.5B's whole 1.1 GB file, on top of the arrays made from it."""
+    file.seek(tensor.data_offset)
+    data = np.fromfile(file, np.uint8, count=int(tensor.n_bytes))
+    if data.size != tensor.n_bytes:
+        raise ValueError(f"tensor {tensor.name}: the file ends {tensor.n_bytes - data.size} "
+                         "bytes early; it is truncated: delete it and fetch again.")
+    return data
+
+
+def _stored_or_dequantised(tensor, file, name: str, rows_permutation=None, *,
                            interleave: bool = False) -> tuple[str, np.ndarray]:
     """(parameter name, value): ``{name}_{format}`` and the file's block bytes
     (uint8 [out, row bytes]) when its type is kept, else ``name`` and the
@@ -214,7 +227,7 @@ def _stored_or_dequantised(tensor, name: str, rows_permutation=None, *,
         value, key = dequantize(tensor), name
     else:
         rows = int(np.prod([int(d) for d in tensor.shape[1:]]))
-        value, key = np.asarray(tensor.data, np.uint8).reshape(rows, -1), f"{name}_{fmt}"
+        value, key = _file_bytes(file, tensor).reshape(rows, -1), f"{name}_{fmt}"
     if rows_permutation is not None:
         value = rows_permutation(value)
     if (interleave and fmt in stored_blocks.INTERLEAVE
@@ -251,35 +264,37 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
     cfg = config_from_metadata(meta, "output.weight" in names, kernel_layout=OUT_IN,
                                fused_projections=False, **config_overrides)
     params: dict[str, Any] = {}
-    for tensor in tqdm(reader.tensors, desc=f"read {os.path.basename(path)}", unit="tensor",
-                       leave=False):
-        name = tensor.name
-        if name == "token_embd.weight":
-            key, value = _stored_or_dequantised(tensor, "embedding")
-            params.setdefault("embedder", {})[key] = value
-        elif name == "output.weight":
-            key, value = _stored_or_dequantised(tensor, "kernel", interleave=on_cpu)
-            params.setdefault("logits_dense", {})[key] = value
-        elif name == "output_norm.weight":
-            params["decoder_norm"] = {"scale": dequantize(tensor)}
-        elif name.startswith("blk."):
-            _, layer, kind, suffix = name.split(".")
-            entry = params.setdefault(f"layers_{layer}", {})
-            if kind in _STORED_NORMS:
-                entry[_STORED_NORMS[kind]] = {"scale": dequantize(tensor)}
-            elif kind in _STORED_LAYER:
-                module, proj = _STORED_LAYER[kind]
-                heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
-                permute = ((lambda v, h=heads: _unpermute(v, h))
-                           if arch == "llama" and heads is not None else None)
-                target = entry.setdefault(module, {}).setdefault(proj, {})
-                if suffix == "weight":
-                    key, value = _stored_or_dequantised(tensor, "kernel", permute,
-                                                        interleave=on_cpu)
-                else:
-                    key, value = "bias", dequantize(tensor)
-                    value = value if permute is None else permute(value)
-                target[key] = value
+    with open(path, "rb") as file:
+        for tensor in tqdm(reader.tensors, desc=f"read {os.path.basename(path)}", unit="tensor",
+                           leave=False):
+            name = tensor.name
+            if name == "token_embd.weight":
+                key, value = _stored_or_dequantised(tensor, file, "embedding")
+                params.setdefault("embedder", {})[key] = value
+            elif name == "output.weight":
+                key, value = _stored_or_dequantised(tensor, file, "kernel",
+                                                    interleave=on_cpu)
+                params.setdefault("logits_dense", {})[key] = value
+            elif name == "output_norm.weight":
+                params["decoder_norm"] = {"scale": dequantize(tensor)}
+            elif name.startswith("blk."):
+                _, layer, kind, suffix = name.split(".")
+                entry = params.setdefault(f"layers_{layer}", {})
+                if kind in _STORED_NORMS:
+                    entry[_STORED_NORMS[kind]] = {"scale": dequantize(tensor)}
+                elif kind in _STORED_LAYER:
+                    module, proj = _STORED_LAYER[kind]
+                    heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
+                    permute = ((lambda v, h=heads: _unpermute(v, h))
+                               if arch == "llama" and heads is not None else None)
+                    target = entry.setdefault(module, {}).setdefault(proj, {})
+                    if suffix == "weight":
+                        key, value = _stored_or_dequantised(tensor, file, "kernel", permute,
+                                                            interleave=on_cpu)
+                    else:
+                        key, value = "bias", dequantize(tensor)
+                        value = value if permute is None else permute(value)
+                    target[key] = value
     if _fuse_gate_up(params):
         cfg = dataclasses.replace(cfg, fused_mlp=True)
     check_stored_shapes(cfg, params)

@@ -101,9 +101,18 @@ def load_stored(name_or_path: str | os.PathLike, dtype: str = "auto"
                          "not one. Use weights='f32'.")
     cfg, params, meta = gguf.load_stored(path, dtype=dtype, param_dtype=dtype,
                                          matmul_precision=precision.matmul_precision(dtype))
-    params = jax.tree_util.tree_map(
-        lambda x: jax.device_put(x) if x.dtype == np.uint8 else _on_device(x, dtype), params)
+    params = _place_in_turn(
+        params, lambda x: jax.device_put(x) if x.dtype == np.uint8 else _on_device(x, dtype))
     return DecoderOnlyLM(cfg), params, tokenizer.tokenizer_from_gguf_metadata(meta)
+
+
+def _place_in_turn(tree: dict, place) -> dict:
+    """``place`` on each leaf of a nested dict, in place: each numpy leaf is
+    dropped as soon as its device array exists, so loading holds the model
+    once, not a numpy and a device copy of all of it at once."""
+    for key, value in tree.items():
+        tree[key] = _place_in_turn(value, place) if isinstance(value, dict) else place(value)
+    return tree
 
 
 def _local_file(name_or_path: str | os.PathLike) -> pathlib.Path:
