@@ -198,6 +198,7 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
       "stored"], "keeps a GGUF file's blocks; toy-bytes-large is not a GGUF checkpoint"),
     (["--draft-weights", "stored", "--drafter", "toy-bytes-small"],
      "keeps a GGUF file's blocks; toy-bytes-small is not a GGUF checkpoint"),
+    (["--repeats", "-1"], "pass 0 (automatic) or a number of runs"),
 ])
 def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message, capsys,
                                                                   monkeypatch, tmp_path):
@@ -378,3 +379,21 @@ def test_generate_with_a_tree_prints_its_prediction_and_cost_model(capsys):
     assert prediction < out.index("--- completion ---") < out.index("speedup over autoregressive")
     assert "tree call, 11 nodes" in out[out.index("cost model (model steps"):]
     assert "drafter calls per round" in out and "(the best chain on the same calls: G =" in out
+
+
+def test_timed_runs_repeat_as_asked_or_until_each_method_ran_long_enough():
+    from specdec_jax.jobs import generate  # noqa: PLC0415
+
+    def rounds(repeats, seconds_per_round):  # one batch per method, each round timed alike
+        runs_s, done = {"spec": [[]], "ar": [[]]}, 0
+        while done == 0 or generate._more_repeats(repeats, done, runs_s):
+            for name, per_round in seconds_per_round.items():
+                runs_s[name][0].append(per_round)
+            done += 1
+        return done
+
+    assert rounds(2, {"spec": 100.0, "ar": 100.0}) == 2
+    assert rounds(0, {"spec": 35.0, "ar": 17.0}) == 1  # a float32 target: once
+    # the stored pair: until the faster method too has run 10 s in all
+    assert rounds(0, {"spec": 3.8, "ar": 4.7}) == 3
+    assert rounds(0, {"spec": 0.001, "ar": 0.001}) == generate.AUTO_MAX_REPEATS

@@ -114,6 +114,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=0,
+                   help="times each method runs every batch, in turn, for the median; 0 "
+                        f"(default): until each method has been timed for {AUTO_TIMED_S:g} s, "
+                        f"at most {AUTO_MAX_REPEATS} times (once for a slow float32 target)")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the autoregressive baseline (no speedup is printed)")
     p.add_argument("--dtype", default=precision.AUTO, choices=DTYPE_CHOICES,
@@ -197,6 +201,19 @@ def _summary(outputs, batch_seconds: list[float], gamma: int, method: str,
 
 # Summary entries a list per batch or draft position: in the JSON only.
 PER_BATCH_KEYS = ("accepted_histogram", "batch_seconds", "batch_tokens")
+# --repeats 0: repeat the timed runs until each method has run this long in all,
+# at most AUTO_MAX_REPEATS times. The stored pair's three prompts take ~4 s a
+# method (3 repeats); the float32 target's ~35 s (1).
+AUTO_TIMED_S = 10.0
+AUTO_MAX_REPEATS = 5
+
+
+def _more_repeats(repeats: int, done: int, runs_s: dict) -> bool:
+    """Whether the timed runs go round once more after ``done`` rounds."""
+    if repeats:
+        return done < repeats
+    least = min(sum(sum(r) for r in per_batch) for per_batch in runs_s.values())
+    return done < AUTO_MAX_REPEATS and least < AUTO_TIMED_S
 
 
 def explain_gamma(choice: dict) -> str:
@@ -440,6 +457,8 @@ def check_args(args) -> None:
                              ("--batch-size", args.batch_size, 1), ("--top-k", args.top_k, 0)):
         if value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}.")
+    if args.repeats < 0:
+        raise ValueError(f"--repeats {args.repeats}: pass 0 (automatic) or a number of runs.")
     if args.gamma is not None and args.gamma < 1:
         raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
     spec = args.draft or args.drafter
@@ -569,23 +588,30 @@ def run(args) -> int:
     compiled = {name: timing.Compiled(fn, target_params, drafter_params, batches[0],
                                       jax.random.PRNGKey(0), sp) for name, fn in runs.items()}
     outputs = {name: [] for name in runs}
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
-    # Interleaved, batch by batch: a drift of this machine's speed during the
-    # run (common on shared CPUs) then hits both methods alike.
-    for batch_index, prompt in enumerate(batches):
-        key = jax.random.PRNGKey(args.seed + batch_index)
-        for name, executable in compiled.items():
-            timed = executable.time(target_params, drafter_params, prompt, key, sp)
-            outputs[name].append(timed.output)
-            seconds[name].append(timed.median_s)
-            out = timed.output
-            texts[name] += [tokenizer.decode(np.asarray(out.tokens[b, : out.lengths[b]]))
-                            for b in range(args.batch_size)]
+    runs_s = {name: [[] for _ in batches] for name in runs}  # [batch][repeat]
+    # Interleaved, batch by batch and repeat by repeat: a drift of this
+    # machine's speed during the run (common on shared CPUs) then hits both
+    # methods alike, and the median of the repeats drops a single slow call.
+    repeat = 0
+    while repeat == 0 or _more_repeats(args.repeats, repeat, runs_s):
+        for batch_index, prompt in enumerate(batches):
+            key = jax.random.PRNGKey(args.seed + batch_index)
+            for name, executable in compiled.items():
+                timed = executable.time(target_params, drafter_params, prompt, key, sp)
+                runs_s[name][batch_index].append(timed.median_s)
+                if repeat == 0:  # the same key: every repeat decodes the same tokens
+                    outputs[name].append(timed.output)
+                    out = timed.output
+                    texts[name] += [tokenizer.decode(np.asarray(out.tokens[b, : out.lengths[b]]))
+                                    for b in range(args.batch_size)]
+        repeat += 1
+    seconds = {name: [float(np.median(r)) for r in per_batch] for name, per_batch in runs_s.items()}
     for name in runs:
         results[name] = _summary(outputs[name], seconds[name],
                                  0 if name == "autoregressive" else gamma, name, real_rows)
     texts_out = texts[args.method][: len(prompts)]
     report = {"target": args.target, "draft": spec, "k_matrix": args.k_matrix,
+              "repeats": repeat,
               "lenience": args.lenience, "method": args.method,
               "alpha": args.alpha, "gamma": gamma, "tree": tree,
               "verifier": args.verifier or (verifiers.DEFAULT_TREE_VERIFIER if tree
@@ -633,7 +659,7 @@ def run(args) -> int:
         machine = report["environment"]["machine"]
         print(f"speedup over autoregressive {args.target}: "
               f"{report['speedup_vs_autoregressive']}x (same run, timed prompt by prompt in "
-              f"turn; {machine}, "
+              f"turn, median of {repeat}; {machine}, "
               f"{report['precision']}, compile time excluded)")
         print(f"  target weights {args.target_weights}, drafter weights "
               f"{args.draft_weights}; CPU kernel {'on' if kernel else 'off'} "
