@@ -397,3 +397,19 @@ def test_timed_runs_repeat_as_asked_or_until_each_method_ran_long_enough():
     # the stored pair: until the faster method too has run 10 s in all
     assert rounds(0, {"spec": 3.8, "ar": 4.7}) == 3
     assert rounds(0, {"spec": 0.001, "ar": 0.001}) == generate.AUTO_MAX_REPEATS
+
+
+def test_auto_weights_keep_a_gguf_files_blocks_only_where_the_kernel_multiplies_them():
+    import argparse  # noqa: PLC0415
+
+    from specdec_jax.jobs import generate  # noqa: PLC0415
+
+    def stored(name, kernel=True, **flags):
+        args = argparse.Namespace(**{"dtype": "auto", "kernel_layout": "out_in", **flags})
+        return generate.stored_by_default(args, name, kernel)
+
+    assert stored("qwen2.5-coder-1.5b") and stored("qwen2.5-coder-0.5b")
+    assert not stored("qwen2.5-coder-1.5b", kernel=False)
+    assert not stored("qwen2.5-coder-1.5b", dtype="bfloat16")
+    assert not stored("qwen2.5-coder-1.5b", kernel_layout="in_out")
+    assert not stored("toy-bytes-large")  # not a GGUF checkpoint
