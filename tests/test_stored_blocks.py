@@ -35,7 +35,7 @@ gguf = pytest.importorskip("gguf")
 
 FORMATS = tuple(stored_blocks.FORMATS)
 # The file format each layout holds (q4_k_x16: q4_k's blocks, interleaved).
-FILE_FORMAT = {"q4_k_x16": "q4_k", "q6_k_x16": "q6_k"}
+FILE_FORMAT = {"q4_k_x16": "q4_k", "q6_k_x16": "q6_k", "q5_0_x16": "q5_0"}
 # Offsets of each format's float16 fields inside a block (scales, minimums).
 F16_FIELDS = {"q8_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
 
@@ -61,8 +61,32 @@ def gguf_dequantize(blocks: np.ndarray, fmt: str) -> np.ndarray:
         blocks = deinterleave_q4_k(blocks)
     if fmt == "q6_k_x16":
         blocks = deinterleave_q6_k(blocks)
+    if fmt == "q5_0_x16":
+        blocks = deinterleave_q5_0(blocks)
     fmt = FILE_FORMAT.get(fmt, fmt)
     return gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt.upper()))
+
+
+def deinterleave_q5_0(x16: np.ndarray) -> np.ndarray:
+    """q5_0 file blocks from ``q5_0_x16`` bytes, from the layout's description
+    (small_m_matmul.cc) and llama.cpp's q5_0 block: d, qh (bit j: weight j's
+    fifth bit), qs[16] (weight j's low bits, then weight j + 16's)."""
+    rows, nblocks = x16.shape[0], x16.shape[1] // 22
+    out = np.zeros((rows, nblocks, 22), np.uint8)
+    groups = x16.reshape(rows // 16, nblocks, 16 * 22)
+    for g, n, lane in np.ndindex(rows // 16, nblocks, 16):
+        p, block = groups[g, n], out[16 * g + lane, n]
+        block[0:2] = p[2 * lane:2 * lane + 2]
+        q = np.zeros(32, np.uint32)
+        for t, b in np.ndindex(4, 4):
+            byte = p[32 + 64 * t + 4 * lane + b]
+            q[8 * t + b], q[8 * t + 4 + b] = byte & 15, byte >> 4
+        for k, b in np.ndindex(8, 4):
+            q[4 * k + b] |= ((p[288 + 4 * lane + b] >> k) & 1) << 4
+        block[2:6] = np.array([np.sum((q >> 4) << np.arange(32, dtype=np.uint32))],
+                              np.uint32).view(np.uint8)
+        block[6:] = (q[:16] & 15) | ((q[16:] & 15) << 4)
+    return out.reshape(rows, -1)
 
 
 def deinterleave_q4_k(x16: np.ndarray) -> np.ndarray:
@@ -151,6 +175,8 @@ def test_interleaving_keeps_every_byte_of_the_file():
     np.testing.assert_array_equal(deinterleave_q4_k(x16), blocks)
     blocks = random_blocks("q6_k", 32, 512, np.random.default_rng(9))
     np.testing.assert_array_equal(deinterleave_q6_k(stored_blocks.interleave_q6_k(blocks)), blocks)
+    blocks = random_blocks("q5_0", 32, 96, np.random.default_rng(11))
+    np.testing.assert_array_equal(deinterleave_q5_0(stored_blocks.interleave_q5_0(blocks)), blocks)
 
 
 @pytest.mark.parametrize("fmt", sorted(stored_blocks.INTERLEAVE))
@@ -223,7 +249,7 @@ CONFIG = DecoderConfig(vocab_size=exactness.V, hidden_size=256, intermediate_siz
                        kernel_layout=OUT_IN, row_independent=True)  # as gguf.load_stored
 LAYOUT = {("attention", "query"): "q4_k", ("attention", "key"): "q8_0",
           ("attention", "value"): "q5_0", ("attention", "out"): "q4_1",
-          ("mlp", "wi_0"): "q6_k_x16", ("mlp", "wi_1"): "q4_k_x16", ("mlp", "wo"): "q5_0"}
+          ("mlp", "wi_0"): "q6_k_x16", ("mlp", "wi_1"): "q4_k_x16", ("mlp", "wo"): "q5_0_x16"}
 
 
 # Scales that keep each stored embedding and head's values of order 0.1.
@@ -402,3 +428,20 @@ def test_gate_and_up_of_one_block_type_are_one_product_of_the_same_bits(block_ke
     assert not _fuse_gate_up(apart | {"layers_0": {**apart["layers_0"], "mlp": {
         **apart["layers_0"]["mlp"], "wi_1": {"kernel_q6_k": random_blocks(
             "q6_k", CONFIG.intermediate_size, CONFIG.hidden_size, rng)}}}})
+
+
+def test_a_head_kept_interleaved_is_not_cut_to_a_token_subset():
+    """Taking byte rows of an interleaved head would give other rows' weights
+    (each byte row holds 16 output rows' blocks): refused with the fix named."""
+    from specdec_jax.models.decoder import with_head_vocab  # noqa: PLC0415
+
+    model = DecoderOnlyLM(dataclasses.replace(CONFIG, vocab_size=32))
+    stored = dict(model.init_params(jax.random.key(0)))
+    head = random_blocks("q6_k", 32, CONFIG.hidden_size, np.random.default_rng(3),
+                         scale=HEAD_SCALE["q6_k"])
+    stored["logits_dense"] = {"kernel_q6_k_x16": jnp.asarray(stored_blocks.interleave_q6_k(head))}
+    with pytest.raises(ValueError, match="drafter head vocabulary 0"):
+        with_head_vocab(model, stored, np.arange(16))
+    cut, params = with_head_vocab(model, {**stored, "logits_dense": {
+        "kernel_q6_k": jnp.asarray(head)}}, np.arange(16))  # the file's layout is cut
+    assert cut.config.head_vocab == 16 and "rows_q6_k" in params["head_vocab"]

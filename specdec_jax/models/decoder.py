@@ -64,6 +64,7 @@ from specdec_jax.models.layers import (
     stored_matrix,
     transpose_kernels,
 )
+from specdec_jax.native import stored_blocks
 
 Array = jax.Array
 # A wide call over a long cache (a prefill: 512 prompt tokens into 2,048 of room at
@@ -686,6 +687,11 @@ def with_head_vocab(model: DecoderOnlyLM, params: dict, token_ids) -> tuple[Deco
     ids = np.sort(ids).astype(np.int32)
     stored = (stored_in(params["embedder"], "embedding") if model.config.tie_embeddings
               else stored_in(params.get("logits_dense", {}), "kernel"))
+    if stored is not None and stored_blocks.block_format(stored.format).interleave > 1:
+        raise ValueError(f"with_head_vocab: the output head is kept as {stored.format}, whose "
+                         "byte rows interleave 16 output rows, so its rows cannot be taken "
+                         "apart; keep the full head (drafter head vocabulary 0) or load the "
+                         "drafter with float32 weights.")
     if stored is not None:  # the kept rows stay in their file's blocks
         head = {f"rows_{stored.format}": jnp.take(stored.blocks, jnp.asarray(ids), axis=0)}
     else:

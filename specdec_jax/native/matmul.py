@@ -59,7 +59,7 @@ MAX_ROWS_NARROW = 512
 # The block kernel (int8 activations against a GGUF file's blocks), by format.
 BLOCK_SYMBOL = "SmallMBlockMatmulI8"
 BLOCK_CODES = {"q8_0": 0, "q4_1": 1, "q5_0": 2, "q4_k": 3, "q6_k": 4, "q4_k_x16": 5,
-               "q6_k_x16": 6}
+               "q6_k_x16": 6, "q5_0_x16": 7}
 BLOCK_CHUNK = 64  # activations are quantised per this many values
 
 

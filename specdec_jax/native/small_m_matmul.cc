@@ -344,7 +344,9 @@ ffi::Error MatmulScaledI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 #define SPECDEC_HAS_BLOCKS 1
 namespace blocks {
 
-enum Format : int32_t { kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4, kQ4_KX16 = 5, kQ6_KX16 = 6 };
+enum Format : int32_t {
+  kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4, kQ4_KX16 = 5, kQ6_KX16 = 6, kQ5_0X16 = 7
+};
 constexpr int kChunk = 64;  // weights per chunk (one zmm of codes)
 
 inline float F16(const uint8_t* p) {
@@ -791,6 +793,7 @@ struct PassActivations {
   // per pass: [K / 16][rows]: -32 times the integer sum of each 16 codes (q6_k's
   // sub-blocks of 16, whose weights are q - 32)
   std::vector<int32_t> q6_offset;
+  std::vector<int32_t> asum;  // per pass: [K / 32][rows]: the integer sum of each 32 codes
   std::vector<int64_t> first, rows;  // per pass: its first row of x and row count
 };
 
@@ -801,6 +804,7 @@ void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations&
   a.d.resize(m_dim * k_dim / 32);
   a.dsum.resize(m_dim * k_dim / 32);
   a.q6_offset.resize(m_dim * k_dim / 16);
+  a.asum.resize(m_dim * k_dim / 32);
   a.first.clear();
   a.rows.clear();
   alignas(64) int8_t codes[32];
@@ -812,6 +816,7 @@ void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations&
     float* d = a.d.data() + m0 * k_dim / 32;
     float* dsum = a.dsum.data() + m0 * k_dim / 32;
     int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
+    int32_t* asum = a.asum.data() + m0 * k_dim / 32;
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t b = 0; b < k_dim / 32; ++b) {
         const float* xb = x + (m0 + r) * k_dim + 32 * b;
@@ -824,7 +829,8 @@ void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations&
         _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), _mm512_cvtsepi32_epi8(r1));
         const float da = top / 127.0f;
         d[b * rows + r] = da;
-        dsum[b * rows + r] = da * float(_mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1)));
+        asum[b * rows + r] = _mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1));
+        dsum[b * rows + r] = da * float(asum[b * rows + r]);
         q6_offset[2 * b * rows + r] = -32 * _mm512_reduce_add_epi32(r0);
         q6_offset[(2 * b + 1) * rows + r] = -32 * _mm512_reduce_add_epi32(r1);
         for (int w = 0; w < 8; ++w) std::memcpy(&words[(8 * b + w) * rows + r], codes + 4 * w, 4);
@@ -961,34 +967,98 @@ void X16Q6Pass(const uint8_t* group, int64_t supers, const int32_t* words, const
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
 }
 
+// q5_0 interleaved the same way (stored_blocks.interleave_q5_0). Per 16 rows
+// and block of 32 weights, kX16Q5Bytes bytes (22 a row, as in the file): d[16]
+// (float16), then four lines of the codes' low 4 bits (line t: byte 4 * lane + b
+// holds weight 8t + b's in its low nibble and 8t + 4 + b's in its high nibble),
+// then one line of their fifth bits (byte 4 * lane + b: bit k is weight 4k + b's).
+// w = d (q - 16); per output lane and block, whose activations share one scale da:
+//   x . w ~= (d da) * (isum - 16 asum), an exact integer up to the one fma.
+constexpr int64_t kX16Q5Bytes = 32 + 256 + 64;
+constexpr int64_t kX16Q5Ahead = 4 * kX16Q5Bytes;
+
+template <int MB>
+void X16Q5Pass(const uint8_t* group, int64_t blocks, const int32_t* words, const float* d_act,
+               const int32_t* asum, float* y, int64_t n_dim, int64_t m0, int64_t lane0) {
+  constexpr bool kTwoChains = MB <= 6;
+  __m512 acc[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* p = group + b * kX16Q5Bytes;
+    const char* ahead = reinterpret_cast<const char*>(p) + kX16Q5Ahead;
+    for (int l = 0; l < kX16Q5Bytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i line[4] = {_mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 96),
+                             _mm512_loadu_si512(p + 160), _mm512_loadu_si512(p + 224)};
+    const __m512i h = _mm512_loadu_si512(p + 288);
+    // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
+    // only ever comes from its own byte for shifts of at most 4)
+    const __m512i high[8] = {
+        _mm512_and_si512(_mm512_slli_epi16(h, 4), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 3), fifth),
+        _mm512_and_si512(_mm512_slli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 1), fifth),
+        _mm512_and_si512(h, fifth), _mm512_and_si512(_mm512_srli_epi16(h, 1), fifth),
+        _mm512_and_si512(_mm512_srli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_srli_epi16(h, 3), fifth)};
+    __m512i codes[8];
+    _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+      codes[2 * t] = _mm512_or_si512(_mm512_and_si512(line[t], low4), high[2 * t]);
+      codes[2 * t + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(line[t], 4), low4),
+                                         high[2 * t + 1]);
+    }
+    __m512i isum[MB], isum_odd[MB];
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      isum[m] = _mm512_set1_epi32(-16 * asum[b * MB + m]);  // the -16 of every code, up front
+      isum_odd[m] = _mm512_setzero_si512();
+    }
+    const int32_t* wb = words + 8 * b * MB;
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        __m512i& sum = (kTwoChains && k % 2) ? isum_odd[m] : isum[m];
+        sum = _mm512_dpbusd_epi32(sum, codes[k], _mm512_set1_epi32(wb[k * MB + m]));
+      }
+    }
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      const __m512i sum = kTwoChains ? _mm512_add_epi32(isum[m], isum_odd[m]) : isum[m];
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                               _mm512_mul_ps(d, _mm512_set1_ps(d_act[b * MB + m])), acc[m]);
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
+}
+
 template <int F>
 ffi::Error RunX16(ffi::ThreadPool& pool, const float* x, const uint8_t* w, float* y, int64_t m_dim,
                   int64_t k_dim, int64_t n_dim, int64_t row_bytes) {
-  const int64_t supers = k_dim / kSuper;
-  constexpr int64_t kGroupBytes = F == kQ6_KX16 ? kX16Q6Bytes : kX16Bytes;
-  if (k_dim % kSuper != 0 || n_dim % kX16Lanes != 0 ||
-      row_bytes * kX16Lanes != supers * kGroupBytes)
+  // a "unit": a super-block of 256 weights (the k-quants) or a block of 32 (q5_0)
+  constexpr int64_t kUnit = F == kQ5_0X16 ? 32 : kSuper;
+  constexpr int64_t kGroupBytes = F == kQ6_KX16 ? kX16Q6Bytes
+                                  : F == kQ5_0X16 ? kX16Q5Bytes : kX16Bytes;
+  const int64_t units = k_dim / kUnit;
+  if (k_dim % kUnit != 0 || n_dim % kX16Lanes != 0 ||
+      row_bytes * kX16Lanes != units * kGroupBytes)
     return ffi::Error::InvalidArgument(
-        "block_matmul: w is not a k-quant interleaved by 16 rows of K weights (stored_blocks.interleave)");
+        "block_matmul: w is not a format interleaved by 16 rows of K weights (stored_blocks.interleave)");
   PassActivations a;
   QuantizeBy32(x, m_dim, k_dim, a);
   const PassActivations* act = &a;
   ParallelRows(pool, n_dim / kX16Lanes, 1, [=](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      const uint8_t* group = w + g * supers * kGroupBytes;
+      const uint8_t* group = w + g * units * kGroupBytes;
       for (size_t p = 0; p < act->first.size(); ++p) {
         const int64_t m0 = act->first[p];
         const int32_t* words = act->words.data() + m0 * k_dim / 4;
         const float* d = act->d.data() + m0 * k_dim / 32;
         const float* dsum = act->dsum.data() + m0 * k_dim / 32;
+        const int32_t* asum = act->asum.data() + m0 * k_dim / 32;
         const int32_t* q6_offset = act->q6_offset.data() + m0 * k_dim / 16;
         ForRowCount<kMaxMPerX16Pass>(act->rows[p], [&](auto rows) {
+          constexpr int kRows = decltype(rows)::value;
           if constexpr (F == kQ6_KX16) {
-            X16Q6Pass<decltype(rows)::value>(group, supers, words, d, q6_offset, y, n_dim, m0,
-                                             g * kX16Lanes);
+            X16Q6Pass<kRows>(group, units, words, d, q6_offset, y, n_dim, m0, g * kX16Lanes);
+          } else if constexpr (F == kQ5_0X16) {
+            X16Q5Pass<kRows>(group, units, words, d, asum, y, n_dim, m0, g * kX16Lanes);
           } else {
-            X16Pass<decltype(rows)::value>(group, supers, words, d, dsum, y, n_dim, m0,
-                                           g * kX16Lanes);
+            X16Pass<kRows>(group, units, words, d, dsum, y, n_dim, m0, g * kX16Lanes);
           }
         });
       }
@@ -1015,6 +1085,7 @@ ffi::Error BlockMatmulI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
     case blocks::kQ6_K: return blocks::RunK<blocks::kQ6_K>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     case blocks::kQ6_KX16: return blocks::RunX16<blocks::kQ6_KX16>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     case blocks::kQ4_KX16: return blocks::RunX16<blocks::kQ4_KX16>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
+    case blocks::kQ5_0X16: return blocks::RunX16<blocks::kQ5_0X16>(pool, xp, wp, yp, dx[0], dx[1], dw[0], dw[1]);
     default: return ffi::Error::InvalidArgument("block_matmul: unknown block format");
   }
 }

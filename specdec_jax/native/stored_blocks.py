@@ -28,15 +28,17 @@ q6_k     256    210        ``(d * sc_j) * (q - 32)``, 16 sub-blocks of 16 with
                            int8 sc_j, q 0..63
 =======  =====  =========  ====================================================
 
-Two layouts are not the file's: ``q4_k_x16`` holds a q4_k matrix's codes,
+Three layouts are not the file's: ``q4_k_x16`` holds a q4_k matrix's codes,
 scales and minimums unchanged but interleaved by 16 output rows
 (``interleave_q4_k``), so that the CPU kernel gives each output row a lane of
 its own (why and the byte layout: ``small_m_matmul.cc``, "q4_k interleaved by
 16 output rows"). It takes 148 bytes per row and 256 weights where the file
-takes 144. ``q6_k_x16`` does the same for q6_k (``interleave_q6_k``, 210 bytes
-as in the file). Both dequantise to the file's values, bit for bit. The GGUF
-loader keeps a model's q4_k and q6_k matrices in them on CPU (``INTERLEAVE``);
-an embedding, read by rows, stays in the file's.
+takes 144. ``q6_k_x16`` and ``q5_0_x16`` do the same for q6_k and q5_0
+(``interleave_q6_k``, ``interleave_q5_0``; as many bytes as the file). All
+dequantise to the file's values, bit for bit. The GGUF loader keeps a model's
+q4_k, q6_k and q5_0 matrices in them on CPU (``INTERLEAVE``); an embedding,
+read by rows, stays in the file's, and an interleaved head cannot be cut to a
+token subset (``decoder.with_head_vocab`` refuses it).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ FORMATS = {f.name: f for f in (BlockFormat("q8_0", 32, 34), BlockFormat("q4_1", 
                                BlockFormat("q5_0", 32, 22), BlockFormat("q4_k", 256, 144),
                                BlockFormat("q6_k", 256, 210),
                                BlockFormat("q4_k_x16", 256, 148, interleave=16),
-                               BlockFormat("q6_k_x16", 256, 210, interleave=16))}
+                               BlockFormat("q6_k_x16", 256, 210, interleave=16),
+                               BlockFormat("q5_0_x16", 32, 22, interleave=16))}
 # Per 16 output rows and 256 weights in q4_k_x16: d[16] and dmin[16] (float16),
 # scales[8][16] and minimums[8][16] (a byte each), codes[8][4][64].
 X16_ROWS = FORMATS["q4_k_x16"].interleave
@@ -175,6 +178,8 @@ def dequantize_blocks(rows: Array, name: str, in_features: int) -> Array:
         return _dequantize_x16(rows, in_features)
     if name == "q6_k_x16":
         return _dequantize_q6_k_x16(rows, in_features)
+    if name == "q5_0_x16":
+        return _dequantize_q5_0_x16(rows, in_features)
     b = rows.reshape(rows.shape[0], in_features // fmt.block, fmt.type_size)
     if name == "q8_0":
         q = lax.bitcast_convert_type(b[..., 2:], jnp.int8).astype(jnp.float32)
@@ -334,4 +339,49 @@ def _arrange_q6_k(blocks: np.ndarray, groups: int, supers: int) -> np.ndarray:
     return packed.reshape(groups * X16_ROWS, supers * 210)
 
 
-INTERLEAVE = {"q4_k": ("q4_k_x16", interleave_q4_k), "q6_k": ("q6_k_x16", interleave_q6_k)}
+def _q5_0_codes(b):
+    """The 32 codes (0..31, weight order) of q5_0 blocks ``[..., 22]`` (numpy)."""
+    high = b[..., 2:6].copy().view(np.uint32)                    # [..., 1]: bit j, weight j's
+    bits = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    low = np.concatenate([b[..., 6:] & 0x0F, b[..., 6:] >> 4], axis=-1)
+    return low | (bits << 4)
+
+
+def _dequantize_q5_0_x16(rows: Array, in_features: int) -> Array:
+    """``dequantize_blocks`` of ``q5_0_x16``: q5_0's formula on the interleaved bytes."""
+    groups, blocks = rows.shape[0] // X16_ROWS, in_features // 32
+    b = rows.reshape(groups, blocks, 16 * 22)
+    d = _f16(b[..., 0:32].reshape(groups, blocks, 16, 2))                   # [G, B, lane]
+    lines = b[..., 32:288].reshape(groups, blocks, 4, 16, 4)               # [G, B, t, lane, b]
+    low = jnp.stack([lines & 0x0F, lines >> 4], axis=3)                     # [.., t, half, lane, b]
+    low = low.reshape(groups, blocks, 8, 16, 4)                             # [.., k, lane, b]
+    high = b[..., 288:].reshape(groups, blocks, 1, 16, 4) >> jnp.arange(
+        8, dtype=jnp.uint8)[:, None, None]                                  # [.., k, lane, b]
+    q = (low | ((high & 1) << 4)).astype(jnp.int32) - 16
+    out = d[:, :, None, :, None] * q.astype(jnp.float32)
+    # weight 4 k + b of output row 16 g + lane
+    return out.transpose(0, 3, 1, 2, 4).reshape(rows.shape[0], in_features)
+
+
+def interleave_q5_0(blocks: np.ndarray) -> np.ndarray:
+    """uint8 ``[out, in / 32 * 22]`` in ``q5_0_x16`` from a q5_0 matrix's file
+    blocks (``out`` a multiple of 16): the same codes and scales, laid out for
+    the CPU kernel (``small_m_matmul.cc``, "q5_0 interleaved the same way")."""
+    return _interleave(blocks, "q5_0", _arrange_q5_0)
+
+
+def _arrange_q5_0(blocks: np.ndarray, groups: int, nblocks: int) -> np.ndarray:
+    b = blocks.reshape(groups, X16_ROWS, nblocks, 22).transpose(0, 2, 1, 3)  # [G, B, lane, 22]
+    q = _q5_0_codes(b).reshape(groups, nblocks, X16_ROWS, 4, 2, 4)          # [.., t, half, b]
+    lines = (q[..., 0, :] & 0x0F) | ((q[..., 1, :] & 0x0F) << 4)            # [.., lane, t, b]
+    fifth = (q.reshape(groups, nblocks, X16_ROWS, 8, 4) >> 4) << np.arange(
+        8, dtype=np.uint8)[:, None]                                          # [.., lane, k, b]
+    packed = np.concatenate([
+        b[..., 0:2].reshape(groups, nblocks, 32),
+        lines.transpose(0, 1, 3, 2, 4).reshape(groups, nblocks, 256),
+        np.bitwise_or.reduce(fifth, axis=3).reshape(groups, nblocks, 64)], axis=-1)
+    return packed.reshape(groups * X16_ROWS, nblocks * 22)
+
+
+INTERLEAVE = {"q4_k": ("q4_k_x16", interleave_q4_k), "q6_k": ("q6_k_x16", interleave_q6_k),
+              "q5_0": ("q5_0_x16", interleave_q5_0)}
