@@ -220,8 +220,9 @@ def _stored_or_dequantised(tensor, file, name: str, rows_permutation=None, *,
     (uint8 [out, row bytes]) when its type is kept, else ``name`` and the
     dequantised float32 [out, in]. ``rows_permutation``: applied to the rows
     (llama's Q/K un-permutation is a permutation of output rows).
-    ``interleave``: a q4_k or q6_k matrix of a multiple of 16 rows is kept as
-    ``q4_k_x16`` / ``q6_k_x16`` (the same values, laid out for the CPU kernel)."""
+    ``interleave``: a matrix of a format in ``stored_blocks.INTERLEAVE`` (q4_k,
+    q6_k, q5_0) and a multiple of 16 rows is kept in its ``_x16`` layout (the
+    same values, laid out for the CPU kernel)."""
     fmt = stored_format(tensor)
     if fmt is None:
         value, key = dequantize(tensor), name
@@ -250,8 +251,8 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
     meta = read_metadata(reader)
     arch = meta["general.architecture"]
     names = {t.name for t in reader.tensors}
-    # On a CPU a stored product takes int8 activations, row by row (q4_k
-    # matrices interleaved by 16 rows for the kernel, ``interleave_q4_k``); computing
+    # On a CPU a stored product takes int8 activations, row by row (q4_k, q6_k
+    # and q5_0 matrices interleaved by 16 rows for the kernel); computing
     # attention and norms row by row too makes the target one function of each
     # row there (``DecoderConfig.row_independent``): a scoring call's rows are
     # a step's.
