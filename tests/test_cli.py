@@ -157,6 +157,12 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     assert "does not pay on this machine" in cli_generate.explain(losing, 0.9, 3)
     assert "3.50 tokens per target call" in cli_generate.explain(losing, 0.9, 3)
     assert "does not pay" in cli_generate.explain(paying, 0.95, 3)  # measured loses
+    assert "does not pay" in cli_generate.explain(losing, None, 3)  # nothing measured
+    # The run paid where the prices, timed before it, said it would not: no verdict of
+    # loss, and the disagreement named.
+    paid = cli_generate.explain(losing, 1.33, 3)
+    assert "does not pay" not in paid and "the run paid (1.33x)" in paid
+    assert "predict 0.80x" in paid
 
 
 @pytest.mark.parametrize("argv, message", [

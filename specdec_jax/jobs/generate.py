@@ -276,14 +276,27 @@ def explain_tree(model: dict, measured: float | None) -> str:
     lines.append(f"  round                     {1e3 * m['round_s']:.0f} ms for "
                  f"{m['tokens_per_target_call']:.2f} tokens -> predicted speedup "
                  f"{m['predicted_speedup']:.2f}x{measured_text}")
-    if m["predicted_speedup"] < 1 or (measured is not None and measured < 1):
-        lines.append(
-            f"this token tree does not pay on this machine: a round would need "
-            f"{m['break_even_tokens_per_call']:.2f} tokens per target call to break even (it "
-            f"got {m['tokens_per_target_call']:.2f}). A smaller tree, a cheaper drafter "
-            "(--draft mag), or an accelerator (where a call of many nodes costs about one "
-            "step) changes that.")
+    lines += _verdict(
+        m, measured, f"this token tree does not pay on this machine: a round would need "
+        f"{m['break_even_tokens_per_call']:.2f} tokens per target call to break even (it "
+        f"got {m['tokens_per_target_call']:.2f}). A smaller tree, a cheaper drafter "
+        "(--draft mag), or an accelerator (where a call of many nodes costs about one "
+        "step) changes that.")
     return "\n".join(lines)
+
+
+def _verdict(m: dict, measured: float | None, loses: str) -> list[str]:
+    """``loses`` where the run lost (or, unmeasured, where the prediction does);
+    a note where the prediction loses and the run paid: the priced calls were
+    timed once, before the run, and a CPU's speed can change between the two."""
+    if measured is not None and measured >= 1 > m["predicted_speedup"]:
+        return [f"the run paid ({measured}x) where its priced calls predict "
+                f"{m['predicted_speedup']:.2f}x: the calls were timed once, before the run, "
+                "and this machine's speed changed between the two (run again to price them "
+                "again)."]
+    if (measured if measured is not None else m["predicted_speedup"]) < 1:
+        return [loses]
+    return []
 
 
 def explain(model: dict, measured: float | None, gamma: int) -> str:
@@ -307,13 +320,12 @@ def explain(model: dict, measured: float | None, gamma: int) -> str:
         f"  round                     {1e3 * m['round_s']:.0f} ms for "
         f"{m['tokens_per_target_call']:.2f} tokens -> predicted speedup "
         f"{m['predicted_speedup']:.2f}x{measured_text}"]
-    if m["predicted_speedup"] < 1 or (measured is not None and measured < 1):
-        lines.append(
-            f"speculative decoding does not pay on this machine in this configuration: a round "
-            f"would need {m['break_even_tokens_per_call']:.2f} tokens per target call to break "
-            f"even (it got {m['tokens_per_target_call']:.2f}). A cheaper drafter (--draft mag), "
-            "another --gamma, or an accelerator (where a scoring call costs about one step) "
-            "changes that.")
+    lines += _verdict(
+        m, measured, f"speculative decoding does not pay on this machine in this configuration: "
+        f"a round would need {m['break_even_tokens_per_call']:.2f} tokens per target call to "
+        f"break even (it got {m['tokens_per_target_call']:.2f}). A cheaper drafter (--draft "
+        "mag), another --gamma, or an accelerator (where a scoring call costs about one step) "
+        "changes that.")
     return "\n".join(lines)
 
 
