@@ -3,11 +3,16 @@ libtpu on a CPU-only machine: tiny generate functions compile for one v5e chip
 with no host communication inside their loops, a Megatron-sharded toy runs two
 all-reduces per layer on 4 chips (one, and no other collective, where the model
 axis does not divide the KV heads), and the job writes, resumes and refuses
-mismatched settings. Skipped without libtpu (``pip install -e ".[tpu]"``)."""
+mismatched settings; a model kept in its GGUF file's blocks compiles with them as
+uint8 arguments. Skipped without libtpu (``pip install -e ".[tpu]"``)."""
 
+import dataclasses
 import json
 import os
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_compile, tpu_programs
@@ -156,6 +161,38 @@ def test_job_writes_resumes_and_refuses_other_settings(tmp_path, monkeypatch):
     assert tpu_compile.run_tpu_compile(**args)["programs"] == report["programs"]
     with pytest.raises(ValueError, match="other settings"):
         tpu_compile.run_tpu_compile(**{**args, "cache_length": 128})
+
+
+def test_a_model_kept_in_its_files_blocks_compiles_with_them_as_uint8(tmp_path, monkeypatch):
+    """``weights="stored"``: the matrices of a block type are the GGUF file's
+    bytes in the file's layout (not the CPU kernel's interleaved one; not row
+    by row), every other leaf bfloat16; the step compiles, dequantising inside
+    the program, and its weight bytes count the blocks as stored."""
+    from specdec_jax.checkpoints import registry  # noqa: PLC0415
+    from tests.hf_peer import small_hf_decoder  # noqa: PLC0415
+    from tests.test_checkpoints import write_gguf  # noqa: PLC0415
+
+    hf_model, config = small_hf_decoder("qwen2")
+    path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2", quantize_ffn=True)
+    monkeypatch.setattr(registry, "local_path", lambda name: path)
+    shapes = dataclasses.replace(TINY, weights="stored")
+    models = tpu_programs.abstract_models(shapes)
+    model, params = models["target"]
+    up = params["layers_0"]["mlp"]["wi_1"]
+    assert list(up) == ["kernel_q8_0"] and up["kernel_q8_0"].dtype == np.uint8
+    assert up["kernel_q8_0"].shape == (config["intermediate_size"],
+                                       config["hidden_size"] // 32 * 34)
+    assert not model.config.row_independent and model.config.prefill_chunk == 0
+    others = {leaf.dtype for leaf in jax.tree.leaves(params) if leaf.dtype != np.uint8}
+    assert others == {jnp.dtype(jnp.bfloat16)}
+    record = tpu_compile.compile_one("target_k2", shapes, tpu_aot.make_mesh(TOPOLOGY), models,
+                                     tpu_aot.chip_of(TOPOLOGY), {})
+    assert record["status"] == "compiled", record.get("error")
+    floats = sum(2 * leaf.size for leaf in jax.tree.leaves(params) if leaf.dtype != np.uint8)
+    blocks = config["num_hidden_layers"] * config["intermediate_size"] * 34  # a q8_0 block a row
+    assert record["weight_bytes"] - floats == blocks
+    with pytest.raises(ValueError, match="weights='int4'"):
+        tpu_programs.abstract_models(dataclasses.replace(TINY, weights="int4"))
 
 
 def test_topologies_have_one_device_per_chip():

@@ -238,15 +238,17 @@ def _stored_or_dequantised(tensor, file, name: str, rows_permutation=None, *,
     return key, np.ascontiguousarray(value)
 
 
-def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, dict,
-                                                                   dict[str, Any]]:
+def load_stored(path: os.PathLike, *, platform: str | None = None, **config_overrides
+                ) -> tuple[DecoderConfig, dict, dict[str, Any]]:
     """(config, params, metadata) with every matrix of a supported block type
     (``native.stored_blocks.FORMATS``) kept as the file's bytes, in the decode
     layout (``out_in``, q, k and v unfused: they may be of different types;
     gate and up fused where they share one, ``_fuse_gate_up``); norms, biases
     and matrices of other types dequantised
     to float32. No float32 copy of the kept matrices is made, in memory or on
-    disk; the returned leaves are numpy arrays (the caller places them)."""
+    disk; the returned leaves are numpy arrays (the caller places them).
+    ``platform``: where the model will run (default: jax's default backend);
+    a CPU gets the kernel's layout, any other platform the file's."""
     reader = _reader(path)
     meta = read_metadata(reader)
     arch = meta["general.architecture"]
@@ -256,7 +258,7 @@ def load_stored(path: os.PathLike, **config_overrides) -> tuple[DecoderConfig, d
     # attention and norms row by row too makes the target one function of each
     # row there (``DecoderConfig.row_independent``): a scoring call's rows are
     # a step's.
-    on_cpu = jax.default_backend() == "cpu"
+    on_cpu = (platform or jax.default_backend()) == "cpu"
     config_overrides.setdefault("row_independent", on_cpu)
     # The block kernel keeps a product's int8 activations in cache for up to ~16
     # rows; a longer prompt fed in chunks of 16 took the 1.5B's prefill from

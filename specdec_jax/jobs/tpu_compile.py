@@ -5,9 +5,11 @@ Before booking TPUs, check that a job's programs compile for the chips, fit in
 their HBM, keep their loops free of host communication and run the collectives
 a sharded model should. ``run_tpu_compile`` builds every named program from
 shapes alone (``jobs.tpu_programs``: registry architectures, bfloat16, no
-weights), compiles it with libtpu for ``topology`` (``jobs.tpu_aot``; a CPU-only
-machine will do) and records per program: compiled or the compiler's error,
-HBM use against the chip's, flops, bytes accessed and the compiler's
+weights; or, with ``weights="stored"``, the registry models' GGUF blocks as
+uint8 arguments, their shapes read from the files), compiles it with libtpu
+for ``topology`` (``jobs.tpu_aot``; a CPU-only machine will do) and records
+per program: compiled or the compiler's error, HBM use against the chip's,
+flops, bytes accessed and the compiler's
 ``optimal_seconds``, the roofline floor (weights and KV cache read once at the
 chip's HBM bandwidth), fusions, while loops, host communication inside loops,
 collectives and asynchronous copies. Every time figure is a "TPU compiler
@@ -61,7 +63,10 @@ def settings_of(*, topology: str, target: str, drafter: str, shapes: tpu_program
     them resume as before)."""
     train = {"train_batch": shapes.train_batch, "train_length": shapes.train_length}
     config = tpu_aot.chip_config(topology)  # v4: megacore (reports before it: one core)
+    # Recorded only where it is not the default, so bfloat16 reports resume as before.
+    stored = {"weights": shapes.weights} if shapes.weights != "bf16" else {}
     return {**(train if training else {}), **({"chip_config": config} if config else {}),
+            **stored,
             "topology": topology, "target": target, "drafter": drafter,
             "dtype": tpu_programs.DTYPE, "batch": shapes.batch,
             "cache_length": shapes.cache_length, "prompt_len": shapes.prompt_len,
@@ -140,16 +145,15 @@ def compile_one(name: str, shapes: tpu_programs.Shapes, mesh, models: dict, chip
 
 
 @functools.lru_cache(maxsize=4)
-def _abstract_models(target: str, drafter: str) -> dict:
-    return {"target": tpu_programs.abstract_model(target),
-            "drafter": tpu_programs.abstract_model(drafter)}
+def _abstract_models(shapes: tpu_programs.Shapes) -> dict:
+    return tpu_programs.abstract_models(shapes)
 
 
 def _compile_by_name(name: str, shapes: tpu_programs.Shapes, topology: str,
                      compiler_options: dict) -> dict:
     """``compile_one`` from names alone (what a worker process receives)."""
     mesh = tpu_aot.make_mesh(topology, data=shapes.data, model=shapes.model)
-    return compile_one(name, shapes, mesh, _abstract_models(shapes.target, shapes.drafter),
+    return compile_one(name, shapes, mesh, _abstract_models(shapes),
                        tpu_aot.chip_of(topology), compiler_options)
 
 
@@ -175,7 +179,7 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
                     drafter: str = DRAFTER, batch: int = 1, cache_length: int = 2048,
                     prompt_len: int = 512, max_new_tokens: int = 128, gamma: int = 5,
                     data: int = 1, model: int = 1, train_batch: int = 32,
-                    train_length: int = 1024,
+                    train_length: int = 1024, weights: str = "bf16",
                     compiler_options: dict | None = None) -> dict:
     """Compiles ``programs`` (names or groups of ``tpu_programs.PROGRAMS``:
     ``per_call``, ``generate``, ``training``) for ``topology`` (e.g.
@@ -187,7 +191,10 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
     ``model``), on the topology's first ``data * model`` chips.
     ``train_batch`` / ``train_length``: rows per training step (split over
     ``data``) and tokens per row of the decoder-only training programs
-    (``jobs.tpu_training``). ``compiler_options``: XLA options for every
+    (``jobs.tpu_training``). ``weights``: ``"bf16"`` (every parameter in
+    bfloat16) or ``"stored"`` (the models' matrices as their GGUF files' blocks,
+    dequantised inside each product; ``tpu_programs.abstract_stored_model``).
+    ``compiler_options``: XLA options for every
     compile (recorded; e.g. to compare a flag's effect). Returns the report."""
     names = tpu_programs.expand(programs)
     chip = tpu_aot.chip_of(topology)
@@ -195,7 +202,8 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
                                  batch=batch, cache_length=cache_length,
                                  prompt_len=prompt_len, max_new_tokens=max_new_tokens,
                                  gamma=gamma, data=data, model=model,
-                                 train_batch=train_batch, train_length=train_length)
+                                 train_batch=train_batch, train_length=train_length,
+                                 weights=weights)
     compiler_options = dict(compiler_options or {})
     settings = settings_of(topology=topology, target=shapes.target, drafter=shapes.drafter,
                            shapes=shapes, compiler_options=compiler_options,
@@ -207,8 +215,7 @@ def run_tpu_compile(*, topology: str, programs: Sequence[str], out: str,
                              "chip": chip.name,
                              "chips_in_topology": len(tpu_aot.topology_devices(topology))}
     commit = report["environment"]["commit"]
-    models = {"target": tpu_programs.abstract_model(shapes.target),
-              "drafter": tpu_programs.abstract_model(shapes.drafter)}
+    models = _abstract_models(shapes)
     todo = [n for n in names if n not in report["programs"]]
     print(f"tpu_compile {topology} ({chip.name}, mesh {data} x {model}): {len(todo)} to "
           f"compile, {len(names) - len(todo)} already in {out}", flush=True)
@@ -324,7 +331,10 @@ def markdown(report: dict) -> str:
              f"**{tpu_aot.ESTIMATE}** (the compiler's `optimal_seconds`) or a roofline "
              "floor (weights + KV cache read once at the chip's HBM bandwidth), never a "
              "measurement.", "",
-             f"Target {s['target']}, drafter {s['drafter']}, {s['dtype']}, batch {s['batch']}, "
+             f"Target {s['target']}, drafter {s['drafter']}, {s['dtype']}"
+             + (" activations with the weights kept in their GGUF files' blocks (uint8, "
+                "dequantised inside each product)" if s.get("weights") == "stored" else "")
+             + f", batch {s['batch']}, "
              f"mesh {s['mesh']['data']} (data) x {s['mesh']['model']} (model); per-call "
              f"programs at a KV cache of {s['cache_length']} tokens; generate programs: "
              f"prompt {s['prompt_len']}, {s['max_new_tokens']} new tokens, G = {s['gamma']}."

@@ -40,10 +40,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from specdec_jax import api, precision, sharding
-from specdec_jax.checkpoints import registry
+from specdec_jax.checkpoints import gguf, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.drafting import make_drafter
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
@@ -61,6 +62,7 @@ from specdec_jax.models.layers import OUT_IN
 from specdec_jax.tree_decoding import make_tree_drafter
 
 DTYPE = "bfloat16"
+WEIGHTS = ("bf16", "stored")  # every leaf in DTYPE, or the GGUF files' blocks kept
 MAX_SCORING_WIDTH = 9  # K = G + 1 for G = 1..8
 FEATURE = "feature"
 ADAPTIVE_HEAD_DEPTH = 3  # SpecDec++'s recommended head
@@ -117,6 +119,7 @@ class Shapes:
     model: int = 1  # weights and KV heads over `model` chips (Megatron style)
     train_batch: int = 32  # training programs: rows per step (over `data`) ...
     train_length: int = 1024  # ... and tokens per row of the decoder-only ones
+    weights: str = "bf16"  # "stored": the models' GGUF blocks (``abstract_stored_model``)
 
 
 def expand(names) -> list[str]:
@@ -131,6 +134,33 @@ def expand(names) -> list[str]:
             if item not in out:
                 out.append(item)
     return out
+
+
+def abstract_models(shapes: Shapes) -> dict:
+    """``{"target": (model, params), "drafter": ...}`` of ``shapes``'s pair, in
+    bfloat16 or kept in their files' blocks (``shapes.weights``)."""
+    if shapes.weights not in WEIGHTS:
+        raise ValueError(f"weights={shapes.weights!r}; choose one of {', '.join(WEIGHTS)}.")
+    build = abstract_stored_model if shapes.weights == "stored" else abstract_model
+    return {"target": build(shapes.target), "drafter": build(shapes.drafter)}
+
+
+def abstract_stored_model(name: str, dtype: str = DTYPE) -> tuple[DecoderOnlyLM, dict]:
+    """``(model, abstract params)`` of a registry model with its matrices kept
+    in its GGUF file's blocks as an accelerator holds them (the file's layout,
+    not the CPU kernel's: ``gguf.load_stored(platform="tpu")``); float leaves
+    (norms, biases, matrices of other types) in ``dtype``. Shapes and block
+    types are the file's, so it is read (fetched on first use, then dropped):
+    every product dequantises its blocks inside the program, the float model
+    of the file."""
+    dtype = precision.resolve_dtype(dtype)
+    cfg, params, _ = gguf.load_stored(registry.local_path(name), platform="tpu", dtype=dtype,
+                                      param_dtype=dtype,
+                                      matmul_precision=precision.matmul_precision(dtype))
+    abstract = jax.tree_util.tree_map(
+        lambda leaf: jax.ShapeDtypeStruct(
+            leaf.shape, leaf.dtype if leaf.dtype == np.uint8 else dtype), params)
+    return DecoderOnlyLM(cfg), abstract
 
 
 def abstract_model(architecture: str, dtype: str = DTYPE, *, fused: bool = True
