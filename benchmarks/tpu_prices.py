@@ -87,9 +87,10 @@ LABELS = {"drafter": "0.5B", MAG: "Max-Gram", "drafter+mag": "0.5B + Max-Gram (c
           FEATURE: "feature head"}
 
 
-def default_reports(chip: str, root: str = REPORTS) -> list[str]:
-    """The compile reports that price ``chip``, in order of preference."""
-    base = f"{root}/tpu_compile_{TOPOLOGIES[chip]}"
+def default_reports(chip: str, root: str = REPORTS, weights: str = "bf16") -> list[str]:
+    """The compile reports that price ``chip``, in order of preference (with
+    ``weights="stored"``, those of the pair kept in its GGUF blocks)."""
+    base = f"{root}/tpu_compile_{TOPOLOGIES[chip]}" + ("_stored" if weights == "stored" else "")
     return [f"{base}.json", f"{base}_no_sliced_prefetch.json"]
 
 
@@ -272,18 +273,23 @@ def run_tpu_prices(*, counted: str = f"{REPORTS}/bench_feature_drafter_cpu.json"
                    gpu_steps: str | None = f"{REPORTS}/bench_feature_steps_gpu_h100.json",
                    gpu_name: str = "H100", gammas: Sequence[int] = GAMMAS,
                    reports_dir: str = REPORTS, out: str = f"{REPORTS}/tpu_prices.json",
-                   markdown_path: str | None = None) -> dict:
+                   markdown_path: str | None = None, weights: str = "bf16") -> dict:
     """Prices ``counted``'s calls (``temperature``'s block) on each chip's
     compiled programs (``reports_dir``'s compile reports) and, with
     ``gpu_steps``, on that accelerator's measured steps; writes ``out`` and its
-    Markdown. Returns the report."""
+    Markdown. ``weights``: the compile reports of the bfloat16 pair or of the
+    pair kept in its GGUF blocks (``"stored"``: ``tpu_compile.weights``).
+    Returns the report."""
+    if weights not in tpu_programs.WEIGHTS:
+        raise ValueError(f"weights={weights!r}; choose one of {', '.join(tpu_programs.WEIGHTS)}.")
     counted_report = read_report(counted)
     acceptance = counted_acceptance(counted_report, temperature)
     devices: dict = {}
     for chip in chips:
         if chip not in TOPOLOGIES:
             raise ValueError(f"unknown chip {chip!r}; choose from {', '.join(TOPOLOGIES)}.")
-        reports = [read_report(p) for p in default_reports(chip, reports_dir) if os.path.exists(p)]
+        reports = [read_report(p) for p in default_reports(chip, reports_dir, weights)
+                   if os.path.exists(p)]
         programs = chip_programs(reports)
         devices[chip] = {"basis": ESTIMATE, "programs": programs,
                          "between_calls": {g: between_calls(reports, g) for g in gammas},
@@ -311,6 +317,7 @@ def run_tpu_prices(*, counted: str = f"{REPORTS}/bench_feature_drafter_cpu.json"
     report = {
         "label": f"{ESTIMATE} (TPU), measured steps ({gpu_name}); speedups modelled",
         "counted": counted, "temperature": temperature, "acceptance": acceptance,
+        "weights": weights,
         "cascade_neural_drafts": CASCADE_NEURAL, "devices": {
             d: {"basis": info["basis"], "programs": info.get("programs"),
                 "between_calls": info.get("between_calls"),
@@ -361,6 +368,9 @@ def markdown(report: Mapping) -> str:
     tpu = [d for d in devices if d in TOPOLOGIES]
     gpu = [d for d in devices if d not in TOPOLOGIES]
     lines = [f"# Predicted speedup of the real pair on TPU chips ({ESTIMATE}s)", "",
+             *(["Weights: the pair kept in its GGUF files' blocks (uint8, dequantised inside "
+                "each product; `tpu_compile.weights = 'stored'`).", ""]
+               if report.get("weights") == "stored" else []),
              f"Calls: {report['counted']} (T = {report['temperature']}), per-position "
              "acceptance from its accepted-draft histograms; every TPU figure prices "
              f"compiled programs' `optimal_seconds` (**{ESTIMATE}**, nothing ran on a TPU), "

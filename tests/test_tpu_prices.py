@@ -170,6 +170,31 @@ def test_job_prices_every_chip_and_labels_estimates(tmp_path):
     assert json.loads(out.read_text())["label"].startswith(tpu_prices.ESTIMATE)
 
 
+def test_stored_weights_are_priced_from_their_own_reports(tmp_path):
+    """``weights="stored"`` prices a chip from the compile reports of the pair
+    kept in its GGUF blocks (``tpu_compile_<topology>_stored*.json``), never the
+    bfloat16 ones beside them, and says so."""
+    write_chip_reports(tmp_path)
+    stored = {f"target_k{k}": record(1e-3, 0.5e-3) for k in range(1, 10)}
+    stored["drafter_k1"] = record(0.2e-3, 0.1e-3)
+    (tmp_path / "tpu_compile_v5e_2x2_stored_no_sliced_prefetch.json").write_text(json.dumps(
+        {"settings": {"compiler_options": tpu_prices.NO_SLICED_PREFETCH, "weights": "stored"},
+         "programs": stored}))
+    counted = tmp_path / "counted.json"
+    counted.write_text(json.dumps({"counted": {"0.0": {
+        "drafter": {"histogram": [1, 1, 2, 4, 0, 12], "tokens_per_target_call": 4.0}}}}))
+    report = tpu_prices.run_tpu_prices(counted=str(counted), gpu_steps=None, gammas=[5],
+                                       chips=["v5e"], reports_dir=str(tmp_path),
+                                       out=str(tmp_path / "prices.json"), weights="stored")
+    programs = report["devices"]["v5e"]["programs"]
+    assert programs["target_k1"]["source"].endswith("_stored_no_sliced_prefetch.json")
+    assert programs["drafter_k1"]["estimate_s"] == pytest.approx(0.2e-3)  # not the bf16 0.6
+    assert "GGUF files' blocks" in (tmp_path / "prices.md").read_text()
+    with pytest.raises(ValueError, match="weights='int4'"):
+        tpu_prices.run_tpu_prices(counted=str(counted), gpu_steps=None, chips=["v5e"],
+                                  reports_dir=str(tmp_path), weights="int4")
+
+
 @pytest.mark.skipif(not (REPORTS / "bench_feature_steps_gpu_h100.json").exists(),
                     reason="the committed GPU steps report is absent")
 def test_round_model_reproduces_the_stored_gpu_prediction():
