@@ -263,6 +263,7 @@ class _StubTimers:
 
         self.target, self.asked = target, []
         monkeypatch.setattr(timing, "in_loop_step", self.step)
+        monkeypatch.setattr(timing, "in_loop_steps_in_turn", self.steps_in_turn)
         monkeypatch.setattr(cost, "in_loop_tree_call", self.tree_call)
 
     def seconds(self, model, k):
@@ -273,6 +274,10 @@ class _StubTimers:
 
         self.asked.append(("step", model is self.target, k, head_rows))
         return types.SimpleNamespace(median_s=self.seconds(model, k))
+
+    def steps_in_turn(self, calls, **_):
+        return [self.step(model, params, k, head_rows=head_rows)
+                for model, params, k, head_rows in calls]
 
     def tree_call(self, model, params, parents, *, start=0, width=None, **_):
         import types  # noqa: PLC0415

@@ -150,6 +150,36 @@ def test_in_loop_step_returns_seconds_per_step_of_a_model():
     assert len(one.run_s) == 1 and one.median_s > 0 and one.compile_s > 0
 
 
+def test_steps_timed_in_turn_run_each_call_once_per_repeat(monkeypatch):
+    """``in_loop_steps_in_turn`` compiles and warms every call first, then
+    times them in turn (one run of each per repeat); each call's figure is its
+    own step's, per step; a CallTimer times only what it has not."""
+    model = TableLM(vocab_size=16, order=1)
+    params = model.init_params(jax.random.PRNGKey(0))
+    order = []
+    original = timing.Compiled.time
+
+    def record(self, *args, repeats=1):
+        order.append(self)
+        return original(self, *args, repeats=repeats)
+
+    monkeypatch.setattr(timing.Compiled, "time", record)
+    timed = timing.in_loop_steps_in_turn([(model, params, 1, None), (model, params, 3, None)],
+                                         fill=4, steps=2, repeats=3)
+    assert [len(t.run_s) for t in timed] == [3, 3]
+    assert len(set(order)) == 2 and order[0::2] == [order[0]] * 3  # A B A B A B
+    assert order[1::2] == [order[1]] * 3 and order[0] is not order[1]
+    assert all(t.median_s > 0 and t.compile_s > 0 for t in timed)
+    assert np.asarray(timed[1].output[0]).shape == (1, 3)  # the 3-token call's tokens
+
+    timer = cost.CallTimer()
+    order.clear()
+    first = timer.steps_in_turn([("target", model, params, 1), ("target", model, params, 3)])
+    again = timer.steps_in_turn([("target", model, params, 3), ("drafter", model, params, 1)])
+    assert again[0] == first[1] and len(timer.seconds) == 3
+    assert len(order) == 2 * cost.RUN_TIMING_REPEATS + cost.RUN_TIMING_REPEATS
+
+
 def test_round_overhead_is_measured_from_a_timed_generation():
     model = TableLM(vocab_size=16, order=1)
     params = model.init_params(jax.random.PRNGKey(0))

@@ -520,7 +520,8 @@ GAMMA_CANDIDATES = tuple(range(1, 9))
 @dataclasses.dataclass
 class CallTimer:
     """A run's model calls, each timed once inside a jitted loop at batch
-    ``batch_size`` (``timing.in_loop_step``, ``in_loop_tree_call``) and
+    ``batch_size`` (``timing.in_loop_step``, ``in_loop_steps_in_turn``,
+    ``in_loop_tree_call``) and
     memoised by role and width: a prediction before the run and the pricing
     after it read the same figures."""
 
@@ -537,6 +538,21 @@ class CallTimer:
                 steps=RUN_TIMING_STEPS, repeats=RUN_TIMING_REPEATS,
                 head_rows=head_rows).median_s
         return self.seconds[key]
+
+    def steps_in_turn(self, requests) -> list[float]:
+        """``step`` of several ``(role, model, params, k)`` at once: those not
+        yet timed are timed in turn (``timing.in_loop_steps_in_turn``), so that
+        a change in this machine's speed meanwhile moves them alike."""
+        todo = {}
+        for role, model, params, k in requests:
+            if (role, k, None) not in self.seconds:
+                todo.setdefault((role, k, None), (model, params, k, None))
+        if todo:
+            timed = timing.in_loop_steps_in_turn(
+                list(todo.values()), batch=self.batch_size, fill=RUN_TIMING_FILL,
+                steps=RUN_TIMING_STEPS, repeats=RUN_TIMING_REPEATS)
+            self.seconds.update({key: t.median_s for key, t in zip(todo, timed, strict=True)})
+        return [self.seconds[(role, k, None)] for role, _, _, k in requests]
 
     def tree_call(self, role: str, model, params, parents, start: int = 0,
                   width: int | None = None) -> float:
@@ -566,8 +582,10 @@ def choose_gamma(*, target_name: str, drafter_name: str, target, target_params, 
     target step, its widest scoring call and the drafter's step, with the
     acceptance expected of the pair."""
     widest = max(GAMMA_CANDIDATES) + 1
-    steps = {k: timer.step(TARGET, target, target_params, k) for k in (1, widest)}
-    drafter_s = timer.step(DRAFTER, drafter, drafter_params, 1)
+    step_s, widest_s, drafter_s = timer.steps_in_turn(
+        [(TARGET, target, target_params, 1), (TARGET, target, target_params, widest),
+         (DRAFTER, drafter, drafter_params, 1)])
+    steps = {1: step_s, widest: widest_s}
     alpha, source = expected_acceptance(target_name, drafter_name)
     gamma, table = best_gamma(target_steps=steps, drafter_step_s=drafter_s, alpha=alpha,
                               gammas=GAMMA_CANDIDATES)
@@ -598,10 +616,11 @@ def price_chain_run(*, target, target_params, drafter, drafter_params, gamma: in
     rounds = max(run["target_calls"], 1)
     full_accepts = run["accepted_histogram"][gamma] if drafter_calls and two_token_catch_up \
         else 0
-    priced = {"target_step_s": timer.step(TARGET, target, target_params, 1),
-              "scoring_call_s": timer.step(TARGET, target, target_params, gamma + 1),
-              "drafter_step_s": (timer.step(DRAFTER, drafter, drafter_params, 1)
-                                 if drafter_calls else 0.0),
+    calls = [(TARGET, target, target_params, 1), (TARGET, target, target_params, gamma + 1)]
+    calls += [(DRAFTER, drafter, drafter_params, 1)] if drafter_calls else []
+    step_s, scoring_s, *drafter_s = timer.steps_in_turn(calls)
+    priced = {"target_step_s": step_s, "scoring_call_s": scoring_s,
+              "drafter_step_s": drafter_s[0] if drafter_calls else 0.0,
               # The catch-up runs the output head at its last position only.
               "drafter_catch_up_s": (timer.step(DRAFTER, drafter, drafter_params, 2,
                                                 head_rows=1) if full_accepts else 0.0),

@@ -92,15 +92,23 @@ def in_loop(body: Callable, params, carry, *, steps: int, repeats: int,
     step depend on the previous one (feed its output back) at a fixed state,
     so every step costs the same and none is dead code."""
 
+    compiled = _warm_loop(body, params, carry, steps=steps, warmup=warmup)
+    timed = compiled.time(params, carry, repeats=repeats)
+    timed.run_s = [s / steps for s in timed.run_s]
+    return timed
+
+
+def _warm_loop(body: Callable, params, carry, *, steps: int, warmup: int) -> Compiled:
+    """``steps`` calls of ``body`` in one jitted fixed-trip loop, compiled and
+    run ``warmup`` times (``in_loop``)."""
+
     def run(params, carry):
         return jax.lax.fori_loop(0, steps, lambda _, c: body(params, c), carry)
 
     compiled = Compiled(jax.jit(run), params, carry)
     for _ in range(warmup):
         jax.block_until_ready(compiled.executable(params, carry))
-    timed = compiled.time(params, carry, repeats=repeats)
-    timed.run_s = [s / steps for s in timed.run_s]
-    return timed
+    return compiled
 
 
 def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: int = 32,
@@ -110,7 +118,36 @@ def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: 
     fill of ``fill`` tokens, so every step costs the same). With ``head_rows``
     only the last that many positions get logits (``logits_at``: a drafter's
     catch-up call needs one)."""
+    body, carry = _step_loop(model, k, batch, fill, head_rows)
+    return in_loop(body, params, carry, steps=steps, repeats=repeats)
 
+
+def in_loop_steps_in_turn(calls, *, batch: int = 1, fill: int = 128, steps: int = 32,
+                          repeats: int = 5) -> list[Timed]:
+    """``in_loop_step`` of several calls ``(model, params, k, head_rows)``: all
+    compiled and warmed up first, then timed in turn, one run of each per
+    repeat. A machine whose speed changes from one phase to the next (a shared
+    2-core CPU) then slows every call of a phase alike, and the ratios between
+    calls, which choose a draft length, hold better. Timed one after the
+    other, the 1.5B's 9-token call read 2.7x its step at the start of one
+    fresh-clone first command and 1.46x in a benchmark the same hour."""
+    programs = []
+    for model, params, k, head_rows in calls:
+        body, carry = _step_loop(model, k, batch, fill, head_rows)
+        programs.append((_warm_loop(body, params, carry, steps=steps, warmup=1), params, carry))
+    runs: list[list[float]] = [[] for _ in programs]
+    outputs: list[Any] = [None] * len(programs)
+    for _ in range(repeats):
+        for i, (compiled, params, carry) in enumerate(programs):
+            timed = compiled.time(params, carry)
+            runs[i].append(timed.run_s[0] / steps)
+            outputs[i] = timed.output
+    return [Timed(compile_s=compiled.compile_s, run_s=run_s, output=output)
+            for (compiled, _, _), run_s, output in zip(programs, runs, outputs, strict=True)]
+
+
+def _step_loop(model, k: int, batch: int, fill: int, head_rows: int | None):
+    """``(body, carry)`` of ``in_loop_step``'s loop."""
     cache = model.init_cache(batch, fill + k).replace(
         lengths=jnp.full((batch,), fill, jnp.int32))
     at = None if head_rows is None else jnp.broadcast_to(
@@ -123,8 +160,7 @@ def in_loop_step(model, params, k: int, batch: int = 1, fill: int = 128, steps: 
         return (jnp.broadcast_to(chosen[:, -1:], (batch, k)),
                 out.cache.replace(lengths=cache.lengths))
 
-    return in_loop(body, params, (jnp.ones((batch, k), jnp.int32), cache), steps=steps,
-                   repeats=repeats)
+    return body, (jnp.ones((batch, k), jnp.int32), cache)
 
 
 def round_overhead(round_s: float, drafter_calls_per_round: float, drafter_step_s: float,
