@@ -386,7 +386,8 @@ def markdown(report: Mapping) -> str:
         cells += [_fmt(row.get(f"{d} measured steps")) for d in gpu]
         cells += [f"{_fmt(row.get(f'{d} {ESTIMATE}'))} ({_fmt(row.get(f'{d} {FLOOR}'))})"
                   for d in tpu]
-        rows.append(cells)
+        if any(key.startswith(tuple(devices)) for key in row):  # priced somewhere
+            rows.append(cells)
     lines += tables.markdown_table(headers, rows)
     whole = [row for row in report["predictions"]
              if any(f"{d} {WHOLE_ROUND}" in row for d in tpu)]
