@@ -292,8 +292,8 @@ def _verdict(m: dict, measured: float | None, loses: str) -> list[str]:
     if measured is not None and measured >= 1 > m["predicted_speedup"]:
         return [f"the run paid ({measured}x) where its priced calls predict "
                 f"{m['predicted_speedup']:.2f}x: the calls were timed once, before the run, "
-                "and this machine's speed changed between the two (run again to price them "
-                "again)."]
+                "so a machine whose speed changes (a shared CPU) can price them high (run "
+                "again to price them again)."]
     if (measured if measured is not None else m["predicted_speedup"]) < 1:
         return [loses]
     return []
