@@ -200,12 +200,7 @@ def dequantize_blocks(rows: Array, name: str, in_features: int) -> Array:
         q = jnp.stack([chunks & 0x0F, chunks >> 4], axis=-2).reshape(*b.shape[:2], 8, 32)
         out = d[..., None] * q.astype(jnp.float32) - dm[..., None]
     elif name == "q6_k":
-        low = b[..., :128].reshape(*b.shape[:2], 2, 1, 64) >> jnp.array([0, 4], jnp.uint8)[:, None]
-        low = (low & 0x0F).reshape(*b.shape[:2], 8, 32)
-        high = b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32) >> jnp.array(
-            [0, 2, 4, 6], jnp.uint8)[:, None]
-        high = (high & 0x03).reshape(*b.shape[:2], 8, 32)
-        q = (low | (high << 4)).astype(jnp.int32) - 32
+        q = _q6_k_codes(b).astype(jnp.int32) - 32
         scales = lax.bitcast_convert_type(b[..., 192:208], jnp.int8).astype(jnp.float32)
         d = _f16(b[..., 208:210])[..., None] * scales                    # [R, nb, 16]
         out = d[..., None] * q.reshape(*b.shape[:2], 16, 16).astype(jnp.float32)
@@ -289,7 +284,8 @@ def _arrange_q4_k(blocks: np.ndarray, groups: int, supers: int) -> np.ndarray:
 
 
 def _q6_k_codes(b):
-    """The 256 codes (0..63, weight order) of q6_k blocks ``[..., 210]``."""
+    """The 256 codes (0..63, weight order) of q6_k blocks ``[..., 210]`` (numpy
+    in, numpy out; jax in, jax out)."""
     xp = np if isinstance(b, np.ndarray) else jnp
     lead = b.shape[:-1]
     low = b[..., :128].reshape(*lead, 2, 1, 64) >> xp.array([0, 4], xp.uint8)[:, None]
