@@ -288,12 +288,13 @@ def explain_tree(model: dict, measured: float | None) -> str:
 def _verdict(m: dict, measured: float | None, loses: str) -> list[str]:
     """``loses`` where the run lost (or, unmeasured, where the prediction does);
     a note where the prediction loses and the run paid: the priced calls were
-    timed once, before the run, and a CPU's speed can change between the two."""
+    timed apart from the run (before it, or after for a width the draft-length
+    choice did not time), and a CPU's speed can change between the two."""
     if measured is not None and measured >= 1 > m["predicted_speedup"]:
         return [f"the run paid ({measured}x) where its priced calls predict "
-                f"{m['predicted_speedup']:.2f}x: the calls were timed once, before the run, "
-                "so a machine whose speed changes (a shared CPU) can price them high (run "
-                "again to price them again)."]
+                f"{m['predicted_speedup']:.2f}x: the calls were timed apart from the run, so "
+                "a machine whose speed changes (a shared CPU) can price them high (run again "
+                "to price them again)."]
     if (measured if measured is not None else m["predicted_speedup"]) < 1:
         return [loses]
     return []
