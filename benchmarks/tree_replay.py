@@ -35,11 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, sampling, verify_tree
+from specdec_jax import api, sampling
 from specdec_jax.drafting.base import Context, write_rows
 from specdec_jax.models.interface import Prompt, make_prompt
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.tree_decoding import tree_depth
+from specdec_jax.verify import tree as verify_tree
 
 
 def accepted_depth(tokens_BxN, parents_BxN, reference_BxR, start_B):

@@ -17,7 +17,7 @@ one width). A configuration (a dict in ``configs``) is:
   a best-first tree of NODES nodes, at most DEPTH deep);
 * ``temperature``;
 * ``verifiers``: a chain takes one chain verifier (``token``, ``block``); a
-  tree takes tree verifiers (``verify_tree.TREE_VERIFIERS``), the first drives
+  tree takes tree verifiers (``verify.TREE_VERIFIERS``), the first drives
   the decoding and, at T > 0, every other one is run on the *same* trees and
   laws in the same rounds (``PairedTreeDecoder``), so their acceptance lengths
   are paired round by round;
@@ -95,7 +95,7 @@ from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.tree_decoding import TreeDecoder, TreeSpec
-from specdec_jax.verifiers import VERIFIERS, get_verifier
+from specdec_jax.verify import VERIFIERS, get_verifier
 
 DRAFTERS = ("model", "mag")
 CONFIG_FIELDS = ("drafter", "tree", "temperature", "verifiers")

@@ -31,7 +31,7 @@ from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.verifiers import get_verifier
+from specdec_jax.verify import get_verifier
 
 VERIFIERS = ("token", "block", "block-seed")
 PHASES = ("efficiency", "wallclock")

@@ -34,7 +34,7 @@ from specdec_jax.models import (
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.target_functions import METHODS
 from specdec_jax.tree_decoding import TreeSpec
-from specdec_jax.verifiers import TREE_VERIFIERS, VERIFIERS, get_verifier
+from specdec_jax.verify import TREE_VERIFIERS, VERIFIERS, get_verifier
 
 __version__ = "0.1.0"
 

@@ -48,7 +48,7 @@ from specdec_jax.tree_decoding import (
     is_tree_drafter,
     make_tree_drafter,
 )
-from specdec_jax.verifiers import get_verifier, requested_draws
+from specdec_jax.verify import get_verifier, requested_draws
 
 DEFAULT_GAMMA = 5
 # The kinds of decoder, one round structure each (``DecoderSpec.kind``).

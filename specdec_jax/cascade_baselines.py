@@ -65,7 +65,7 @@ from specdec_jax.drafting.base import (
 from specdec_jax.drafting.model import has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
 from specdec_jax.sampling import SamplingParams
-from specdec_jax.verify import leading_accepts, sample_from_weights
+from specdec_jax.verify.token import leading_accepts, sample_from_weights
 
 Array = jax.Array
 

@@ -50,7 +50,7 @@ from specdec_jax.models.interface import (
 )
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.target_functions import TargetFunction
-from specdec_jax.verify import (
+from specdec_jax.verify.token import (
     TokenVerifier,
     VerifyOutput,
     block_lengths,
@@ -432,7 +432,7 @@ class SpeculativeDecoder(RoundDecoder):
     ``drafter`` is any strategy of ``specdec_jax.drafting`` (a bare
     ``LanguageModel`` is wrapped in a ``ModelDrafter``); ``target_fn`` any
     target function of ``target_functions.py``; ``verifier`` any verifier of
-    ``verify.py`` / ``verify_block.py``.
+    ``verify.py`` / ``verify.block.py``.
 
     The drafter is asked for ``q_{G+1}`` only when the target function needs
     it (cascades draw their bonus token from ``pi_{G+1} = T(q_{G+1},

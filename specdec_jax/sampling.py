@@ -23,9 +23,9 @@ from specdec_jax.reductions import first_argmax
 
 Array = jax.Array
 
-# How a token tree's children were drawn at one node (``verify_tree.Tree.draws``,
+# How a token tree's children were drawn at one node (``verify.tree.Tree.draws``,
 # ``drafting.tree.TreeProposal.draws``): the law a verifier tests each child
-# against follows from it (``verify_tree.sibling_laws``).
+# against follows from it (``verify.tree.sibling_laws``).
 WITHOUT_REPLACEMENT = "without-replacement"  # child j ~ q without the earlier siblings
 WITH_REPLACEMENT = "with-replacement"  # every child ~ q, independently
 POINT_MASS = "point-mass"  # deterministic children (Max-Gram): each its own point mass

@@ -2,7 +2,7 @@
 Table 1).
 
 Every method of the speculative cascades paper is a target function plugged
-into one verification kernel (``verify.py``). A target function sees, at every
+into one verification kernel (``verify.token``). A target function sees, at every
 position, the drafter's and the target's processed distributions ``q, p``
 (what is sampled and verified) and their statistics distributions
 ``q_stat, p_stat`` (what deferral rules are computed from: the same as

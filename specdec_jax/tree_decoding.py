@@ -9,7 +9,7 @@ One round:
     target:  one ``score_tree`` call over [t, node 0 .. node N - 1]
              -> p at the root and at every node
     pi = T(q, p) at every context (cascades stay exact in pi);
-    tree verifier (``verify_tree``) -> the accepted node (depth a) and a new token y
+    tree verifier (``verify.tree``) -> the accepted node (depth a) and a new token y
     emit the path's a tokens, then y; both caches keep the path
     (``commit_path``); pending = y
 
@@ -31,7 +31,7 @@ draft was), the loop (``run_rounds``).
 
 At temperature 0 every tree verifier's output is the target's argmax path (the
 laws are one-hot), but the sampling verifiers see only each node's first child
-(``verify_tree``); the round then runs the greedy tree verifier, so every
+(``verify.tree``); the round then runs the greedy tree verifier, so every
 branch counts. At T > 0 each child is verified against the law it was drawn
 from, which the drafter states (``proposal.draws``: without replacement, with
 it, or point masses for Max-Gram's deterministic trees), so every verifier is
@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import sampling, target_functions, verify_tree
+from specdec_jax import sampling, target_functions
 from specdec_jax.decoding import (
     Prefilled,
     RoundDecoder,
@@ -80,7 +80,8 @@ from specdec_jax.models.interface import (
 )
 from specdec_jax.sampling import SamplingParams
 from specdec_jax.target_functions import TargetFunction
-from specdec_jax.verifiers import get_verifier, requested_draws
+from specdec_jax.verify import get_verifier, requested_draws
+from specdec_jax.verify import tree as verify_tree
 
 Array = jax.Array
 

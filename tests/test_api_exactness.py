@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax import verifiers
+from specdec_jax import verify
 from specdec_jax.drafting.tree import StaticTreeDrafter, TreeShape
 from specdec_jax.sampling import WITH_REPLACEMENT
 from specdec_jax.tree_decoding import TreeDecoder
@@ -229,6 +229,6 @@ def test_exports():
     for name in ("TreeSpec", "TreeShape", "StaticTreeDrafter", "DynamicTreeDrafter",
                  "TREE_VERIFIERS"):
         assert name in sj.__all__ and hasattr(sj, name)
-    assert verifiers.ALL_VERIFIERS[:3] == sj.VERIFIERS
+    assert verify.ALL_VERIFIERS[:3] == sj.VERIFIERS
     assert dataclasses.is_dataclass(sj.TreeSpec)
 

@@ -17,7 +17,7 @@ from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.verify import (
+from specdec_jax.verify.token import (
     TokenVerifier,
     VerifyOutput,
     correction_or_bonus,
@@ -143,7 +143,7 @@ def test_sampler_draws_what_jax_categorical_draws(vocab):
     """sample_from_weights replaces categorical's fused argmax with a
     vectorisable max + first index: the same Gumbel noise, the same index,
     draw for draw (zero weights included), so the output law is untouched."""
-    from specdec_jax.verify import sample_from_weights
+    from specdec_jax.verify.token import sample_from_weights
 
     weights = jax.nn.softmax(3 * jax.random.normal(jax.random.PRNGKey(0), (3, vocab)))
     weights = weights.at[:, 1].set(0.0).at[0].multiply(7.0)  # unnormalised row
@@ -161,7 +161,7 @@ def test_a_row_with_one_positive_weight_draws_it_without_noise():
     categorical returns: that index, NaN entries included (``jnp.argmax`` of
     the weights themselves would return the NaN's index 1). A batch with one
     spread row still draws every row with noise, as categorical does."""
-    from specdec_jax.verify import sample_from_weights
+    from specdec_jax.verify.token import sample_from_weights
 
     keys = jax.random.split(jax.random.PRNGKey(2), 200)
     single = jnp.array([[0.0, jnp.nan, 0.3, 0.0], [0.0, 0.0, 0.0, 1.0]])

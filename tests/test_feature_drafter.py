@@ -26,8 +26,8 @@ from specdec_jax.drafting import feature
 from specdec_jax.drafting.base import Context, needs_features
 from specdec_jax.models import feature_head
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.verify import TokenVerifier
-from specdec_jax.verify_block import BlockVerifier, SeedBlockVerifier
+from specdec_jax.verify.block import BlockVerifier, SeedBlockVerifier
+from specdec_jax.verify.token import TokenVerifier
 from tests.exactness import (
     LENGTH,
     P_MIN,

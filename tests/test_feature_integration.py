@@ -40,8 +40,8 @@ from specdec_jax.drafting import (
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.models import feature_head
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.verify import TokenVerifier
-from specdec_jax.verify_block import BlockVerifier
+from specdec_jax.verify.block import BlockVerifier
+from specdec_jax.verify.token import TokenVerifier
 from tests.exactness import (
     DRAFTER,
     DRAFTER_PARAMS,

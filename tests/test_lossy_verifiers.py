@@ -19,8 +19,8 @@ import pytest
 from specdec_jax import api, target_functions
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.verify import TokenVerifier
-from specdec_jax.verify_block import BlockVerifier, SeedBlockVerifier
+from specdec_jax.verify.block import BlockVerifier, SeedBlockVerifier
+from specdec_jax.verify.token import TokenVerifier
 from tests.exactness import DRAFTER, DRAFTER_PARAMS, TARGET, TARGET_PARAMS
 
 PROMPTS = [[1, 2], [3, 0, 1], [2, 2, 2, 3]]

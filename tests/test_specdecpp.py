@@ -20,14 +20,14 @@ from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, small_target_widths, target_widths
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.verify import (
+from specdec_jax.verify.block import BlockVerifier, SeedBlockVerifier
+from specdec_jax.verify.token import (
     TokenVerifier,
     block_lengths,
     correction_or_bonus,
     gather_token_probs,
     leading_accepts,
 )
-from specdec_jax.verify_block import BlockVerifier, SeedBlockVerifier
 from tests.exactness import (
     DRAFTER,
     DRAFTER_PARAMS,
@@ -109,7 +109,7 @@ class BonusFromResidual(TokenVerifier):
 
     @staticmethod
     def output(accepted_B, next_B, state):
-        from specdec_jax.verify import VerifyOutput  # noqa: PLC0415
+        from specdec_jax.verify.token import VerifyOutput  # noqa: PLC0415
 
         return VerifyOutput(num_accepted=accepted_B, next_token=next_B, state=state)
 

@@ -10,13 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import api, target_functions, verifiers, verify_tree
+from specdec_jax import api, target_functions, verify
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import DynamicTreeDrafter, StaticTreeDrafter, TreeShape
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
 from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, make_tree_drafter
+from specdec_jax.verify import tree as verify_tree
 from tests import exactness
 from tests.table_lm import TableLM
 
@@ -122,7 +123,7 @@ def test_a_width_one_tree_is_the_chain():
     prompt = make_prompt(PROMPTS)
     chain = SpeculativeDecoder(TOY, ModelDrafter(TOY, catch_up_widths=(1, 5)),
                                target_functions.SpecDecode(), gamma=4, max_new_tokens=MAX_NEW,
-                               verifier=verifiers.get_verifier("block"))
+                               verifier=verify.get_verifier("block"))
     tree = TreeDecoder(TOY, StaticTreeDrafter(TOY, TreeShape.from_widths((1,) * 4),
                                               catch_up_widths=(1, 5)),
                        target_functions.SpecDecode(), MAX_NEW,

@@ -37,8 +37,7 @@ from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.verify import TokenVerifier, VerifyOutput, correction_or_bonus
-from specdec_jax.verify_block import (
+from specdec_jax.verify.block import (
     BlockVerifier,
     SeedBlockState,
     SeedBlockVerifier,
@@ -48,6 +47,7 @@ from specdec_jax.verify_block import (
     scaled_residual,
     seed_block_weights,
 )
+from specdec_jax.verify.token import TokenVerifier, VerifyOutput, correction_or_bonus
 from tests import exactness
 from tests.exactness import DRAFTER, DRAFTER_PARAMS, TARGET, TARGET_PARAMS
 

@@ -38,10 +38,10 @@ from scipy import stats
 
 from specdec_jax.sampling import POINT_MASS, WITH_REPLACEMENT, WITHOUT_REPLACEMENT
 from specdec_jax.target_functions import get_target
-from specdec_jax.verifiers import get_verifier
-from specdec_jax.verify import TokenVerifier
-from specdec_jax.verify_block import BlockVerifier
-from specdec_jax.verify_tree import (
+from specdec_jax.verify import get_verifier
+from specdec_jax.verify.block import BlockVerifier
+from specdec_jax.verify.token import TokenVerifier
+from specdec_jax.verify.tree import (
     ROOT,
     GreedyTreeVerifier,
     RecursiveRejectionVerifier,

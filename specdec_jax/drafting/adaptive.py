@@ -48,7 +48,7 @@ from specdec_jax.drafting.base import (
 from specdec_jax.drafting.feature import FeatureDrafter, FeatureDrafterState
 from specdec_jax.drafting.model import ModelDrafterState, SingleModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
-from specdec_jax.verify import sample_from_weights
+from specdec_jax.verify.token import sample_from_weights
 
 Array = jax.Array
 

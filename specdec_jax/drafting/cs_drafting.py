@@ -12,7 +12,7 @@ the paper's deeper cascades.
 **Lenient review.** Sampling (T > 0): accept ``s ~ q`` with probability
 ``min(1, l p(s) / q(s))``; on rejection draw from ``norm((l p - q)_+)``; after
 ``k`` accepts the bonus is drawn from ``p``. This is the kernel of
-``verify.py`` with the unnormalised target ``l p``. Greedy (T = 0), the paper's
+``verify.token`` with the unnormalised target ``l p``. Greedy (T = 0), the paper's
 rule: accept ``s`` if it is ``argmax p`` or ``q_stat(s) <= l p_stat(s)``
 (unscaled softmaxes); a rejection emits ``argmax p``. ``l = 1`` at T > 0 is
 ordinary, lossless speculative sampling. Lenience is applied only here,
@@ -101,7 +101,7 @@ from specdec_jax.drafting.maxgram import MaxGramDrafter
 from specdec_jax.drafting.model import ModelDrafter, has_nan
 from specdec_jax.models.interface import LanguageModel, Prompt
 from specdec_jax.reductions import first_argmax
-from specdec_jax.verify import (
+from specdec_jax.verify.token import (
     TokenVerifier,
     emitted_tokens,
     gather_token_probs,

@@ -53,7 +53,7 @@ from specdec_jax.drafting.model import has_nan
 from specdec_jax.models.decoder import DecoderCache
 from specdec_jax.models.feature_head import FeatureHead
 from specdec_jax.models.interface import Prompt
-from specdec_jax.verify import sample_from_weights
+from specdec_jax.verify.token import sample_from_weights
 
 Array = jax.Array
 

@@ -17,7 +17,7 @@ from specdec_jax.drafting.base import (
     start_token_and_prefill,
 )
 from specdec_jax.models.interface import LanguageModel, Prompt
-from specdec_jax.verify import sample_from_weights
+from specdec_jax.verify.token import sample_from_weights
 
 Array = jax.Array
 

@@ -11,7 +11,7 @@ Nodes are in topological order, depth by depth, and siblings are contiguous
 (``parents`` is non-decreasing), so a verifier walks children as slices.
 ``q[:, 1 + i]`` is the law node i's children were drawn from, *before* the
 without-replacement renormalisation (the verifier removes earlier siblings
-itself, ``verify_tree.sibling_laws``); a node without children (a leaf) gets its law
+itself, ``verify.tree.sibling_laws``); a node without children (a leaf) gets its law
 only with ``with_next`` (one more drafter call: cascade targets need it for
 the bonus token), else a zero row, as a chain's ``q[:, G]``.
 
@@ -700,7 +700,7 @@ class MaxGramTrieDrafter:
     in the order they were added: topological (``parents[i] < i``), siblings
     in decreasing probability, not contiguous. Deterministic: a node's law at
     T > 0 is the point mass on its own token (``proposal.draws``;
-    ``verify_tree``'s point-mass laws), and ``q`` at a context holds the one-hot
+    ``verify.tree``'s point-mass laws), and ``q`` at a context holds the one-hot
     of its likeliest candidate (its first child; Max-Gram's chain proposal)
     for target functions that read ``q``.
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, sharding, target_functions, verifiers
+from specdec_jax import api, sharding, target_functions, verify
 from specdec_jax.cascade_baselines import sequence_defers
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
@@ -130,7 +130,7 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
     if any(g < 1 for g in gammas) or not (gammas or trees):
         raise ValueError(f"gammas must be a list of integers >= 1, got {gammas} (empty only "
                          "with trees).")
-    if gammas and verifier not in verifiers.VERIFIERS:
+    if gammas and verifier not in verify.VERIFIERS:
         raise ValueError(f"verifier {verifier!r} verifies token trees only, and the grid has "
                          f"chains (gammas {list(gammas)}); use 'token' or 'block' (their tree "
                          "forms verify the trees), or draw trees only.")

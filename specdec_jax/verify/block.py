@@ -3,7 +3,7 @@ docs/algorithms.md, 'Block verification'): one decision for the whole draft bloc
 token-by-token accept loop, keeping the output distributed exactly as the
 target while accepting more tokens in expectation.
 
-Inputs are those of every verifier (``verify.py``): drafts ``X_1 .. X_G``,
+Inputs are those of every verifier (``verify.token``): drafts ``X_1 .. X_G``,
 drafter conditionals ``q_i = q(.|X^{i-1})`` and target conditionals
 ``p_i`` (``i = 1 .. G``, ``pi_BxGxV``) and the bonus ``p_{G+1}``. ``p`` may be
 any target distribution ``pi = T(q, p)``: block-verified cascades come for
@@ -64,7 +64,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.verify import (
+from specdec_jax.verify.token import (
     RESIDUAL_EPS,
     StatelessVerifier,
     VerifyOutput,

@@ -1,13 +1,19 @@
-"""Every verifier a decoder takes, by name: one registry for chains and token trees.
+"""The verifiers: one module each, and here the one table of their names.
+
+- ``verify.token``: token-by-token rejection sampling with any target law ``pi``;
+- ``verify.block``: block verification (Sun et al.), stateless and seed forms;
+- ``verify.tree``: token trees (recursive rejection sampling, traversal, greedy).
+
+Every verifier a decoder takes, by name: one registry for chains and token trees.
 
 Chains (a block of G drafts a round):
 
-- ``token`` (the default): token-by-token rejection sampling (``verify.TokenVerifier``);
-- ``block``: the stateless optimal block verifier (``verify_block.BlockVerifier``);
+- ``token`` (the default): token-by-token rejection sampling (``verify.token.TokenVerifier``);
+- ``block``: the stateless optimal block verifier (``verify.block.BlockVerifier``);
 - ``block-seed``: the published block verifier with its carried state
-  (``verify_block.SeedBlockVerifier``).
+  (``verify.block.SeedBlockVerifier``).
 
-Token trees (``tree=...``; ``verify_tree``):
+Token trees (``tree=...``; ``verify.tree``):
 
 - ``traversal`` (the default: it accepts the most, +4.3% over RRS on the 0.5B's
   trees): traversal verification, the tree form of ``block``;
@@ -28,9 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 from specdec_jax.sampling import WITH_REPLACEMENT
-from specdec_jax.verify import TokenVerifier
-from specdec_jax.verify_block import BlockVerifier, SeedBlockVerifier
-from specdec_jax.verify_tree import (
+from specdec_jax.verify.block import BlockVerifier, SeedBlockVerifier
+from specdec_jax.verify.token import TokenVerifier
+from specdec_jax.verify.tree import (
     GreedyTreeVerifier,
     RecursiveRejectionVerifier,
     TraversalVerifier,

@@ -67,7 +67,7 @@ next token.
 
   and the next sibling's ``alpha`` is computed from the updated parent. The
   accepted node emits ``y ~ P`` of its context. On a chain this is exactly
-  the stateless block verifier (``verify_block.BlockVerifier``): ``alpha`` of
+  the stateless block verifier (``verify.block.BlockVerifier``): ``alpha`` of
   node ``i`` is ``w_{i+1}``, the parent update gives ``h_i`` and the residual
   ``norm((w_i pi_{i+1} - q_{i+1})_+)``, and with the same key both draw the
   same uniforms and the same token.
@@ -122,7 +122,7 @@ from specdec_jax.sampling import (
     WITHOUT_REPLACEMENT,
     check_tree_draws,
 )
-from specdec_jax.verify import RESIDUAL_EPS, residual, sample_from_weights
+from specdec_jax.verify.token import RESIDUAL_EPS, residual, sample_from_weights
 
 Array = jax.Array
 
