@@ -44,7 +44,7 @@ DEV = [
 # Quality metrics and plots of the evaluation sweep (imported lazily by specdec_jax.data.metrics).
 EVAL = ["sacrebleu>=2.4", "rouge-score>=0.1.2", "matplotlib>=3.8"]
 
-# Training runs: TensorBoard event files beside metrics.jsonl (specdec_jax.training.checkpointing).
+# Training runs: TensorBoard event files beside metrics.jsonl (specdec_jax.training.run_io).
 TRAIN = ["tensorboard>=2.15"]
 
 # seqio Tasks (specdec_jax.data.seqio_tasks): seqio pulls TensorFlow (~2.5 GB installed).

@@ -75,7 +75,7 @@ from specdec_jax.decoding import required_cache_length
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import cost, resolver, tables
-from specdec_jax.models.decoder import with_kernel_layout
+from specdec_jax.models.decoder_only import with_kernel_layout
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm

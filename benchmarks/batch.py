@@ -32,8 +32,8 @@ import jax
 import numpy as np
 
 from benchmarks import shared
-from specdec_jax import api, batching, precision
-from specdec_jax.data import humaneval
+from specdec_jax import api, precision
+from specdec_jax.data import batching, humaneval
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.runtime import timing

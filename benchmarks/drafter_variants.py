@@ -45,8 +45,8 @@ import numpy as np
 
 from benchmarks import shared
 from benchmarks.trees import TRIE_PREFIX, parse_trie
-from specdec_jax import api, batching, precision
-from specdec_jax.data import bigram, metrics, tasks
+from specdec_jax import api, precision
+from specdec_jax.data import batching, bigram, metrics, tasks
 from specdec_jax.drafting import ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tables

@@ -52,13 +52,12 @@ from specdec_jax.decoding import (
     initial_history,
     required_cache_length,
 )
-from specdec_jax.drafting.base import start_token_and_prefill
 from specdec_jax.drafting.cs_drafting import HorizontalCascade, VerticalCascade, VerticalState
-from specdec_jax.drafting.model import ModelDrafter, ModelDrafterState
+from specdec_jax.drafting.model_drafter import ModelDrafter, ModelDrafterState
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
-from specdec_jax.models.interface import make_prompt
+from specdec_jax.models.interface import make_prompt, start_token_and_prefill
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.target_functions import get_target

@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks import shared
 from specdec_jax import api, precision
-from specdec_jax.checkpoints.feature_heads import load_feature_head
+from specdec_jax.checkpoints.feature_head_io import load_feature_head
 from specdec_jax.data import bigram
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter, cs_drafter
 from specdec_jax.jobs import cost as cost_lib

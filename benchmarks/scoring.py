@@ -32,7 +32,7 @@ import numpy as np
 from benchmarks import child, shared
 from specdec_jax.jobs import resolver, tables
 from specdec_jax.models import weight_storage
-from specdec_jax.models.decoder import with_kernel_layout
+from specdec_jax.models.decoder_only import with_kernel_layout
 from specdec_jax.models.layers import IN_OUT, KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels, timing

@@ -53,7 +53,7 @@ import numpy as np
 from benchmarks import shared
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import tree_paths
-from specdec_jax.checkpoints.acceptance_heads import META_FILE, load_head
+from specdec_jax.checkpoints.acceptance_head_io import META_FILE, load_head
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import bootstrap_ci, ratio_ci
 from specdec_jax.decoding import required_cache_length

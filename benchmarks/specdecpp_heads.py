@@ -17,7 +17,7 @@ import json
 import pathlib
 from collections.abc import Sequence
 
-from specdec_jax.checkpoints.acceptance_heads import META_FILE
+from specdec_jax.checkpoints.acceptance_head_io import META_FILE
 from specdec_jax.jobs import tables
 from specdec_jax.runtime import timing
 from specdec_jax.training.acceptance_data import MANIFEST

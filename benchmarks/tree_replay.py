@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import api, sampling
-from specdec_jax.drafting.base import Context, write_rows
+from specdec_jax.drafting.base import Context
+from specdec_jax.loops import write_rows
 from specdec_jax.models.interface import Prompt, make_prompt
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.tree_decoding import tree_depth

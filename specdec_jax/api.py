@@ -37,7 +37,7 @@ from specdec_jax.decoding import (
     required_cache_length,
 )
 from specdec_jax.drafting import ModelDrafter, drafter_gamma, is_drafter
-from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.decoder_only import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
 from specdec_jax.models.layers import OUT_IN
 from specdec_jax.sampling import SamplingParams

@@ -56,16 +56,17 @@ from specdec_jax.decoding import (
     run_rounds,
     zero_stats,
 )
-from specdec_jax.drafting.base import (
-    Context,
-    extend_from_history,
+from specdec_jax.drafting.base import Context, extend_from_history
+from specdec_jax.drafting.model_drafter import has_nan
+from specdec_jax.loops import write_rows
+from specdec_jax.models.interface import (
+    LanguageModel,
+    Prompt,
+    is_encoder_decoder,
     start_token_and_prefill,
-    write_rows,
 )
-from specdec_jax.drafting.model import has_nan
-from specdec_jax.models.interface import LanguageModel, Prompt, is_encoder_decoder
-from specdec_jax.sampling import SamplingParams
-from specdec_jax.verify.token import leading_accepts, sample_from_weights
+from specdec_jax.sampling import SamplingParams, sample_from_weights
+from specdec_jax.verify.token import leading_accepts
 
 Array = jax.Array
 

@@ -34,29 +34,19 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import loops, sampling
-from specdec_jax.drafting.base import (
-    Context,
-    is_drafter,
-    needs_features,
-    start_token_and_prefill,
-    write_rows,
-)
-from specdec_jax.drafting.model import ModelDrafter, has_nan
+from specdec_jax.drafting.base import Context, is_drafter, needs_features
+from specdec_jax.drafting.model_drafter import ModelDrafter, has_nan
+from specdec_jax.loops import write_rows
 from specdec_jax.models.interface import (
     LanguageModel,
     Prompt,
     is_encoder_decoder,
+    start_token_and_prefill,
     switch_writing_windows,
 )
-from specdec_jax.sampling import SamplingParams
+from specdec_jax.sampling import SamplingParams, sample_from_weights
 from specdec_jax.target_functions import TargetFunction
-from specdec_jax.verify.token import (
-    TokenVerifier,
-    VerifyOutput,
-    block_lengths,
-    emitted_tokens,
-    sample_from_weights,
-)
+from specdec_jax.verify.token import TokenVerifier, VerifyOutput, block_lengths, emitted_tokens
 
 Array = jax.Array
 

@@ -1,4 +1,11 @@
-"""A ``lax.while_loop`` that reads its condition once every ``every`` iterations.
+"""The two primitives every decoding loop body is built from: a ragged write
+into per-row buffers (``write_rows``) and a ``lax.while_loop`` that reads its
+condition once every ``every`` iterations (``checked_while_loop``).
+
+Rows of a batch advance by different numbers of tokens each round, so every
+buffer a loop carries (history, output, features, a drafter's cache rows) is
+written at a per-row offset; ``write_rows`` is that one scatter, dropping
+positions past the buffer rather than clamping them onto valid entries.
 
 On a GPU, XLA's while thunk copies an unknown-trip loop's condition to the
 host and waits for it at every iteration. ``checked_while_loop(cond, body,
@@ -19,7 +26,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import jax
+import jax.numpy as jnp
 
+Array = jax.Array
 State = TypeVar("State")
 
 
@@ -42,3 +51,21 @@ def checked_while_loop(cond_fn: Callable[[State], jax.Array],
         return jax.lax.fori_loop(0, every, step, state)
 
     return jax.lax.while_loop(cond_fn, chunk_fn, init)
+
+
+def write_rows(buffer_BxN: Array, values_BxK: Array, start_B: Array,
+               count_B: Array | None = None) -> Array:
+    """buffer[b, start[b] + i] = values[b, i] for i < count[b] (all K when None).
+
+    Works for trailing feature axes ([B, N, V] buffers). Positions past the
+    buffer's end are dropped, never clamped onto valid entries.
+    """
+    batch, k = values_BxK.shape[:2]
+    offsets_K = jnp.arange(k)
+    positions_BxK = start_B[:, None] + offsets_K[None, :]
+    if count_B is not None:
+        positions_BxK = jnp.where(offsets_K[None, :] < count_B[:, None], positions_BxK,
+                                  buffer_BxN.shape[1])
+    rows_BxK = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, k))
+    return buffer_BxN.at[rows_BxK, positions_BxK].set(values_BxK.astype(buffer_BxN.dtype),
+                                                      mode="drop")

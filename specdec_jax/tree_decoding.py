@@ -59,20 +59,16 @@ from specdec_jax.decoding import (
     first_loop_state,
     zero_stats,
 )
-from specdec_jax.drafting.base import (
-    Context,
-    is_drafter,
-    needs_features,
-    write_rows,
-)
+from specdec_jax.drafting.base import Context, is_drafter, needs_features
 from specdec_jax.drafting.maxgram import MaxGramDrafter
-from specdec_jax.drafting.model import ModelDrafter, has_nan
+from specdec_jax.drafting.model_drafter import ModelDrafter, has_nan
 from specdec_jax.drafting.tree import (
     DynamicTreeDrafter,
     MaxGramTreeDrafter,
     StaticTreeDrafter,
     TreeShape,
 )
+from specdec_jax.loops import write_rows
 from specdec_jax.models.interface import (
     LanguageModel,
     supports_trees,

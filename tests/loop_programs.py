@@ -5,7 +5,7 @@ TPU compiler, ``test_cpu_loop_buffers.py`` on this CPU): the 1.5B's and the
 batch 1, a 512-token prompt."""
 
 from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_programs
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM
 
 SHAPES = tpu_programs.Shapes(target="qwen-widths-2", drafter="qwen-widths-1",
                              cache_length=1024, prompt_len=512, max_new_tokens=16, gamma=5)

@@ -48,8 +48,10 @@ def run_cases(mesh=None, target_params=None) -> dict[str, np.ndarray]:
     import jax  # noqa: PLC0415
 
     import specdec_jax as sj  # noqa: PLC0415
-    from specdec_jax import sharding  # noqa: PLC0415
-    from specdec_jax.runtime import distributed  # noqa: PLC0415
+    from specdec_jax.runtime import (
+        distributed,  # noqa: PLC0415
+        sharding,  # noqa: PLC0415
+    )
 
     target, own_target_params, drafter, drafter_params, prompts = toy_pair()
     prompt = sj.make_prompt(prompts)
@@ -90,8 +92,10 @@ def main(argv: list[str]) -> int:
         orbax_io.save_params(one_ckpt, toy_pair()[1])
         return 0
     data, model = (int(argv[4]), int(argv[5])) if len(argv) > 5 else (2, 4)
-    from specdec_jax import sharding  # noqa: PLC0415
-    from specdec_jax.runtime import distributed  # noqa: PLC0415
+    from specdec_jax.runtime import (
+        distributed,  # noqa: PLC0415
+        sharding,  # noqa: PLC0415
+    )
 
     distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id, timeout_s=60)
     import jax  # noqa: PLC0415

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specdec_jax import batching
+from specdec_jax.data import batching
 
 
 def test_length_sorted_batches_pad_each_batch_to_its_own_bucket():

@@ -16,7 +16,7 @@ from benchmarks import main as bench_main
 from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.jobs import cost, resolver
-from specdec_jax.models.decoder import DecoderOnlyLM
+from specdec_jax.models.decoder_only import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 
@@ -59,7 +59,7 @@ def test_prefill_timer_keeps_the_prefill():
     assert "dot(" in fn.lower(params, prompt).compile().as_text()
     cache = fn(params, prompt)
     assert int(cache.lengths[0]) == 4
-    from specdec_jax.drafting.base import start_token_and_prefill  # noqa: PLC0415
+    from specdec_jax.models.interface import start_token_and_prefill  # noqa: PLC0415
     token_only = jax.jit(lambda p, pr: start_token_and_prefill(model, p, pr, 16)[1])
     assert "dot(" not in token_only.lower(params, prompt).compile().as_text()
 

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from benchmarks import feature_drafter
-from specdec_jax.checkpoints.feature_heads import save_feature_head, target_fingerprint
+from specdec_jax.checkpoints.feature_head_io import save_feature_head, target_fingerprint
 from specdec_jax.jobs import cost, resolver
 from specdec_jax.models import feature_head
 from tests.test_bench_pair_jobs import byte_table, run_job  # noqa: F401 (fixture)

@@ -344,7 +344,7 @@ def test_converted_copy_is_reused_and_rebuilt_when_unusable(tmp_path, monkeypatc
 SHARDED_READ = """
 import sys
 import jax, numpy as np
-from specdec_jax import sharding
+from specdec_jax.runtime import sharding
 from specdec_jax.checkpoints import converted, gguf, load
 gguf.dequantize = lambda tensor: sys.exit("dequantised again: the copy was not used")
 slices = []  # (elements read, elements of the tensor) per callback
@@ -481,7 +481,7 @@ def test_a_decode_layout_copy_is_written_once_and_used_in_place(tmp_path, monkey
     import gc
 
     from specdec_jax.checkpoints import converted, load
-    from specdec_jax.models.decoder import with_kernel_layout
+    from specdec_jax.models.decoder_only import with_kernel_layout
     monkeypatch.setenv(fetch.CACHE_ENV, str(tmp_path / "cache"))
     hf_model, config = small_hf_decoder("qwen2")
     path = write_gguf(tmp_path / "m.gguf", hf_model, config, arch="qwen2")

@@ -92,19 +92,19 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
     import numpy as np
 
     from specdec_jax import api
-    from specdec_jax.drafting import model as drafter_model
+    from specdec_jax.drafting import model_drafter
     from specdec_jax.jobs import cost
     from specdec_jax.jobs import generate as cli_generate
     from tests.table_lm import TableLM
 
-    widths = drafter_model.default_catch_up_widths(backend)
-    monkeypatch.setattr(drafter_model, "default_catch_up_widths", lambda *_: widths)
+    widths = model_drafter.default_catch_up_widths(backend)
+    monkeypatch.setattr(model_drafter, "default_catch_up_widths", lambda *_: widths)
 
     model = TableLM(vocab_size=8, order=1)
     target_params = model.init_params(jax.random.PRNGKey(0))
     drafter_params = model.init_params(jax.random.PRNGKey(1))
     # The generate functions are cached by drafter: name the widths explicitly.
-    drafter = drafter_model.ModelDrafter(model, catch_up_widths=widths)
+    drafter = model_drafter.ModelDrafter(model, catch_up_widths=widths)
     out = api.generate(target=model, target_params=target_params, drafter=drafter,
                        drafter_params=drafter_params, prompts=[[1, 2]], method="specdecode",
                        gamma=3, max_new_tokens=12)

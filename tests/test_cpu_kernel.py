@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.models import decoder, weight_storage
+from specdec_jax.models import decoder_only, weight_storage
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels
 
@@ -104,11 +104,11 @@ def test_batched_shapes_gradients_and_vmap(kernel):
 
 
 def _tiny(tie):
-    cfg = decoder.DecoderConfig(vocab_size=64, hidden_size=48, intermediate_size=80,
+    cfg = decoder_only.DecoderConfig(vocab_size=64, hidden_size=48, intermediate_size=80,
                                 num_layers=2, num_heads=4, num_kv_heads=2, qkv_bias=True,
                                 tie_embeddings=tie)
-    model = decoder.DecoderOnlyLM(cfg)
-    return decoder.with_kernel_layout(model, model.init_params(jax.random.PRNGKey(0)))
+    model = decoder_only.DecoderOnlyLM(cfg)
+    return decoder_only.with_kernel_layout(model, model.init_params(jax.random.PRNGKey(0)))
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -260,11 +260,11 @@ def test_a_drafter_stored_in_fewer_bytes_keeps_the_target_law(weight_format):
         exact_sequence_probs,
     )
 
-    cfg = decoder.DecoderConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
+    cfg = decoder_only.DecoderConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
                                 num_layers=1, num_heads=2, num_kv_heads=1, tie_embeddings=True)
-    model = decoder.DecoderOnlyLM(cfg)
+    model = decoder_only.DecoderOnlyLM(cfg)
     params = jax.tree_util.tree_map(lambda x: 3 * x, model.init_params(jax.random.PRNGKey(5)))
-    model, params = decoder.with_kernel_layout(model, params)
+    model, params = decoder_only.with_kernel_layout(model, params)
     stored = weight_storage.store_weights(params, weight_format)
     context = jnp.asarray([list(PROMPT) + [3, 0]])
     laws = [jax.nn.softmax(model.extend(p, context, model.init_cache(1, 8)).logits, -1)

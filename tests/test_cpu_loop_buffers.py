@@ -15,10 +15,9 @@ import functools
 import jax
 import pytest
 
-from specdec_jax import sharding
 from specdec_jax.jobs import tpu_programs
 from specdec_jax.native import matmul as native_matmul
-from specdec_jax.runtime import cpu_kernels
+from specdec_jax.runtime import cpu_kernels, sharding
 from tests.loop_programs import SHAPES, figures, qwen_width_models
 
 FAMILIES = ["generate_autoregressive", "generate_specdecode_token", "generate_tree_dynamic",

@@ -107,7 +107,7 @@ def test_decode_layout_keeps_transformers_parity_and_converts_back(pair, fused):
     import dataclasses
 
     import specdec_jax as sj
-    from specdec_jax.models.decoder import split_projections, with_kernel_layout
+    from specdec_jax.models.decoder_only import split_projections, with_kernel_layout
     hf_model, model, params = pair
     laid_model, laid = (sj.decode_layout(model, params) if fused else
                         with_kernel_layout(model, params, "out_in", fused=False))

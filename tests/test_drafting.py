@@ -289,7 +289,7 @@ def test_catch_up_by_two_one_token_calls_equals_one_two_token_call():
     headless 1-token call before the round's first call; the tokens are those
     of the 2-token window (ragged batch, T = 1), the calls one more per
     catch-up."""
-    from specdec_jax.drafting.model import default_catch_up_widths
+    from specdec_jax.drafting.model_drafter import default_catch_up_widths
 
     assert default_catch_up_widths("cpu") == (1,) and default_catch_up_widths("gpu") == (1, 2)
     prompts = [[1, 2], [3], [0, 1, 2]]

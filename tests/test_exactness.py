@@ -143,7 +143,7 @@ def test_sampler_draws_what_jax_categorical_draws(vocab):
     """sample_from_weights replaces categorical's fused argmax with a
     vectorisable max + first index: the same Gumbel noise, the same index,
     draw for draw (zero weights included), so the output law is untouched."""
-    from specdec_jax.verify.token import sample_from_weights
+    from specdec_jax.sampling import sample_from_weights
 
     weights = jax.nn.softmax(3 * jax.random.normal(jax.random.PRNGKey(0), (3, vocab)))
     weights = weights.at[:, 1].set(0.0).at[0].multiply(7.0)  # unnormalised row
@@ -161,7 +161,7 @@ def test_a_row_with_one_positive_weight_draws_it_without_noise():
     categorical returns: that index, NaN entries included (``jnp.argmax`` of
     the weights themselves would return the NaN's index 1). A batch with one
     spread row still draws every row with noise, as categorical does."""
-    from specdec_jax.verify.token import sample_from_weights
+    from specdec_jax.sampling import sample_from_weights
 
     keys = jax.random.split(jax.random.PRNGKey(2), 200)
     single = jnp.array([[0.0, jnp.nan, 0.3, 0.0], [0.0, 0.0, 0.0, 1.0]])
@@ -179,7 +179,7 @@ def test_a_row_with_one_positive_weight_draws_it_without_noise():
 
 
 def test_first_argmax_takes_the_first_of_tied_maxima():
-    from specdec_jax.reductions import first_argmax
+    from specdec_jax.sampling import first_argmax
 
     x = jnp.array([[0.0, 2.0, 2.0, 1.0], [-jnp.inf, -jnp.inf, -jnp.inf, -jnp.inf],
                    [3.0, 1.0, 3.0, 3.0], [1.0, jnp.nan, 5.0, jnp.nan]])
@@ -191,7 +191,7 @@ def test_first_argmax_is_two_plain_reductions_on_cpu_only():
     """On CPU the max-then-min form (XLA vectorises one-operand reductions);
     lowered for TPU, ``jnp.argmax``'s one two-operand reduction, with which
     the TPU compiler keeps less scratch."""
-    from specdec_jax.reductions import first_argmax
+    from specdec_jax.sampling import first_argmax
 
     def reductions(platform):
         text = jax.jit(first_argmax).trace(jnp.zeros((2, 16))).lower(

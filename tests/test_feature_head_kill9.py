@@ -38,10 +38,10 @@ def train_in_this_process(workdir: str, data_dir: str, kill_at: int) -> None:
     resumed from; with ``kill_at`` > 0 it SIGKILLs itself as soon as the save of
     that step has started (orbax writes asynchronously: the write is in flight)."""
     from specdec_jax.jobs import resolver  # noqa: PLC0415
-    from specdec_jax.training import checkpointing  # noqa: PLC0415
+    from specdec_jax.training import run_io  # noqa: PLC0415
     from specdec_jax.training.feature_training import train_feature_head  # noqa: PLC0415
 
-    save, restore = checkpointing.RunCheckpoints.save, checkpointing.RunCheckpoints.restore
+    save, restore = run_io.RunCheckpoints.save, run_io.RunCheckpoints.restore
 
     def save_then_die(self, step, *args, **kwargs):
         saved = save(self, step, *args, **kwargs)
@@ -54,8 +54,8 @@ def train_in_this_process(workdir: str, data_dir: str, kill_at: int) -> None:
         print(json.dumps({RESUMED: None if restored is None else restored[2]}), flush=True)
         return restored
 
-    checkpointing.RunCheckpoints.save = save_then_die
-    checkpointing.RunCheckpoints.restore = restore_and_say
+    run_io.RunCheckpoints.save = save_then_die
+    run_io.RunCheckpoints.restore = restore_and_say
     model, params, _ = resolver.resolve(TARGET)
     train_feature_head(workdir=workdir, data_dir=data_dir, target_name=TARGET, target=model,
                        target_params=params, learning_rate=3e-3, warmup_steps=2,

@@ -357,15 +357,15 @@ def test_cli_drafts_with_a_saved_feature_head(tmp_path, capsys):
     target's alone, composed with Max-Gram and block verification; a cascade
     target function runs; another target's head is refused when loading
     (same name, other weights: the fingerprint)."""
-    from specdec_jax.checkpoints import feature_heads  # noqa: PLC0415
+    from specdec_jax.checkpoints import feature_head_io  # noqa: PLC0415
     from specdec_jax.jobs import cli, resolver  # noqa: PLC0415
 
     name = "toy-bytes-large"
     target, target_params, _ = resolver.resolve(name)
     head = FeatureHead(FeatureHeadConfig.for_target(target, intermediate_size=32))
-    path = feature_heads.save_feature_head(
+    path = feature_head_io.save_feature_head(
         tmp_path / "head", head, head.init_net(jax.random.PRNGKey(0)), target_name=name,
-        fingerprint=feature_heads.target_fingerprint(target_params, target))
+        fingerprint=feature_head_io.target_fingerprint(target_params, target))
     table = tmp_path / "bigram.npy"
     np.save(table, np.roll(np.arange(target.vocab_size), 1).astype(np.int32))
 
@@ -392,5 +392,5 @@ def test_cli_drafts_with_a_saved_feature_head(tmp_path, capsys):
 
     other = sj.DecoderOnlyLM(target.config).init_params(jax.random.PRNGKey(7))
     with pytest.raises(ValueError, match="trained for target"):
-        feature_heads.load_feature_head(path, target_name=name, target=target,
+        feature_head_io.load_feature_head(path, target_name=name, target=target,
                                         target_params=other)

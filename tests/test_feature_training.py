@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.checkpoints.feature_heads import load_feature_head
+from specdec_jax.checkpoints.feature_head_io import load_feature_head
 from specdec_jax.jobs import resolver
 from specdec_jax.models import feature_head
 from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
-from specdec_jax.runtime import shards
+from specdec_jax.runtime import data_shards
 from specdec_jax.training import feature_data as data_lib
 from specdec_jax.training import feature_training as train_lib
 
@@ -96,13 +96,13 @@ def test_shards_resume_and_refuse_another_target(tmp_path, toy, monkeypatch):
         data_lib.load_shards(tmp_path, record)
     first = (tmp_path / "shard-00000.npz").stat().st_mtime_ns
     calls = []
-    real_write = shards.write_shard
+    real_write = data_shards.write_shard
 
     def noted_write(out_dir, manifest, name, *rest):
         calls.append(name)
         return real_write(out_dir, manifest, name, *rest)
 
-    monkeypatch.setattr(shards, "write_shard", noted_write)
+    monkeypatch.setattr(data_shards, "write_shard", noted_write)
     data_lib.build_shards(tmp_path, **kwargs)
     assert calls == ["shard-00001.npz", "shard-00002.npz"]  # the written shard is skipped
     assert (tmp_path / "shard-00000.npz").stat().st_mtime_ns == first

@@ -14,7 +14,7 @@ import pytest
 
 import specdec_jax as sj
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
-from specdec_jax.models.decoder import split_projections, with_kernel_layout
+from specdec_jax.models.decoder_only import split_projections, with_kernel_layout
 from tests.simulated_devices import run_on_devices
 
 # Grouped-query attention with 3 query heads per kv head and Qwen2's q/k/v bias.
@@ -114,7 +114,7 @@ def test_on_cpu_a_fused_kernel_is_multiplied_as_the_flat_matrix_it_is():
 SHARD_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     import specdec_jax as sj
-    from specdec_jax import sharding
+    from specdec_jax.runtime import sharding
     mesh = sharding.make_mesh(data=2, model=4)
     for kv_heads, sharded in ((4, True), (2, False)):
         cfg = sj.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=48,

@@ -116,7 +116,7 @@ def test_called_computations_end_at_the_next_attribute():
 LOOPS = """HloModule jit_generate, is_scheduled=true
 
 FileNames
-1 "/src/specdec_jax/models/decoder.py"
+1 "/src/specdec_jax/models/decoder_only.py"
 
 FunctionNames
 1 "_DecoderNet.__call__"
@@ -206,7 +206,7 @@ def test_loop_values_are_what_each_iteration_writes_to_hbm():
     assert copy32["bytes"] == 2 * WEIGHT_BYTES and copy32["type"] == "f32[512,1024]"
     assert copy32["opcode"] == "fusion"
     # the source from the stack-frame tables, or from older metadata
-    assert copy32["source"] == "/src/specdec_jax/models/decoder.py:321 (_DecoderNet.__call__)"
+    assert copy32["source"] == "/src/specdec_jax/models/decoder_only.py:321 (_DecoderNet.__call__)"
     assert scaled["source"] == "/src/l.py:136"
     assert copy32["op_name"] == "c"
     # the cache's in-place update (128 KiB) is no new buffer; a lower bar admits the logits
@@ -238,7 +238,8 @@ def test_temp_buffers_read_the_hbm_temporaries_of_a_buffer_assignment():
     assert [(v["name"], v["bytes"]) for v in values] == [
         ("copy32", 2097152), ("once", 2097152), ("logits", 2048)]
     assert values[0]["type"] == "f32[512,1024]" and values[0]["opcode"] == "fusion"
-    assert values[0]["source"] == "/src/specdec_jax/models/decoder.py:321 (_DecoderNet.__call__)"
+    assert values[0]["source"] == ("/src/specdec_jax/models/decoder_only.py:321 "
+                                   "(_DecoderNet.__call__)")
     assert [v["name"] for v in hlo_stats.temp_buffers(ASSIGNMENT, LOOPS, top=1)] == ["copy32"]
 
 

@@ -39,7 +39,7 @@ def test_a_float32_model_built_from_a_config_runs_at_the_resolved_precision(
     resolves its matmul precision where the model runs (here traced as if on
     ``backend``), so float32 on an accelerator is float32, not TF32."""
 
-    from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM  # noqa: PLC0415
+    from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM  # noqa: PLC0415
     from specdec_jax.models.interface import make_prompt  # noqa: PLC0415
     from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM  # noqa: PLC0415
 

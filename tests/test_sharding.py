@@ -9,7 +9,7 @@ from tests.simulated_devices import run_on_devices
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     import specdec_jax as sj
-    from specdec_jax import sharding
+    from specdec_jax.runtime import sharding
     assert jax.device_count() == 8, jax.devices()
     cfg = sj.DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                            num_heads=4, num_kv_heads=2)
@@ -50,7 +50,7 @@ NO_GATHER_SCRIPT = textwrap.dedent("""
     import re
     import jax, numpy as np
     import specdec_jax as sj
-    from specdec_jax import sharding
+    from specdec_jax.runtime import sharding
     # Dimensions chosen distinct, so a gathered weight is recognisable by shape.
     cfg = sj.DecoderConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_layers=2,
                            num_heads=4, num_kv_heads=4)

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from specdec_jax.runtime import shards
+from specdec_jax.runtime import data_shards
 from specdec_jax.runtime.jsonio import read_json
 
 IDENTITY = {"target": "toy", "target_fingerprint": "a" * 64}
@@ -19,50 +19,50 @@ WHAT = "test data"
 def _build(out_dir, count: int, identity=IDENTITY, settings=SETTINGS, written=None) -> dict:
     """A build of ``count`` shards (shard i holds the row ``[i, i]``), noting
     in ``written`` the shards this call wrote."""
-    manifest = shards.open_build(out_dir, identity=identity, settings=settings, what=WHAT)
+    manifest = data_shards.open_build(out_dir, identity=identity, settings=settings, what=WHAT)
     for index in range(count):
-        name = shards.shard_name(index)
-        if shards.is_written(manifest, name):
+        name = data_shards.shard_name(index)
+        if data_shards.is_written(manifest, name):
             continue
-        manifest = shards.write_shard(out_dir, manifest, name,
+        manifest = data_shards.write_shard(out_dir, manifest, name,
                                       {"rows": np.full((1, 2), index)}, {"rows": 1})
         if written is not None:
             written.append(name)
-    return shards.finish_build(out_dir, manifest)
+    return data_shards.finish_build(out_dir, manifest)
 
 
 def _load(out_dir, identity=IDENTITY) -> dict:
-    return shards.load_manifest(out_dir, identity=identity, what=WHAT, build_hint="build it")
+    return data_shards.load_manifest(out_dir, identity=identity, what=WHAT, build_hint="build it")
 
 
 def test_a_finished_build_loads_its_shards_in_order(tmp_path):
     manifest = _build(tmp_path, 3)
     assert manifest == _load(tmp_path) and manifest["finished"]
     assert {k: manifest[k] for k in IDENTITY} == IDENTITY  # the identity sits at the top
-    arrays = shards.read_shards(tmp_path, sorted(manifest["shards"]), ["rows"])
+    arrays = data_shards.read_shards(tmp_path, sorted(manifest["shards"]), ["rows"])
     np.testing.assert_array_equal(arrays["rows"], [[0, 0], [1, 1], [2, 2]])
     assert _build(tmp_path, 3) == manifest  # nothing left to do
 
 
 def test_a_resumed_build_skips_the_written_shards(tmp_path):
-    manifest = shards.open_build(tmp_path, identity=IDENTITY, settings=SETTINGS, what=WHAT)
-    shards.write_shard(tmp_path, manifest, shards.shard_name(0), {"rows": np.zeros((1, 2))},
-                       {"rows": 1})  # then killed
-    first = (tmp_path / shards.shard_name(0)).stat().st_mtime_ns
+    manifest = data_shards.open_build(tmp_path, identity=IDENTITY, settings=SETTINGS, what=WHAT)
+    data_shards.write_shard(tmp_path, manifest, data_shards.shard_name(0),
+                            {"rows": np.zeros((1, 2))}, {"rows": 1})  # then killed
+    first = (tmp_path / data_shards.shard_name(0)).stat().st_mtime_ns
     written = []
     _build(tmp_path, 3, written=written)
-    assert written == [shards.shard_name(1), shards.shard_name(2)]
-    assert (tmp_path / shards.shard_name(0)).stat().st_mtime_ns == first
+    assert written == [data_shards.shard_name(1), data_shards.shard_name(2)]
+    assert (tmp_path / data_shards.shard_name(0)).stat().st_mtime_ns == first
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_an_unfinished_build_is_refused_on_load_until_it_is_finished(tmp_path):
-    manifest = shards.open_build(tmp_path, identity=IDENTITY, settings=SETTINGS, what=WHAT)
+    manifest = data_shards.open_build(tmp_path, identity=IDENTITY, settings=SETTINGS, what=WHAT)
     with pytest.raises(ValueError, match=r"did not finish \(0 shards written\): run the build "
                                          "command again"):
         _load(tmp_path)
-    shards.write_shard(tmp_path, manifest, shards.shard_name(0), {"rows": np.zeros((1, 2))},
-                       {"rows": 1})
+    data_shards.write_shard(tmp_path, manifest, data_shards.shard_name(0),
+                            {"rows": np.zeros((1, 2))}, {"rows": 1})
     with pytest.raises(ValueError, match=r"did not finish \(1 shards written\)"):
         _load(tmp_path)
     _build(tmp_path, 2)
@@ -104,32 +104,32 @@ def test_a_crash_mid_write_leaves_the_last_manifest_whole(tmp_path, monkeypatch,
     """A kill while the second shard or its manifest is written: the manifest
     still lists the first shard alone, loads as unfinished, and the build
     resumes to the same data."""
-    manifest = shards.open_build(tmp_path, identity=IDENTITY, settings=SETTINGS, what=WHAT)
-    manifest = shards.write_shard(tmp_path, manifest, shards.shard_name(0),
+    manifest = data_shards.open_build(tmp_path, identity=IDENTITY, settings=SETTINGS, what=WHAT)
+    manifest = data_shards.write_shard(tmp_path, manifest, data_shards.shard_name(0),
                                   {"rows": np.full((1, 2), 0)}, {"rows": 1})
-    before = (tmp_path / shards.MANIFEST).read_text()
+    before = (tmp_path / data_shards.MANIFEST).read_text()
     real_replace = os.replace
 
     class Killed(Exception):
         pass
 
     def replace(src, dst):
-        if str(dst).endswith(".npz" if crash_on == "shard" else shards.MANIFEST):
+        if str(dst).endswith(".npz" if crash_on == "shard" else data_shards.MANIFEST):
             raise Killed
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(Killed):
-        shards.write_shard(tmp_path, manifest, shards.shard_name(1),
+        data_shards.write_shard(tmp_path, manifest, data_shards.shard_name(1),
                            {"rows": np.full((1, 2), 1)}, {"rows": 1})
     monkeypatch.setattr(os, "replace", real_replace)
-    assert (tmp_path / shards.MANIFEST).read_text() == before
-    assert list(read_json(tmp_path / shards.MANIFEST)["shards"]) == [shards.shard_name(0)]
+    assert (tmp_path / data_shards.MANIFEST).read_text() == before
+    assert list(read_json(tmp_path / data_shards.MANIFEST)["shards"]) == [data_shards.shard_name(0)]
     assert list(tmp_path.glob("*.tmp"))  # the half-written file, under its temporary name
     with pytest.raises(ValueError, match="did not finish"):
         _load(tmp_path)
     written = []
     manifest = _build(tmp_path, 2, written=written)
-    assert written == [shards.shard_name(1)] and not list(tmp_path.glob("*.tmp"))
-    arrays = shards.read_shards(tmp_path, sorted(_load(tmp_path)["shards"]), ["rows"])
+    assert written == [data_shards.shard_name(1)] and not list(tmp_path.glob("*.tmp"))
+    arrays = data_shards.read_shards(tmp_path, sorted(_load(tmp_path)["shards"]), ["rows"])
     np.testing.assert_array_equal(arrays["rows"], [[0, 0], [1, 1]])

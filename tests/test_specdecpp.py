@@ -15,7 +15,7 @@ import pytest
 
 from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
-from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint, load_head, save_head
+from specdec_jax.checkpoints.acceptance_head_io import drafter_fingerprint, load_head, save_head
 from specdec_jax.decoding import SpeculativeDecoder
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, small_target_widths, target_widths

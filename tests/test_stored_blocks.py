@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM
 from specdec_jax.models.layers import OUT_IN
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.native import stored_blocks
@@ -433,7 +433,7 @@ def test_gate_and_up_of_one_block_type_are_one_product_of_the_same_bits(block_ke
 def test_a_head_kept_interleaved_is_not_cut_to_a_token_subset():
     """Taking byte rows of an interleaved head would give other rows' weights
     (each byte row holds 16 output rows' blocks): refused with the fix named."""
-    from specdec_jax.models.decoder import with_head_vocab  # noqa: PLC0415
+    from specdec_jax.models.decoder_only import with_head_vocab  # noqa: PLC0415
 
     model = DecoderOnlyLM(dataclasses.replace(CONFIG, vocab_size=32))
     stored = dict(model.init_params(jax.random.key(0)))

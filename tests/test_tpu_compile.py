@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_compile, tpu_programs
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM
 from specdec_jax.runtime import timing
 from tests import tpu_topology
 
@@ -261,8 +261,8 @@ def test_t5_training_steps_compile():
 
 
 def test_optimizer_moments_are_sharded_like_their_parameters():
-    from specdec_jax import sharding  # noqa: PLC0415
     from specdec_jax.jobs import tpu_training  # noqa: PLC0415
+    from specdec_jax.runtime import sharding  # noqa: PLC0415
 
     mesh = tpu_aot.make_mesh(TOPOLOGY, data=2, model=2)
     model, params = tpu_training.decoder("tiny-target", "bfloat16")

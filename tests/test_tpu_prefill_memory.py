@@ -1,5 +1,5 @@
 """A wide call over a long cache (the prefill of a batch-64 generate function on
-one v5e) scores its queries in blocks (``decoder.blocked_attention``) once its
+one v5e) scores its queries in blocks (``decoder_only.blocked_attention``) once its
 float32 attention scores would pass ``ATTENTION_SCORES_LIMIT_BYTES``: the
 prefill's logits, hidden states and cache, and the tokens a generation emits,
 are those of the unblocked call. No libtpu needed."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax.models import decoder
+from specdec_jax.models import decoder_only
 from specdec_jax.models.interface import Prompt
 
 
@@ -26,13 +26,13 @@ def _fresh_traces():
     (512, 3.0 * 2 ** 30, 2 ** 30, 4),  # the 1.5B's: 3 blocks do not divide 512
     (7, 100, 1000, 1), (7, 2000, 1000, 7), (6, 2500, 1000, 3), (1, 10 ** 12, 1, 1)])
 def test_query_blocks_divide_the_call(k, scores, limit, blocks):
-    assert decoder.query_blocks(k, int(scores), limit) == blocks
+    assert decoder_only.query_blocks(k, int(scores), limit) == blocks
 
 
 def toy():
-    config = decoder.DecoderConfig(vocab_size=48, hidden_size=32, intermediate_size=64,
+    config = decoder_only.DecoderConfig(vocab_size=48, hidden_size=32, intermediate_size=64,
                                    num_layers=2, num_heads=4, num_kv_heads=2)
-    model = decoder.DecoderOnlyLM(config)
+    model = decoder_only.DecoderOnlyLM(config)
     params = jax.tree_util.tree_map(lambda x: 3 * x, model.init_params(jax.random.PRNGKey(0)))
     return model, params
 
@@ -48,8 +48,8 @@ def test_blocked_prefill_equals_the_whole_call(monkeypatch):
 
     whole = prefill()
     scores = 4 * 3 * 4 * 8 * 24  # [B, H, G, K, S] float32 of one layer's call
-    monkeypatch.setattr(decoder, "ATTENTION_SCORES_LIMIT_BYTES", scores // 4)
-    assert decoder.query_blocks(8, scores, scores // 4) == 4
+    monkeypatch.setattr(decoder_only, "ATTENTION_SCORES_LIMIT_BYTES", scores // 4)
+    assert decoder_only.query_blocks(8, scores, scores // 4) == 4
     blocked = prefill()
     for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(blocked)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
@@ -64,7 +64,7 @@ def test_blocked_prefill_generates_the_same_tokens(monkeypatch):
     loops = lambda fn: fn.lower(params, None, prompt, jax.random.PRNGKey(0),  # noqa: E731
                                 sp).as_text().count("stablehlo.while")
     whole, whole_loops = fn(params, None, prompt, jax.random.PRNGKey(0), sp), loops(fn)
-    monkeypatch.setattr(decoder, "ATTENTION_SCORES_LIMIT_BYTES", 64)
+    monkeypatch.setattr(decoder_only, "ATTENTION_SCORES_LIMIT_BYTES", 64)
     jax.clear_caches()  # the decoder's jitted method traced the unblocked model
     fn = sj.make_generate_fn(target=model, method="autoregressive", max_new_tokens=6)
     assert loops(fn) > whole_loops  # the prefill's blocks: a lax.map per layer

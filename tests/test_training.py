@@ -221,7 +221,8 @@ PARALLEL = textwrap.dedent("""
     import tempfile
     import jax, numpy as np
     import specdec_jax as sj
-    from specdec_jax import sharding, training
+    from specdec_jax import training
+    from specdec_jax.runtime import sharding
     assert jax.device_count() == 8
     model = sj.DecoderOnlyLM(sj.DecoderConfig(vocab_size=32, hidden_size=32,
         intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2))

@@ -347,8 +347,7 @@ def test_greedy_tree_rounds_reproduce_the_targets_greedy_output(drafts_with):
     greedy acceptance standing in for the tree verifiers: the emitted tokens
     are the target's own greedy continuation. Drafting with the target
     itself accepts every round's whole depth (long committed paths)."""
-    from specdec_jax.drafting.base import start_token_and_prefill
-    from specdec_jax.models.interface import tree_with_root
+    from specdec_jax.models.interface import start_token_and_prefill, tree_with_root
 
     target = TableLM(V, order=3)
     t_params = target.init_params(jax.random.PRNGKey(8))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
-from specdec_jax.models.decoder import with_kernel_layout
+from specdec_jax.models.decoder_only import with_kernel_layout
 from specdec_jax.models.interface import (
     check_tree,
     supports_trees,

@@ -18,9 +18,8 @@ import argparse
 import jax
 import numpy as np
 
-from specdec_jax import batching
-from specdec_jax.data import bigram, tasks
-from specdec_jax.drafting.model import start_token_and_prefill
+from specdec_jax.data import batching, bigram, tasks
+from specdec_jax.drafting.model_drafter import start_token_and_prefill
 from specdec_jax.jobs.resolver import resolve
 from specdec_jax.models import weight_storage
 from specdec_jax.native import matmul as native_matmul

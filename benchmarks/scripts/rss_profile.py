@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     from specdec_jax.checkpoints import converted, gguf, load  # noqa: PLC0415
     from specdec_jax.data import bigram  # noqa: PLC0415
     from specdec_jax.jobs import cli, generate, resolver  # noqa: PLC0415
-    from specdec_jax.models import decoder  # noqa: PLC0415
+    from specdec_jax.models import decoder_only  # noqa: PLC0415
     from specdec_jax.runtime import timing  # noqa: PLC0415
 
     profile = Profile()
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
             (generate, "cost_model", "cost model")):
         if hasattr(owner, attr):
             profile.wrap(owner, attr, label)
-    del decoder
+    del decoder_only
     try:
         return cli.main(argv)
     finally:

@@ -42,7 +42,7 @@ import numpy as np
 from specdec_jax.checkpoints import load
 from specdec_jax.data import humaneval
 from specdec_jax.models import weight_storage
-from specdec_jax.models.decoder import DecoderOnlyLM
+from specdec_jax.models.decoder_only import DecoderOnlyLM
 from specdec_jax.runtime import cpu_kernels, timing
 
 

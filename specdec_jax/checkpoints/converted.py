@@ -51,9 +51,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_jax import sharding
 from specdec_jax.checkpoints import fetch
 from specdec_jax.checkpoints.tree_paths import Deferred, made
+from specdec_jax.runtime import sharding
 
 FORMAT_VERSION = 3  # 1: orbax params; 2: unaligned safetensors (both rebuilt on first use)
 SUBDIR = "converted"

@@ -30,7 +30,7 @@ from specdec_jax.checkpoints.hf_decoder import (
     decoder_entry_keys,
 )
 from specdec_jax.checkpoints.tree_paths import Deferred, check_shapes, check_shapes_against
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM
+from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM
 from specdec_jax.models.layers import OUT_IN
 from specdec_jax.native import stored_blocks
 from specdec_jax.runtime.progress import tqdm

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from specdec_jax.checkpoints.tree_paths import check_shapes, get_path, set_path
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.layers import IN_OUT
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")

@@ -10,12 +10,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import precision, sharding
+from specdec_jax import precision
 from specdec_jax.checkpoints import converted, fetch, gguf, registry, tokenizer
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.checkpoints.safetensors_io import load_hf_decoder
-from specdec_jax.models.decoder import DecoderOnlyLM, kernel_layout_converter, with_kernel_layout
+from specdec_jax.models.decoder_only import (
+    DecoderOnlyLM,
+    kernel_layout_converter,
+    with_kernel_layout,
+)
 from specdec_jax.models.layers import IN_OUT, OUT_IN
+from specdec_jax.runtime import sharding
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: str = "auto", *, mesh=None,

@@ -19,7 +19,7 @@ from specdec_jax.checkpoints.hf_decoder import (
     decoder_params_from_hf,
     decoder_params_to_hf,
 )
-from specdec_jax.models.decoder import DecoderConfig
+from specdec_jax.models.decoder_only import DecoderConfig
 
 
 def read_state_dict(directory: os.PathLike) -> dict[str, np.ndarray]:

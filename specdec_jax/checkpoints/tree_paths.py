@@ -100,7 +100,7 @@ class _Part:
 
 
 def _separate_projections(params: Any) -> Any:
-    """``params`` with each fused ``qkv`` / ``wi`` entry (``decoder.
+    """``params`` with each fused ``qkv`` / ``wi`` entry (``decoder_only.
     with_kernel_layout``: [H_kv, G + 2, D_head, D] and [2, I, D]) replaced by the
     separate q/k/v and gate/up entries it holds, as ``_Part`` views."""
     if not isinstance(params, Mapping) or not any(
@@ -136,9 +136,9 @@ def params_fingerprint(params: Any, kernel_layout: str = IN_OUT) -> str:
     Parameters in the decode layout (``kernel_layout="out_in"``, every
     ``kernel`` stored transposed) are fingerprinted as their documented
     ``[in, out]`` form, so the fingerprint names the weights, not the layout.
-    A restricted output head (``decoder.with_head_vocab``: rows copied from
+    A restricted output head (``decoder_only.with_head_vocab``: rows copied from
     the head) is skipped for the same reason, and fused projections
-    (``decoder.with_kernel_layout``) are hashed as the separate kernels they
+    (``decoder_only.with_kernel_layout``) are hashed as the separate kernels they
     hold."""
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(_separate_projections(params))[0]:

@@ -16,7 +16,7 @@ from specdec_jax.drafting.cs_drafting import (
 )
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import MaxGramDrafter
-from specdec_jax.drafting.model import ModelDrafter
+from specdec_jax.drafting.model_drafter import ModelDrafter
 from specdec_jax.drafting.spec import feature_path, make_drafter, parse_spec
 from specdec_jax.drafting.tree import (
     DynamicTreeDrafter,

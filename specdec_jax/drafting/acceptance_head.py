@@ -15,7 +15,7 @@ head must beat.
 
 A head only means something for the drafter whose features it read, so it is
 saved with that drafter's name and a fingerprint of its parameters, and
-``checkpoints.acceptance_heads.load_head`` refuses another drafter.
+``checkpoints.acceptance_head_io.load_head`` refuses another drafter.
 """
 
 from __future__ import annotations

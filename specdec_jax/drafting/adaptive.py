@@ -38,17 +38,12 @@ import jax.numpy as jnp
 
 from specdec_jax import loops, sampling
 from specdec_jax.drafting.acceptance_head import AcceptanceHead
-from specdec_jax.drafting.base import (
-    Context,
-    Proposal,
-    extend_from_history,
-    start_token_and_prefill,
-    write_rows,
-)
+from specdec_jax.drafting.base import Context, Proposal, extend_from_history
 from specdec_jax.drafting.feature import FeatureDrafter, FeatureDrafterState
-from specdec_jax.drafting.model import ModelDrafterState, SingleModelDrafter, has_nan
-from specdec_jax.models.interface import LanguageModel, Prompt
-from specdec_jax.verify.token import sample_from_weights
+from specdec_jax.drafting.model_drafter import ModelDrafterState, SingleModelDrafter, has_nan
+from specdec_jax.loops import write_rows
+from specdec_jax.models.interface import LanguageModel, Prompt, start_token_and_prefill
+from specdec_jax.sampling import sample_from_weights
 
 Array = jax.Array
 

@@ -93,14 +93,13 @@ from specdec_jax.drafting.base import (
     needs_features,
     pad_history,
     pad_to,
-    start_token_and_prefill,
-    write_rows,
 )
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import MaxGramDrafter
-from specdec_jax.drafting.model import ModelDrafter, has_nan
-from specdec_jax.models.interface import LanguageModel, Prompt
-from specdec_jax.reductions import first_argmax
+from specdec_jax.drafting.model_drafter import ModelDrafter, has_nan
+from specdec_jax.loops import write_rows
+from specdec_jax.models.interface import LanguageModel, Prompt, start_token_and_prefill
+from specdec_jax.sampling import first_argmax
 from specdec_jax.verify.token import (
     TokenVerifier,
     emitted_tokens,

@@ -48,12 +48,13 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
-from specdec_jax.drafting.base import Context, Proposal, pad_to, write_rows
-from specdec_jax.drafting.model import has_nan
-from specdec_jax.models.decoder import DecoderCache
+from specdec_jax.drafting.base import Context, Proposal, pad_to
+from specdec_jax.drafting.model_drafter import has_nan
+from specdec_jax.loops import write_rows
+from specdec_jax.models.decoder_only import DecoderCache
 from specdec_jax.models.feature_head import FeatureHead
 from specdec_jax.models.interface import Prompt
-from specdec_jax.verify.token import sample_from_weights
+from specdec_jax.sampling import sample_from_weights
 
 Array = jax.Array
 

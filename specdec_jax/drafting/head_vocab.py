@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specdec_jax.models.decoder import DecoderOnlyLM, with_head_vocab
+from specdec_jax.models.decoder_only import DecoderOnlyLM, with_head_vocab
 
 
 def check_size(size: int, label: str) -> None:

@@ -5,7 +5,7 @@ A spec is a ``+``-separated list of drafters, largest first:
     qwen2.5-coder-0.5b                 a neural drafter, sampled autoregressively
     mag                                Max-Gram alone
     feature:<dir>                      a feature head (EAGLE-style, drafting.feature)
-                                       saved in <dir> (checkpoints.feature_heads)
+                                       saved in <dir> (checkpoints.feature_head_io)
     qwen2.5-coder-0.5b+mag             CS Drafting; needs a K-matrix, e.g.
         k_matrix=[[2, 10], [0, 10]]    the paper's decoder-only setting (12 drafts:
                                        2 by the 0.5B reviewing 10 Max-Gram tokens
@@ -22,7 +22,7 @@ Model names are keys of the ``models`` mapping (registry names in the CLI);
 ``mag`` is Max-Gram, which must come last. A ``feature:<dir>`` item (the
 directory may not contain '+') is a ``FeatureDrafter`` named by the whole
 item; its head comes from ``feature_heads[item]`` (the caller loads it,
-``checkpoints.feature_heads.load_feature_head``), and it needs the
+``checkpoints.feature_head_io.load_feature_head``), and it needs the
 ``target`` (decoder-only; the head reads its hidden states). Params for the
 strategy come from one dict ``{name: params, "mag": bigram table, item:
 feature head params}`` through ``drafter.select_params(named)``. Every error
@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from specdec_jax.drafting.cs_drafting import cs_drafter
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, MaxGramDrafter
-from specdec_jax.drafting.model import ModelDrafter
+from specdec_jax.drafting.model_drafter import ModelDrafter
 from specdec_jax.models.feature_head import FeatureHead
 from specdec_jax.models.interface import LanguageModel, is_encoder_decoder
 
@@ -73,7 +73,7 @@ def _feature_drafter(name: str, spec: str, feature_heads: Mapping[str, FeatureHe
     if not isinstance(head, FeatureHead):
         raise ValueError(f"draft spec {spec!r} names the feature head {name!r} but "
                          "feature_heads holds no FeatureHead for it; load it with "
-                         "checkpoints.feature_heads.load_feature_head and pass "
+                         "checkpoints.feature_head_io.load_feature_head and pass "
                          "feature_heads={item: drafter.head}.")
     if target is None:
         raise ValueError(f"{name!r} drafts from the target's hidden states: pass "

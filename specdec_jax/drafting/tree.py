@@ -61,12 +61,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling
-from specdec_jax.drafting.base import Context, extend_from_history, start_token_and_prefill
+from specdec_jax.drafting.base import Context, extend_from_history
 from specdec_jax.drafting.maxgram import MaxGramDrafter, MaxGramState, match_runs
-from specdec_jax.drafting.model import SingleModelDrafter, has_nan
-from specdec_jax.models.interface import LanguageModel, Prompt, supports_trees
-from specdec_jax.reductions import first_argmax
-from specdec_jax.sampling import POINT_MASS, WITH_REPLACEMENT, WITHOUT_REPLACEMENT
+from specdec_jax.drafting.model_drafter import SingleModelDrafter, has_nan
+from specdec_jax.models.interface import (
+    LanguageModel,
+    Prompt,
+    start_token_and_prefill,
+    supports_trees,
+)
+from specdec_jax.sampling import POINT_MASS, WITH_REPLACEMENT, WITHOUT_REPLACEMENT, first_argmax
 
 Array = jax.Array
 

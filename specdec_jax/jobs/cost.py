@@ -48,12 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import api, target_functions
-from specdec_jax.drafting import model as drafter_model
-from specdec_jax.drafting.base import start_token_and_prefill
+from specdec_jax.drafting import model_drafter
 from specdec_jax.drafting.tree import TreeShape
-from specdec_jax.models.interface import make_prompt
-from specdec_jax.reductions import first_argmax
+from specdec_jax.models.interface import make_prompt, start_token_and_prefill
 from specdec_jax.runtime import timing
+from specdec_jax.sampling import first_argmax
 from specdec_jax.tree_decoding import TreeSpec
 
 CALIBRATION_WIDTHS = (1, 2, 4, 6, 8, 11)
@@ -612,7 +611,7 @@ def price_chain_run(*, target, target_params, drafter, drafter_params, gamma: in
     drafter_calls = run.get("drafter_calls", 0)
     if drafter_calls and not hasattr(drafter, "extend"):
         return None
-    two_token_catch_up = max(drafter_model.default_catch_up_widths()) >= 2
+    two_token_catch_up = max(model_drafter.default_catch_up_widths()) >= 2
     rounds = max(run["target_calls"], 1)
     full_accepts = run["accepted_histogram"][gamma] if drafter_calls and two_token_catch_up \
         else 0

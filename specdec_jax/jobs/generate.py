@@ -32,7 +32,6 @@ import numpy as np
 
 from specdec_jax import (
     api,
-    batching,
     cascade_baselines,
     drafting,
     precision,
@@ -40,8 +39,8 @@ from specdec_jax import (
     tree_decoding,
     verifiers,
 )
-from specdec_jax.checkpoints import feature_heads, fetch, load, registry
-from specdec_jax.data import bigram
+from specdec_jax.checkpoints import feature_head_io, fetch, load, registry
+from specdec_jax.data import batching, bigram
 from specdec_jax.drafting import head_vocab
 from specdec_jax.jobs import cost, resolver
 from specdec_jax.models import weight_storage
@@ -337,12 +336,12 @@ def check_feature_head(item: str, target: str | None = None) -> dict:
     path = pathlib.Path(drafting.feature_path(item)).expanduser()
     if not path.is_dir():
         raise ValueError(f"--draft {item!r}: {path} is not a directory; name the directory "
-                         "of a saved feature head (checkpoints.feature_heads.save_feature_head)."
+                         "of a saved feature head (checkpoints.feature_head_io.save_feature_head)."
                          )
-    if not feature_heads.is_feature_head(path):
+    if not feature_head_io.is_feature_head(path):
         raise ValueError(f"--draft {item!r}: {path} holds no feature head "
-                         f"({feature_heads.META_FILE} missing); train one for the target first.")
-    meta = json.loads((path / feature_heads.META_FILE).read_text())
+                         f"({feature_head_io.META_FILE} missing); train one for the target first.")
+    meta = json.loads((path / feature_head_io.META_FILE).read_text())
     if target is not None and meta.get("target") != target:
         raise ValueError(f"--draft {item!r}: the head was trained for target "
                          f"{meta.get('target')!r}, not --target {target!r}; it predicts that "
@@ -430,7 +429,7 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer, draf
         if drafting.feature_path(name) is not None:
             # Refuses a head trained for another target (by name or weights);
             # its params share the target's embedding and output head.
-            head, named[name], _ = feature_heads.load_feature_head(
+            head, named[name], _ = feature_head_io.load_feature_head(
                 drafting.feature_path(name), target_name=args.target, target=target,
                 target_params=target_params, name=name)
             heads[name] = head.head

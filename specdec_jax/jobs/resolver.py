@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 
-from specdec_jax import precision, sharding
+from specdec_jax import precision
 from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram
@@ -40,9 +40,10 @@ from specdec_jax.data.humaneval import end_of_block_stop
 from specdec_jax.decoding import EndOfBlockStop
 from specdec_jax.drafting import head_vocab
 from specdec_jax.models import weight_storage
-from specdec_jax.models.decoder import DecoderConfig, DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import is_encoder_decoder
 from specdec_jax.models.layers import OUT_IN
+from specdec_jax.runtime import sharding
 from specdec_jax.training import t5_pair
 
 RANDOM_PREFIX = "random:"

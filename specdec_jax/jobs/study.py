@@ -20,12 +20,12 @@ from collections.abc import Sequence
 
 import jax
 
-from specdec_jax import api, precision, sharding
+from specdec_jax import api, precision
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
 from specdec_jax.data import tasks
 from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import report, resolver, sweep, tables
-from specdec_jax.runtime import distributed, jsonio, timing
+from specdec_jax.runtime import distributed, jsonio, sharding, timing
 
 
 def job_mesh(model_parallel: int | None):

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, sharding, target_functions, verify
+from specdec_jax import api, target_functions, verify
 from specdec_jax.cascade_baselines import sequence_defers
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
@@ -39,7 +39,7 @@ from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs.cost import CostModel
 from specdec_jax.jobs.resolver import ModelPair
 from specdec_jax.models.interface import make_prompt, supports_trees
-from specdec_jax.runtime import distributed, jsonio, resume, timing
+from specdec_jax.runtime import distributed, jsonio, resume, sharding, timing
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.tree_decoding import check_greedy_temperature, check_tree_request
 

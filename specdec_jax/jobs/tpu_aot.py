@@ -30,8 +30,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax import sharding
 from specdec_jax.jobs import hlo_stats
+from specdec_jax.runtime import sharding
 
 GIB = 1024 ** 3
 ESTIMATE = "TPU compiler estimate"  # the label of every time figure from the compiler

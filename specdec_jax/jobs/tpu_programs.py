@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from specdec_jax import api, precision, sharding
+from specdec_jax import api, precision
 from specdec_jax.checkpoints import gguf, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.drafting import make_drafter
@@ -51,14 +51,15 @@ from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, small_target_widths, target_widths
 from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
-from specdec_jax.drafting.model import ModelDrafter, default_catch_up_widths
+from specdec_jax.drafting.model_drafter import ModelDrafter, default_catch_up_widths
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tpu_aot, tpu_training
 from specdec_jax.jobs.tpu_aot import Program
 from specdec_jax.models import feature_head
-from specdec_jax.models.decoder import DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.decoder_only import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import Prompt
 from specdec_jax.models.layers import OUT_IN
+from specdec_jax.runtime import sharding
 from specdec_jax.tree_decoding import make_tree_drafter
 
 DTYPE = "bfloat16"

@@ -30,14 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax import precision, sharding
+from specdec_jax import precision
 from specdec_jax.checkpoints import registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.jobs import tpu_aot
 from specdec_jax.models import feature_head
-from specdec_jax.models.decoder import DecoderOnlyLM
+from specdec_jax.models.decoder_only import DecoderOnlyLM
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
+from specdec_jax.runtime import sharding
 from specdec_jax.training import acceptance_training as head_train
 from specdec_jax.training import distill, recipes, steps
 from specdec_jax.training import feature_training as feature_train

@@ -22,7 +22,7 @@ import numpy as np
 
 from specdec_jax import precision
 from specdec_jax.models import interface, layers
-from specdec_jax.models.decoder import (
+from specdec_jax.models.decoder_only import (
     Attention,
     DecoderCache,
     DecoderConfig,

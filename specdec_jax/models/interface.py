@@ -394,3 +394,40 @@ def tree_with_root(root_B: Array, tokens_BxN: Array, parents_BxN: Array) -> tupl
     tokens = jnp.concatenate([root_B[:, None].astype(tokens_BxN.dtype), tokens_BxN], axis=1)
     parents = jnp.concatenate([jnp.full_like(parents_BxN[:, :1], -1), parents_BxN + 1], axis=1)
     return tokens, parents
+
+
+def start_token_and_prefill(model: LanguageModel, params, prompt: Prompt, max_length: int, *,
+                            all_hidden: bool = False):
+    """Prefills a model and returns (cache, first pending token).
+
+    Decoder-only models feed every prompt token but the last, which becomes the
+    pending token. Encoder-decoder models encode the whole prompt and start the
+    decoder from its start token.
+
+    With ``all_hidden`` (decoder-only models; what a feature drafter reads) it
+    returns ``(cache, pending_B, hidden [B, max_length, D])``: the final hidden
+    state at every fed prompt position, zero past a row's fed prompt (scratch
+    the decoding loop overwrites as tokens are scored). E.g. prompt ``[a, b, c]``
+    feeds ``a, b``: ``hidden[:, 0]`` and ``hidden[:, 1]`` are their states and
+    ``c`` is the pending token.
+    """
+    batch, width = prompt.tokens.shape
+    cache = model.init_cache(batch, max_length)
+    start_id = getattr(model, "decoder_start_token_id", None)
+    if start_id is not None:
+        if all_hidden:
+            raise ValueError("all_hidden reads a decoder-only model's hidden states (a feature "
+                             "drafter's input); this model is an encoder-decoder.")
+        cache = model.prefill(params, prompt, cache).cache
+        return cache, jnp.full((batch,), start_id, jnp.int32)
+    last_B = jnp.take_along_axis(prompt.tokens, (prompt.lengths - 1)[:, None], axis=1)[:, 0]
+    fed = prompt.replace(lengths=prompt.lengths - 1)
+    if not all_hidden:
+        return model.prefill(params, fed, cache).cache, last_B.astype(jnp.int32)
+    try:
+        out = model.prefill(params, fed, cache, all_hidden=True)
+    except TypeError as err:
+        raise ValueError(f"{type(model).__name__}.prefill cannot return every position's hidden "
+                         "state (all_hidden=True); a feature drafter needs it.") from err
+    hidden_BxSxD = jnp.pad(out.hidden, ((0, 0), (0, max_length - width), (0, 0)))
+    return out.cache, last_B.astype(jnp.int32), hidden_BxSxD

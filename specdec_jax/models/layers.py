@@ -118,7 +118,7 @@ def masked_softmax_attention(q_BxKxHxGxD: Array, keys: Array, values: Array,
 IN_OUT, OUT_IN = "in_out", "out_in"
 KERNEL_LAYOUTS = (IN_OUT, OUT_IN)
 # The parameters' entry of a decoder's restricted output head
-# (``decoder.with_head_vocab``): rows copied from the head, a decoding-time view.
+# (``decoder_only.with_head_vocab``): rows copied from the head, a decoding-time view.
 HEAD_VOCAB = "head_vocab"
 # Beside an int8 ``kernel``: its per-output-row float32 scale (``models.weight_storage``).
 KERNEL_SCALE = "kernel_scale"

@@ -38,7 +38,7 @@ takes 144. ``q6_k_x16`` and ``q5_0_x16`` do the same for q6_k and q5_0
 dequantise to the file's values, bit for bit. The GGUF loader keeps a model's
 q4_k, q6_k and q5_0 matrices in them on CPU (``INTERLEAVE``); an embedding,
 read by rows, stays in the file's, and an interleaved head cannot be cut to a
-token subset (``decoder.with_head_vocab`` refuses it).
+token subset (``decoder_only.with_head_vocab`` refuses it).
 """
 
 from __future__ import annotations

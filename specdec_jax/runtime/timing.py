@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
-from specdec_jax.drafting.base import start_token_and_prefill
-from specdec_jax.reductions import first_argmax
+from specdec_jax.models.interface import start_token_and_prefill
 from specdec_jax.runtime import jsonio
+from specdec_jax.sampling import first_argmax
 
 
 @dataclasses.dataclass

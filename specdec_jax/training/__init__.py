@@ -8,9 +8,9 @@ from specdec_jax.training.datasets import (
     seq2seq_dataset,
 )
 from specdec_jax.training.forward import Batch, cross_entropy, lm_loss, teacher_forced
-from specdec_jax.training.loop import TrainResult, train
 from specdec_jax.training.optimizers import OptimizerConfig, make_optimizer
 from specdec_jax.training.steps import TrainState, init_state, make_eval_step, make_train_step
+from specdec_jax.training.train_loop import TrainResult, train
 
 __all__ = ["ArrayDataset", "Batch", "MixtureDataset", "OptimizerConfig", "TrainResult",
            "TrainState", "bucket_by_length", "cross_entropy", "init_state", "lm_dataset",

@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import batching
-from specdec_jax.checkpoints.acceptance_heads import drafter_fingerprint
-from specdec_jax.runtime import shards
+from specdec_jax.checkpoints.acceptance_head_io import drafter_fingerprint
+from specdec_jax.data import batching
+from specdec_jax.runtime import data_shards
 from specdec_jax.training.forward import Batch, teacher_forced
 
-MANIFEST = shards.MANIFEST
+MANIFEST = data_shards.MANIFEST
 WHAT = "acceptance data"
 ARRAYS = ("features", "labels")
 MIX_RATE = 0.15  # SpecDec++: each position keeps the target's token X_i with probability r
@@ -126,7 +126,8 @@ def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
     settings = {"source": source, "temperature": temperature, "mix_rate": mix_rate,
                 "batch_size": batch_size, "shard_batches": shard_batches, "seed": seed,
                 "sequences": len(sequences), "prompts": prompts_record}
-    manifest = shards.open_build(out_dir, identity={"pair": pair}, settings=settings, what=WHAT)
+    manifest = data_shards.open_build(out_dir, identity={"pair": pair}, settings=settings,
+                                      what=WHAT)
     fn = jax.jit(make_example_fn(target, drafter, temperature=temperature, mix_rate=mix_rate))
     per_shard = batch_size * shard_batches
     # Within each shard, rows of similar length share a batch (less padding);
@@ -148,14 +149,14 @@ def build_shards(out_dir: str | pathlib.Path, *, target, target_params, drafter,
         return ({"features": np.concatenate(features), "labels": np.concatenate(labels)},
                 {"examples": int(sum(len(y) for y in labels))})
 
-    return shards.write_missing_shards(out_dir, manifest, items=len(sequences),
+    return data_shards.write_missing_shards(out_dir, manifest, items=len(sequences),
                                        per_shard=per_shard, make_shard=make_shard,
                                        desc="acceptance data", progress=progress)
 
 
 def load_shards(out_dir: str | pathlib.Path, pair: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     """(features [n, D] float32, labels [n], manifest) of a finished build, for ``pair``."""
-    manifest = shards.load_manifest(out_dir, identity={"pair": pair}, what=WHAT,
+    manifest = data_shards.load_manifest(out_dir, identity={"pair": pair}, what=WHAT,
                                     build_hint="build it with configs/runs/specdecpp_data.gin")
-    arrays = shards.read_shards(out_dir, sorted(manifest["shards"]), ARRAYS)
+    arrays = data_shards.read_shards(out_dir, sorted(manifest["shards"]), ARRAYS)
     return arrays["features"].astype(np.float32), arrays["labels"], manifest

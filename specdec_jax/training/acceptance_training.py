@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from specdec_jax.checkpoints.acceptance_heads import load_head_for, save_head
+from specdec_jax.checkpoints.acceptance_head_io import load_head_for, save_head
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.training import acceptance_data as data_lib
-from specdec_jax.training import loop
+from specdec_jax.training import train_loop
 from specdec_jax.training.datasets import epoch_indices, padded_chunks
 from specdec_jax.training.optimizers import OptimizerConfig
 
@@ -144,7 +144,7 @@ def train_head(*, workdir: str, data_dir: str, pair: dict, depth: int = 3,
     optimizer = OptimizerConfig(name="adamw", learning_rate=learning_rate, schedule="cosine",
                                 total_steps=num_steps, weight_decay=0.0)
     loss_fn = make_head_loss(w_acc=w_acc, w_rej=w_rej)
-    result = loop.train(model=head, params=params, optimizer=optimizer, data=train_set,
+    result = train_loop.train(model=head, params=params, optimizer=optimizer, data=train_set,
                         num_steps=num_steps, batch_size=batch_size, workdir=workdir, seed=seed,
                         loss_fn=loss_fn, eval_data=held_out,
                         eval_every=max(num_steps // 10, 1), rules=REPLICATED,

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from specdec_jax import api, batching
+from specdec_jax import api
+from specdec_jax.data import batching
 from specdec_jax.data.metrics import ratio_ci
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.runtime.resume import ResumeLog

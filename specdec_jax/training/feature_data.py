@@ -28,13 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import batching
-from specdec_jax.checkpoints.feature_heads import target_fingerprint
+from specdec_jax.checkpoints.feature_head_io import target_fingerprint
+from specdec_jax.data import batching
 from specdec_jax.models import feature_head
 from specdec_jax.models.interface import Prompt
-from specdec_jax.runtime import shards as shard_build
+from specdec_jax.runtime import data_shards
 
-MANIFEST = shard_build.MANIFEST
+MANIFEST = data_shards.MANIFEST
 WHAT = "feature data"
 WIDTH_BUCKET = 64  # a build's width rounds up to a multiple of this (one compiled shape)
 ARRAYS = ("tokens", "lengths", "starts", "features", "greedy")
@@ -123,7 +123,7 @@ def build_shards(out_dir: str | os.PathLike, *, target, target_params, record: d
     settings = {"source": source, "batch_size": batch_size, "shard_sequences": shard_sequences,
                 "width": width, "sequences": len(sequences),
                 "positions": int(sum(len(s) for s in sequences))}
-    manifest = shard_build.open_build(out_dir, identity=record, settings=settings, what=WHAT)
+    manifest = data_shards.open_build(out_dir, identity=record, settings=settings, what=WHAT)
     fn = jax.jit(make_feature_fn(target, _rows_of(target)))
 
     def make_shard(first):
@@ -148,7 +148,7 @@ def build_shards(out_dir: str | os.PathLike, *, target, target_params, record: d
                   "features": features, "greedy": greedy}
         return arrays, {"sequences": n, "positions": int(lengths.sum())}
 
-    return shard_build.write_missing_shards(out_dir, manifest, items=len(sequences),
+    return data_shards.write_missing_shards(out_dir, manifest, items=len(sequences),
                                             per_shard=shard_sequences, make_shard=make_shard,
                                             desc="feature data", progress=progress)
 
@@ -158,10 +158,10 @@ def load_shards(out_dir: str | os.PathLike, record: dict, shards: slice = slice(
     """(arrays, manifest) of the shards ``shards`` (a slice of the sorted
     names) of a finished build for the target ``record`` names; arrays as in
     the module docstring, concatenated over shards."""
-    manifest = shard_build.load_manifest(
+    manifest = data_shards.load_manifest(
         out_dir, identity=record, what=WHAT,
         build_hint="build it with configs/runs/feature_head_data.gin")
     names = sorted(manifest["shards"])[shards]
     if not names:
         raise ValueError(f"no shards of {out_dir} selected by {shards}.")
-    return shard_build.read_shards(out_dir, names, ARRAYS), manifest
+    return data_shards.read_shards(out_dir, names, ARRAYS), manifest

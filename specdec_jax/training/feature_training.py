@@ -50,12 +50,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from specdec_jax import sharding
-from specdec_jax.checkpoints.feature_heads import save_feature_head
+from specdec_jax.checkpoints.feature_head_io import save_feature_head
 from specdec_jax.models import feature_head
 from specdec_jax.models.feature_head import FeatureHead, FeatureHeadConfig
+from specdec_jax.runtime import sharding
 from specdec_jax.training import feature_data as data_lib
-from specdec_jax.training import loop
+from specdec_jax.training import train_loop
 from specdec_jax.training.datasets import epoch_indices, padded_chunks
 from specdec_jax.training.optimizers import OptimizerConfig
 
@@ -439,7 +439,7 @@ def train_feature_head(*, workdir: str | os.PathLike, data_dir: str | os.PathLik
     for end in ends:
         # Each segment resumes the previous one's checkpoint (the same run, cut where
         # the acceptance is scored; the schedule spans all num_steps).
-        result = loop.train(model=head, params=net, optimizer=optimizer, data=train_set,
+        result = train_loop.train(model=head, params=net, optimizer=optimizer, data=train_set,
                             num_steps=end, batch_size=batch_size, workdir=workdir, seed=seed,
                             loss_fn=make_loss(w_reg=w_reg, w_ce=w_ce, noise=noise),
                             eval_data=eval_set, eval_every=eval_every, rules=REPLICATED,

@@ -30,7 +30,7 @@ from specdec_jax.data.vocabulary import SentencePieceVocabulary, train_sentencep
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM
 from specdec_jax.runtime import distributed, timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.training import distill, loop
+from specdec_jax.training import distill, train_loop
 from specdec_jax.training.datasets import (
     ArrayDataset,
     MixtureDataset,
@@ -306,7 +306,7 @@ def run_training(*, workdir: str, model_size: str = "t5-small-cpu",
     if notes.get("train_dropped"):
         print(f"note: {notes['train_dropped']} training examples do not fit input_length "
               f"{input_length} / target_length {target_length} and are left out.")
-    result = loop.train(model=model, params=params, optimizer=opt, data=data,
+    result = train_loop.train(model=model, params=params, optimizer=opt, data=data,
                         num_steps=num_steps, batch_size=batch_size, workdir=workdir, seed=seed,
                         eval_data=eval_data, eval_every=eval_every,
                         checkpoint_every=checkpoint_every, keep=keep, progress=progress,
@@ -411,7 +411,7 @@ def run_distillation(*, workdir: str, teacher_workdir: str, student_workdir: str
     before = measure(student_params)
     opt = run_optimizer(num_steps, name=optimizer, learning_rate=learning_rate,
                         schedule=schedule, warmup_steps=warmup_steps)
-    result = loop.train(model=student, params=student_params, optimizer=opt, data=corpus,
+    result = train_loop.train(model=student, params=student_params, optimizer=opt, data=corpus,
                         num_steps=num_steps, batch_size=batch_size, workdir=workdir, seed=seed,
                         loss_fn=distill.make_distillation_loss(teacher, kind=divergence,
                                                                temperature=temperature),

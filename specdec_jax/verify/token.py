@@ -49,7 +49,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.reductions import first_argmax
+from specdec_jax.sampling import sample_from_weights
 
 Array = jax.Array
 
@@ -68,32 +68,6 @@ class VerifyOutput:
 def gather_token_probs(probs_BxGxV: Array, tokens_BxG: Array) -> Array:
     """[B, G, V], [B, G] -> [B, G]: probability each distribution gives its token."""
     return jnp.take_along_axis(probs_BxGxV, tokens_BxG[..., None], axis=-1)[..., 0]
-
-
-def sample_from_weights(key: Array, weights_BxV: Array) -> Array:
-    """Samples one index per row from non-negative, not necessarily normalised weights.
-
-    Gumbel-max, draw for draw what ``jax.random.categorical(key, log w)``
-    returns (a test checks the indices are equal), but ``first_argmax`` in
-    place of ``jnp.argmax``: XLA on CPU fuses the Gumbel noise into argmax's
-    two-operand reduction, which it does not vectorise (4.4 ms per row at the
-    152k vocabulary vs 1.0 ms; a round draws G + 1 or more of these).
-
-    When every row has one positive weight (every greedy draw: a one-hot law,
-    or its residual), that index is the draw whatever the noise, so the noise
-    is not drawn (0.9 ms of a 1.5B step's ~40 on 2 CPU cores at 152k tokens).
-    """
-    positive_BxV = weights_BxV > 0
-
-    def draw(_):
-        logits = jnp.where(positive_BxV, jnp.log(jnp.maximum(weights_BxV, 1e-38)), -jnp.inf)
-        return first_argmax(logits + jax.random.gumbel(key, logits.shape, logits.dtype))
-
-    def the_only_one(_):
-        return first_argmax(positive_BxV.astype(jnp.float32))
-
-    only_one = jnp.all(jnp.sum(positive_BxV, axis=-1) == 1)
-    return jax.lax.cond(only_one, the_only_one, draw, None)
 
 
 def residual(pi_BxV: Array, q_BxV: Array) -> Array:

@@ -115,14 +115,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.reductions import first_argmax
 from specdec_jax.sampling import (
     POINT_MASS,
     WITH_REPLACEMENT,
     WITHOUT_REPLACEMENT,
     check_tree_draws,
+    first_argmax,
+    sample_from_weights,
 )
-from specdec_jax.verify.token import RESIDUAL_EPS, residual, sample_from_weights
+from specdec_jax.verify.token import RESIDUAL_EPS, residual
 
 Array = jax.Array
 

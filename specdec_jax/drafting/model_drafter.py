@@ -9,15 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
-from specdec_jax.drafting.base import (
-    Context,
-    Proposal,
-    extend_from_history,
-    pad_to,
-    start_token_and_prefill,
-)
-from specdec_jax.models.interface import LanguageModel, Prompt
-from specdec_jax.verify.token import sample_from_weights
+from specdec_jax.drafting.base import Context, Proposal, extend_from_history, pad_to
+from specdec_jax.models.interface import LanguageModel, Prompt, start_token_and_prefill
+from specdec_jax.sampling import sample_from_weights
 
 Array = jax.Array
 

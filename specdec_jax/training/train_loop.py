@@ -23,14 +23,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax import sharding
-from specdec_jax.runtime import distributed
+from specdec_jax.runtime import distributed, sharding
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.training import steps as steps_lib
-from specdec_jax.training.checkpointing import MetricsWriter, RunCheckpoints
 from specdec_jax.training.datasets import ArrayDataset, MixtureDataset
 from specdec_jax.training.forward import Batch, lm_loss
 from specdec_jax.training.optimizers import OptimizerConfig, make_optimizer
+from specdec_jax.training.run_io import MetricsWriter, RunCheckpoints
 
 Callback = Callable[[int, dict], None]
 
@@ -103,7 +102,7 @@ def train(*, model, params, optimizer: OptimizerConfig, data: ArrayDataset | Mix
 
     ``mesh`` defaults to every device on the ``data`` axis (data parallel);
     parameters are placed by ``rules`` (default: the model family's partition
-    rules of ``specdec_jax.sharding``), batches are split along ``data``.
+    rules of ``specdec_jax.runtime.sharding``), batches are split along ``data``.
     Across processes (``specdec_jax.runtime.distributed``) every process calls this
     with the same arguments: each fills its own devices' rows of a batch,
     every process writes its shards of a checkpoint (orbax), and process 0
