@@ -6,7 +6,7 @@ import-linter contract, ``.importlinter``).
 
 - Each module holds one benchmark as a gin job: a keyword-only
   ``run_bench_<name>`` function that loads models through
-  ``specdec_jax.jobs.resolver``, prices latency with ``specdec_jax.jobs.cost``
+  ``specdec_jax.jobs.resolver``, prices latency with ``specdec_jax.decode.cost``
   and writes JSON plus Markdown, registered in ``benchmarks.main.BENCH_JOBS``:
   ``python -m benchmarks.main --gin_file=benchmarks/configs/<name>.gin``.
 - ``tpu_prices``: speedups priced from TPU compile reports (compiler estimates).

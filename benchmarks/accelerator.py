@@ -71,10 +71,11 @@ import numpy as np
 from benchmarks import peers as peer_lib
 from benchmarks import shared
 from specdec_jax import api, precision
-from specdec_jax.decoding import required_cache_length
+from specdec_jax.decode import cost
+from specdec_jax.decode.round import required_cache_length
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
-from specdec_jax.jobs import cost, resolver, tables
+from specdec_jax.jobs import resolver, tables
 from specdec_jax.models.decoder_only import with_kernel_layout
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
@@ -153,7 +154,7 @@ def run_bench_accelerator(*, target: str = "qwen2.5-coder-1.5b",
     checkpoint tree); ``fused_projections`` (``out_in`` only): q/k/v and gate/up
     as one product each (the decode layout's default) or separate
     (``models.decoder.with_kernel_layout``). ``rounds_per_sync``: each decoding
-    configuration runs once per value (``decoding.loop_until_done``: rounds
+    configuration runs once per value (``decode.round.loop_until_done``: rounds
     between two host reads of the loop condition; the round overhead shows
     what a read costs). ``target_step_widths``: more widths K for the
     target's in-loop step table (decoding runs only at ``gammas``): SpecDec++'s

@@ -47,6 +47,7 @@ from benchmarks import shared
 from benchmarks.trees import TRIE_PREFIX, parse_trie
 from specdec_jax import api, precision
 from specdec_jax.data import batching, bigram, metrics, tasks
+from specdec_jax.decode.tree import TreeSpec
 from specdec_jax.drafting import ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tables
@@ -56,7 +57,6 @@ from specdec_jax.models import weight_storage
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels, timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.tree_decoding import TreeSpec
 
 TARGET_VARIANT = "autoregressive target"
 VARIANT_FIELDS = {"name": str, "gamma": int, "head_vocab": int, "catch_up_widths": list,

@@ -8,7 +8,7 @@ Figures, per configuration:
   deterministic); mean tokens per target call with a 95% normal CI over prompts;
 * SWI (standardized walltime improvement, Chen et al. §5): autoregressive cost
   over the counted cost, with each call priced (a) by parameter count and
-  (b) by the cost model (``jobs.cost``): per-call latency measured on this
+  (b) by the cost model (``decode.cost``): per-call latency measured on this
   machine at batch 1 inside jit (``CallCost``: the median at each measured
   width, a least-squares fit t(K) = a + b K elsewhere) plus the calibrated
   per-round overhead (``measure_round_overhead``);
@@ -46,19 +46,15 @@ import numpy as np
 from benchmarks import shared
 from specdec_jax import api, drafting, precision
 from specdec_jax.data import bigram
-from specdec_jax.decoding import (
-    Prefilled,
-    SpeculativeDecoder,
-    initial_history,
-    required_cache_length,
-)
+from specdec_jax.decode import cost as cost_lib
+from specdec_jax.decode.chain import SpeculativeDecoder
+from specdec_jax.decode.round import Prefilled, initial_history, required_cache_length
 from specdec_jax.drafting.cs_drafting import HorizontalCascade, VerticalCascade, VerticalState
 from specdec_jax.drafting.model_drafter import ModelDrafter, ModelDrafterState
-from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt, start_token_and_prefill
-from specdec_jax.runtime import timing
+from specdec_jax.runtime import calibration, timing
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.target_functions import get_target
 
@@ -172,15 +168,15 @@ def run_counted(decoder, named, target_params, caches, prompts, width, max_lengt
 
 
 # ---------------------------------------------------------------------------
-# Costs: jobs.cost, stored in this benchmark's report layout
+# Costs: decode.cost, stored in this benchmark's report layout
 # ---------------------------------------------------------------------------
 
 def call_latency(model, params, fill, ks=COST_WIDTHS, repeats=5):
     """Seconds of one ``extend`` of K tokens at batch 1 with ``fill`` tokens in
-    the cache (``jobs.cost.measure_call_cost``: steps inside a jitted loop), as
+    the cache (``runtime.calibration.measure_call_cost``: steps inside a jitted loop), as
     this benchmark's report stores them: the medians, the fit t(K) = a + b K
     over K >= 2 (K = 1 is priced by its own median) and the prefill per token."""
-    cost, medians = cost_lib.measure_call_cost(model, params, context=fill, widths=ks,
+    cost, medians = calibration.measure_call_cost(model, params, context=fill, widths=ks,
                                                repeats=repeats)
     return {"a_s": cost.base_s, "b_s": cost.per_token_s, "k1_s": cost.single_s,
             "median_s": {str(k): v for k, v in medians.items()},
@@ -472,7 +468,7 @@ def run_bench_drafting(*, target: str = "qwen2.5-coder-1.5b", drafter: str = DRA
             save()
         if "round_overhead" not in report["costs"]:  # reports stored before it get it too
             uncalibrated, _ = cost_model(report["costs"])
-            report["costs"]["round_overhead"] = cost_lib.measure_round_overhead(
+            report["costs"]["round_overhead"] = calibration.measure_round_overhead(
                 dataclasses.replace(uncalibrated, round_overhead_s=0.0), target=target_model,
                 target_params=target_params, drafter=drafter_model,
                 drafter_params=drafter_params, context=report["costs"]["fill"],

@@ -32,8 +32,8 @@ from benchmarks import shared
 from specdec_jax import api, precision
 from specdec_jax.checkpoints.feature_head_io import load_feature_head
 from specdec_jax.data import bigram
+from specdec_jax.decode import cost as cost_lib
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter, cs_drafter
-from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt

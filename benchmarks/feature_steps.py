@@ -25,7 +25,7 @@ models: each step feeds the previous step's output, at a fixed cache fill of
 
 Argmax stands for the draw for every drafter alike (the models' in-loop steps
 take the argmax too). A failing step is recorded with its error and the run
-goes on. Prediction (``jobs.cost``'s model, batch 1): a round of G drafts costs
+goes on. Prediction (``decode.cost``'s model, batch 1): a round of G drafts costs
 the target's call of G + 1 tokens, plus for the drafter model G one-token steps
 (``CostModel.round_seconds(drafter_calls=G)``), for the head one window call of
 G + 1 tokens with the first logits and G - 1 draft steps (``round_seconds(
@@ -63,7 +63,8 @@ import numpy as np
 
 from benchmarks import shared
 from specdec_jax import precision
-from specdec_jax.jobs import cost, resolver, tables
+from specdec_jax.decode import cost
+from specdec_jax.jobs import resolver, tables
 from specdec_jax.models import feature_head
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
 from specdec_jax.runtime import timing
@@ -454,7 +455,7 @@ def _ok(report: dict) -> dict:
 
 def drafters(report: dict) -> list[dict]:
     """Every drafter whose steps were all measured: its kind and the call costs
-    (``jobs.cost.CallCost``) the round model prices."""
+    (``decode.cost.CallCost``) the round model prices."""
     ok, s = _ok(report), report["settings"]
     found = []
     if "drafter model K=1" in ok:
@@ -555,7 +556,7 @@ def markdown(report: dict) -> str:
                       [d, *(f"{cells[d, first, g]['drafting_ms']:.2f} "
                             f"({cells[d, first, g]['drafting_of_target_k1']:.2f})"
                             for g in gammas)] for d in names])
-        lines += ["", "Predicted speedup over autoregressive decoding (jobs.cost; round = target "
+        lines += ["", "Predicted speedup over autoregressive decoding (decode.cost; round = target "
                   f"call of G + 1 + drafting, round overhead {s['round_overhead_ms']} ms; "
                   "assumed acceptance):", ""] + tables.markdown_table(
                       ["drafter", "acceptance", *by_g],

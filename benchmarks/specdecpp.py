@@ -11,7 +11,7 @@ Two phases, one job (``benchmarks/configs/specdecpp.gin``):
    configuration and the autoregressive target, interleaved in a shuffled
    order per prompt so drift in the machine's speed hits all alike; decode
    time excludes the prefill (timed separately and subtracted). Tokens/s with
-   95% bootstrap CIs over prompts. Then the one cost model (``jobs.cost``) is
+   95% bootstrap CIs over prompts. Then the one cost model (``decode.cost``) is
    calibrated on this machine at the benchmark's context (each model's
    in-loop call latency by width, and the per-round overhead) and prices every
    configuration's phase-1 counts (``decode_seconds``): predicted tokens/s over
@@ -56,13 +56,13 @@ from specdec_jax.checkpoints import tree_paths
 from specdec_jax.checkpoints.acceptance_head_io import META_FILE, load_head
 from specdec_jax.data import humaneval
 from specdec_jax.data.metrics import bootstrap_ci, ratio_ci
-from specdec_jax.decoding import required_cache_length
+from specdec_jax.decode import cost as cost_lib
+from specdec_jax.decode.round import required_cache_length
 from specdec_jax.drafting.adaptive import DEFAULT_MAX_DRAFTS, SMALL_TARGET_WIDTHS, AdaptiveDrafter
 from specdec_jax.drafting.adaptive import target_widths as default_target_widths
-from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import resolver, tables
 from specdec_jax.models.interface import make_prompt
-from specdec_jax.runtime import jsonio, timing
+from specdec_jax.runtime import calibration, jsonio, timing
 from specdec_jax.runtime.progress import tqdm
 from specdec_jax.runtime.resume import ResumeLog
 
@@ -263,7 +263,7 @@ def phase_wall_clock(runner, configs, prompts, *, max_new_tokens: int, max_draft
     return summary
 
 
-# --- pricing (jobs.cost) -----------------------------------------------------------------------
+# --- pricing (decode.cost) -----------------------------------------------------------------------
 
 def target_width(config: dict, rows: list[dict], *, measured: Sequence[int] = (),
                  compiled: Sequence[int] | None = None) -> int:
@@ -338,14 +338,14 @@ def cost_model_of(report: dict) -> tuple[cost_lib.CostModel, str]:
 
 def calibrate(pair, *, context: int, target_widths: Sequence[int], repeats: int,
               overhead_gamma: int) -> tuple[cost_lib.CostModel, dict]:
-    """The cost model on this machine (``cost.calibrate``): the target's
+    """The cost model on this machine (``runtime.calibration.calibrate``): the target's
     in-loop calls at every width a configuration calls, the drafter's at 1
     and 2, then the per-round overhead from a timed greedy generation."""
-    model, calibration = cost_lib.calibrate(
+    model, measured = calibration.calibrate(
         target=pair.target, target_params=pair.target_params, drafter=pair.drafter,
         drafter_params=pair.drafter_params, context=context, widths=tuple(target_widths),
         drafter_widths=DRAFTER_WIDTHS, repeats=repeats, overhead_gamma=overhead_gamma)
-    return model, {**calibration, "repeats": repeats}
+    return model, {**measured, "repeats": repeats}
 
 
 def summarise_wall_clock(report: dict, cost: cost_lib.CostModel) -> None:
@@ -446,7 +446,7 @@ def _cost_line(report: dict) -> str:
     agree = report["agreement"]
     pearson = "n/a" if agree["pearson"] is None else f"{agree['pearson']:.3f}"
     context = report.get("calibration", {}).get("context", "?")
-    return (f"Cost model (`specdec_jax/jobs/cost.py`, calibrated here at {context} cached "
+    return (f"Cost model (`specdec_jax/decode/cost.py`, calibrated here at {context} cached "
             f"tokens): drafter step {1e3 * cost.drafter.call_s(1):.1f} ms; target call "
             + ", ".join(f"{1e3 * float(t):.1f}" for t in cost.target.by_width_s.values())
             + f" ms at widths {', '.join(cost.target.by_width_s)}; round overhead "

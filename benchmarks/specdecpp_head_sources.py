@@ -1,7 +1,7 @@
 """Two SpecDec++ heads on the same HumanEval prompts: Figure 4's rates from
 each head's phase-1 counts log (``benchmarks/configs/specdecpp.gin`` with
 ``counts_only=True``), with tokens/s priced by the cost model of a benchmark
-report (``jobs.cost``; its calibrated ``cost_model``, or the ``latency_model``
+report (``decode.cost``; its calibrated ``cost_model``, or the ``latency_model``
 fit stored by reports made before it) and by a device's in-loop steps.
 
 The logs may cover different prompt counts; ``batches`` picks the batches

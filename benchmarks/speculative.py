@@ -27,7 +27,7 @@ import numpy as np
 from benchmarks import peers, shared
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import registry
-from specdec_jax.decoding import required_cache_length
+from specdec_jax.decode.round import required_cache_length
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt

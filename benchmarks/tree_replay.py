@@ -17,7 +17,7 @@ greedy output computed once per prompt:
         a = max { depth(i) : the path root -> i equals y[g : g + depth(i)] }  (0 if none)
         emit y[g : g + a + 1], cut at EOS and at max_new_tokens; g += what was emitted
 
-This is ``tree_decoding``'s round with the target's argmax read from ``y``
+This is ``decode.tree``'s round with the target's argmax read from ``y``
 (a chain is the tree of width 1), so the accepted histogram equals the real
 loop's, round for round, as long as the real loop's greedy tokens are ``y``
 (``tests/test_tree_replay.py`` checks it on toys; the trees benchmark checks
@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import api, sampling
+from specdec_jax.decode.tree import tree_depth
 from specdec_jax.drafting.base import Context
 from specdec_jax.loops import write_rows
 from specdec_jax.models.interface import Prompt, make_prompt
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.tree_decoding import tree_depth
 from specdec_jax.verify import tree as verify_tree
 
 

@@ -3,7 +3,7 @@ verifiers compared on the same trees, and predicted accelerator speedups.
 
 The pair (Qwen2.5-Coder 1.5B target, 0.5B drafter by default) on the first
 ``num_prompts`` prompts of a task (HumanEval), each prompt decoded at batch 1
-by the jitted decoding loops (``decoding`` for chains, ``tree_decoding`` for
+by the jitted decoding loops (``decode.chain`` for chains, ``decode.tree`` for
 trees; one compiled program per configuration, the prompts right-padded to
 one width). A configuration (a dict in ``configs``) is:
 
@@ -12,7 +12,7 @@ one width). A configuration (a dict in ``configs``) is:
   token, best-first trees its ``bigram.TOP_K`` continuations, ``bigram.load_table``);
 * ``tree``: ``'chain:G'`` (the chain decoder, G drafts), static widths per
   depth (``'3,2,1,1'``), ``'dynamic:DEPTH,EXPAND,CHILDREN'`` (EAGLE-2's
-  dynamic tree, model drafters only; ``tree_decoding.TreeSpec``), or
+  dynamic tree, model drafters only; ``decode.tree.TreeSpec``), or
   ``'trie:NODES,DEPTH'`` (Max-Gram only: ``drafting.tree.MaxGramTrieDrafter``,
   a best-first tree of NODES nodes, at most DEPTH deep);
 * ``temperature``;
@@ -44,7 +44,7 @@ Figures, per configuration (95% intervals: percentile bootstrap over prompts,
   ``gpu_steps`` (in-loop step costs measured on that GPU from random weights of
   the real shapes: ``bench_feature_steps`` or ``bench_accelerator`` reports):
   ``sum(accepted + 1) x t_target(1) / (rounds x t_target(W) + drafter calls)``
-  (``jobs.cost.CostModel``), ``W`` the target call's width (``G + 1`` for a
+  (``decode.cost.CostModel``), ``W`` the target call's width (``G + 1`` for a
   chain, ``N + 1`` for a tree of N nodes). A width the report did not measure
   is priced by the least-squares line through its K >= 2 steps, labelled
   *fit* inside the measured range and *extrapolated* beyond it; drafter calls
@@ -85,16 +85,16 @@ import numpy as np
 from benchmarks import shared, tree_replay
 from specdec_jax import api, precision
 from specdec_jax.data import bigram, metrics, tasks
+from specdec_jax.decode import cost as cost_lib
+from specdec_jax.decode.tree import TreeDecoder, TreeSpec
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTreeDrafter, MaxGramTrieDrafter, TreeShape
-from specdec_jax.jobs import cost as cost_lib
 from specdec_jax.jobs import tables, tpu_aot, tpu_compile, tpu_programs
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.tree_decoding import TreeDecoder, TreeSpec
 from specdec_jax.verify import VERIFIERS, get_verifier
 
 DRAFTERS = ("model", "mag")
@@ -680,7 +680,7 @@ def run_bench_trees(*, target: str = "qwen2.5-coder-1.5b", drafter: str = "qwen2
     if report.get("protocol") != protocol:
         report = {}
     report.update(protocol=protocol, note=note, precision=precision.resolve_dtype("auto"),
-                  decoding="the jitted loops (decoding / tree_decoding), batch 1",
+                  decoding="the jitted loops (decode.chain / decode.tree), batch 1",
                   gpu={label: {"path": gpu_steps[label], "device": g["device"],
                                "target_widths": sorted(g["target"]),
                                "drafter_widths": sorted(g["drafter"]),

@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks import shared
 from specdec_jax import api, precision
-from specdec_jax.decoding import required_cache_length
+from specdec_jax.decode.round import required_cache_length
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models.interface import make_prompt

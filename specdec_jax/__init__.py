@@ -10,7 +10,9 @@ from specdec_jax.api import (
     make_generate_fn,
     sampling_params,
 )
-from specdec_jax.decoding import GenerationOutput, GenerationStats
+from specdec_jax.decode.methods import METHOD_NAMES as METHODS
+from specdec_jax.decode.stats import GenerationOutput, GenerationStats
+from specdec_jax.decode.tree import TreeSpec
 from specdec_jax.drafting import (
     HorizontalCascade,
     MaxGramDrafter,
@@ -21,19 +23,17 @@ from specdec_jax.drafting import (
 )
 from specdec_jax.drafting.tree import DynamicTreeDrafter, StaticTreeDrafter, TreeShape
 from specdec_jax.models import (
-                                DecoderCache,
-                                DecoderConfig,
-                                DecoderOnlyLM,
-                                LanguageModel,
-                                Prompt,
-                                StepOutput,
-                                T5Config,
-                                T5EncoderDecoderLM,
-                                make_prompt,
+    DecoderCache,
+    DecoderConfig,
+    DecoderOnlyLM,
+    LanguageModel,
+    Prompt,
+    StepOutput,
+    T5Config,
+    T5EncoderDecoderLM,
+    make_prompt,
 )
 from specdec_jax.sampling import SamplingParams
-from specdec_jax.target_functions import METHODS
-from specdec_jax.tree_decoding import TreeSpec
 from specdec_jax.verify import TREE_VERIFIERS, VERIFIERS, get_verifier
 
 __version__ = "0.1.0"

@@ -27,37 +27,35 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling, target_functions
-from specdec_jax.cascade_baselines import MAX_CONSECUTIVE_DRAFTS, MODES, DraftUntilDecoder
-from specdec_jax.decoding import (
-    MIN_SCRATCH,
-    AutoregressiveDecoder,
-    EndOfBlockStop,
-    GenerationOutput,
-    SpeculativeDecoder,
-    required_cache_length,
-)
-from specdec_jax.drafting import ModelDrafter, drafter_gamma, is_drafter
-from specdec_jax.models.decoder_only import DecoderOnlyLM, with_kernel_layout
-from specdec_jax.models.interface import LanguageModel, Prompt, check_tokens, make_prompt
-from specdec_jax.models.layers import OUT_IN
-from specdec_jax.sampling import SamplingParams
-from specdec_jax.tree_decoding import (
+from specdec_jax.decode import methods
+from specdec_jax.decode.autoregressive import AutoregressiveDecoder
+from specdec_jax.decode.cascade_baselines import MAX_CONSECUTIVE_DRAFTS, DraftUntilDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
+from specdec_jax.decode.round import EndOfBlockStop
+from specdec_jax.decode.stats import GenerationOutput
+from specdec_jax.decode.tree import (
     TreeDecoder,
     TreeSpec,
+    check_drafter_draws,
     check_greedy_temperature,
     is_tree_drafter,
     make_tree_drafter,
 )
-from specdec_jax.verify import get_verifier, requested_draws
+from specdec_jax.drafting import MaxGramDrafter, ModelDrafter, drafter_gamma, is_drafter
+from specdec_jax.drafting.tree import MaxGramTreeDrafter
+from specdec_jax.models.decoder_only import DecoderOnlyLM, with_kernel_layout
+from specdec_jax.models.interface import (
+    LanguageModel,
+    Prompt,
+    check_tokens,
+    make_prompt,
+    supports_trees,
+)
+from specdec_jax.models.layers import OUT_IN
+from specdec_jax.sampling import SamplingParams
+from specdec_jax.verify import TREE_VERIFIERS, VERIFIERS, get_verifier, requested_draws
 
 DEFAULT_GAMMA = 5
-# The kinds of decoder, one round structure each (``DecoderSpec.kind``).
-AUTOREGRESSIVE = "autoregressive"  # the target alone, a token a step
-CHAIN = "chain"  # draft G, score G + 1, verify a chain (decoding.SpeculativeDecoder)
-TREE = "tree"  # draft a token tree, score it in one call (tree_decoding.TreeDecoder)
-ORACLE = "oracle"  # a G = 0 round with the Diff rule: both models at every position
-DRAFT_UNTIL = "draft-until"  # the drafter runs until a rule calls the target
-#                              (cascade_baselines.DraftUntilDecoder)
 
 
 def decode_layout(model: LanguageModel, params: Any) -> tuple[LanguageModel, Any]:
@@ -125,7 +123,7 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     ``make_drafter`` for the spec strings). ``gamma`` defaults to 5, or to the
     block length a K-matrix fixes (a different explicit gamma is an error).
 
-    The cascade baselines (``cascade_baselines.py``): ``oracle`` is a ``G = 0`` round
+    The cascade baselines (``decode.cascade_baselines``): ``oracle`` is a ``G = 0`` round
     with the Diff rule (both models at every position); ``token-cascade``
     (Chow) and ``bild-original`` let the drafter run up to ``gamma`` tokens
     (default 10, the paper's cap) before the target is called;
@@ -133,14 +131,14 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
     besides ``eos_ids`` (e.g. at the end of a Python function).
 
     ``rounds_per_sync`` (default 1): rounds run between two reads of the loop's
-    condition (``decoding.loop_until_done``); on a GPU, where each read is a
+    condition (``decode.round.loop_until_done``); on a GPU, where each read is a
     host round trip, a few (4-8) save that wait per round. Outputs are
     identical for every value.
 
     ``verifier``: chains ``token`` (the default), ``block`` or ``block-seed``.
 
     ``tree`` drafts a token tree per round instead of a chain
-    (``tree_decoding``): widths per depth (``(3, 2, 1, 1)``, ``[3, 2, 1, 1]``
+    (``decode.tree``): widths per depth (``(3, 2, 1, 1)``, ``[3, 2, 1, 1]``
     or ``"3,2,1,1"``, a static tree), ``"dynamic:DEPTH,EXPAND,CHILDREN"``
     (EAGLE-2's dynamic tree), or any static shape by its parents
     (``"parents:-1,-1,0"``, a ``TreeShape`` or ``TreeSpec``), from a
@@ -162,10 +160,64 @@ def make_decoder(*, target: LanguageModel, drafter: Any = None,
 
 
 @dataclasses.dataclass(frozen=True)
+class DrafterFacts:
+    """What a request's checks need to know of its drafter before any weights
+    load (``drafter_facts`` reads them off a drafter; the CLI off its
+    ``--draft`` spec): whether it is a drafting strategy rather than one model
+    sampled token by token, the block length a K-matrix fixes, whether it
+    already drafts trees or can draft them (one decoder-only model or
+    Max-Gram), and whether it is Max-Gram (its tree children are chosen, not drawn)."""
+
+    strategy: bool = False
+    fixed_gamma: int | None = None
+    drafts_trees: bool = False
+    drafts_tree_shapes: bool = True
+    max_gram: bool = False
+
+
+def drafter_facts(drafter: Any) -> DrafterFacts | None:
+    """The ``DrafterFacts`` of a drafter object (None: no drafter)."""
+    if drafter is None or isinstance(drafter, DrafterFacts):
+        return drafter
+    model = drafter.model if isinstance(drafter, ModelDrafter) else drafter
+    max_gram = isinstance(drafter, MaxGramDrafter)
+    return DrafterFacts(
+        strategy=is_drafter(drafter), drafts_trees=is_tree_drafter(drafter),
+        fixed_gamma=drafter_gamma(drafter) if is_drafter(drafter) else None,
+        drafts_tree_shapes=max_gram or (not is_drafter(model) and supports_trees(model)),
+        max_gram=max_gram)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentNames:
+    """How the caller spells each argument, so one checker's errors name the
+    argument the user typed: ``tree=`` here, ``--tree`` on the command line,
+    ``run_generate.tree`` in a gin job."""
+
+    method: str = "method"
+    gamma: str = "gamma"
+    tree: str = "tree"
+    verifier: str = "verifier"
+    drafter: str = "drafter"
+    k_matrix: str = "the drafter's K-matrix"
+
+    def say(self, name: str, value) -> str:
+        """``--gamma 3`` for a flag, ``gamma=3`` for a keyword argument."""
+        flag = getattr(self, name)
+        return f"{flag} {value}" if flag.startswith("-") else f"{flag}={value!r}"
+
+
+API_NAMES = ArgumentNames()
+CLI_NAMES = ArgumentNames(method="--method", gamma="--gamma", tree="--tree",
+                          verifier="--verifier", drafter="--draft", k_matrix="--k-matrix")
+
+
+@dataclasses.dataclass(frozen=True)
 class DecoderSpec:
-    """What one decoder is made of, resolved once from ``make_decoder``'s
-    arguments (``decoder_spec``): its ``kind``, the target function its
-    rounds apply, its verifier strategy, its draft length (a chain's G, the
+    """What one decoder is made of, resolved once from a request
+    (``decoder_spec``): its ``kind`` (``decode.methods``: autoregressive,
+    chain, tree, oracle or draft-until), the target function its rounds
+    apply, its verifier strategy, its draft length (a chain's G, the
     draft-until cap) and its tree. Hashable, like the decoders it builds."""
 
     method: str
@@ -177,41 +229,119 @@ class DecoderSpec:
 
 
 def decoder_spec(method: str, *, drafter: Any, gamma: int | None = None,
-                 verifier: str | None = None, tree: TreeSpec | None = None) -> DecoderSpec:
-    """The ``DecoderSpec`` of a request, with every error it can raise before
-    a model is touched: an unknown method or verifier, a tree where none
-    applies, a gamma that conflicts with the drafter or the tree."""
-    if method not in target_functions.METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of "
-                         f"{', '.join(target_functions.METHODS)}.")
-    if method == AUTOREGRESSIVE:
+                 verifier: str | None = None, tree: Any = None,
+                 temperature: float | None = None, alpha: float | None = None,
+                 beta: float = 1.0, names: ArgumentNames = API_NAMES) -> DecoderSpec:
+    """The one place a request is checked: the ``DecoderSpec`` it makes, with
+    every error it can raise before a model is touched. The API, the CLI
+    (``CLI_NAMES``) and the gin jobs call it; ``names`` spells the arguments
+    as the caller's user typed them.
+
+    ``drafter``: a drafter (a ``LanguageModel`` or a drafting strategy), its
+    ``DrafterFacts`` (a caller that has not loaded it), or None. Refused: an
+    unknown method, verifier or tree; an alpha (or beta) outside the method's
+    range (when given); a drafter, tree or verifier the method does not take;
+    a gamma that conflicts with the drafter's K-matrix or with a tree; a tree
+    verifier without a tree (or with no tree form, or unfit for the method's
+    pi, or 'greedy' at a temperature above 0, when given); a drafting strategy
+    where a method runs one model token by token.
+    """
+    entry = methods.get_method(method)
+    if gamma is not None and gamma < 1:
+        raise ValueError(f"{names.gamma} (draft length G) must be >= 1, got {gamma}.")
+    if alpha is not None:
+        entry.check_alpha(alpha, beta)
+    facts = drafter_facts(drafter)
+    if not entry.drafts:
         if tree is not None:
-            raise ValueError("method 'autoregressive' drafts nothing, so it takes no tree; "
-                             "drop tree= or pick a speculative method (e.g. 'specdecode').")
-        return DecoderSpec(method, AUTOREGRESSIVE)
-    if drafter is None:
-        raise ValueError(f"method {method!r} needs a drafter model.")
-    if tree is not None or is_tree_drafter(drafter):
-        if method in MODES or method == ORACLE:
-            raise ValueError(f"method {method!r} verifies no drafted block; it takes no tree.")
-        if gamma is not None:
-            raise ValueError("gamma is a chain's draft length; a tree's size is its shape "
-                             "(tree=...). Drop gamma.")
-        return DecoderSpec(method, TREE, target_functions.get_target(method),
-                           get_verifier(verifier, tree=True), tree=tree)
-    chain_verifier = get_verifier(verifier)
-    if method in MODES:
-        if is_drafter(drafter):
-            raise ValueError(f"method {method!r} runs a drafter model token by token; pass a "
-                             "LanguageModel, not a drafting strategy.")
-        return DecoderSpec(method, DRAFT_UNTIL, gamma=effective_gamma(method, drafter, gamma))
-    if method == ORACLE:
-        return DecoderSpec(method, ORACLE, target_functions.Diff(), chain_verifier)
-    gamma = resolve_gamma(drafter, gamma)
-    if gamma < 1:
-        raise ValueError(f"gamma (draft length) must be >= 1, got {gamma}.")
-    return DecoderSpec(method, CHAIN, target_functions.get_target(method), chain_verifier,
-                       gamma=gamma)
+            raise ValueError(f"{names.say('method', method)} drafts nothing, so it takes no "
+                             f"{names.tree}; drop {names.tree} or pick a speculative method "
+                             "(e.g. 'specdecode').")
+        if verifier is not None:
+            raise ValueError(f"{names.say('verifier', verifier)} does not apply to "
+                             f"{names.say('method', method)}, which verifies no drafted block; "
+                             f"drop {names.verifier}.")
+        return DecoderSpec(method, methods.AUTOREGRESSIVE)
+    if facts is None:
+        raise ValueError(f"{names.say('method', method)} needs a drafter model.")
+    if tree is not None or facts.drafts_trees:
+        return _tree_spec(entry, facts, gamma, verifier, tree, temperature, names)
+    if entry.kind == methods.DRAFT_UNTIL:
+        if verifier is not None:
+            raise ValueError(f"{names.say('verifier', verifier)} does not apply to "
+                             f"{names.say('method', method)}, which verifies no drafted block; "
+                             f"drop {names.verifier}.")
+        if facts.strategy:
+            raise ValueError(f"{names.say('method', method)} runs one drafter model token by "
+                             f"token; {names.drafter} is a drafting strategy: pass one model.")
+        return DecoderSpec(method, methods.DRAFT_UNTIL,
+                           gamma=MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma)
+    chain_verifier = _chain_verifier(verifier, names)
+    if entry.kind == methods.ORACLE:
+        return DecoderSpec(method, methods.ORACLE, entry.target_fn, chain_verifier)
+    gamma = _chain_gamma(facts, gamma, names)
+    return DecoderSpec(method, methods.CHAIN, entry.target_fn, chain_verifier, gamma=gamma)
+
+
+def _chain_verifier(verifier: str | None, names: ArgumentNames):
+    """A chain verifier; a tree verifier's name asks for a tree."""
+    try:
+        return get_verifier(verifier)
+    except ValueError as error:
+        if verifier in TREE_VERIFIERS:
+            raise ValueError(f"{names.say('verifier', verifier)} verifies token trees; add "
+                             f"{names.tree} (e.g. {names.say('tree', '3,2,1,1')}) or use a "
+                             f"chain verifier: {', '.join(VERIFIERS)}.") from error
+        raise
+
+
+def _chain_gamma(facts: DrafterFacts, gamma: int | None, names: ArgumentNames) -> int:
+    """The round's block length: a K-matrix fixes its own."""
+    fixed = facts.fixed_gamma
+    if fixed is not None and gamma is not None and gamma != fixed:
+        raise ValueError(f"{names.say('gamma', gamma)} conflicts with {names.k_matrix}, which "
+                         f"drafts {fixed} tokens per round (the sum of its first row); drop "
+                         f"{names.gamma} or change the K-matrix.")
+    return fixed if fixed is not None else DEFAULT_GAMMA if gamma is None else gamma
+
+
+def _tree_spec(entry: methods.Method, facts: DrafterFacts, gamma, verifier, tree, temperature,
+               names: ArgumentNames) -> DecoderSpec:
+    """A tree request: a chain method, no gamma, a parsed shape, a drafter that
+    drafts trees, and a tree verifier that fits the method and the temperature."""
+    where = names.tree if tree is None else f"{names.tree} = {tree!r}"
+    if not entry.verifies_block:
+        raise ValueError(f"{where}: {names.say('method', entry.name)} verifies no drafted "
+                         f"block, so it takes no tree; use a speculative method (specdecode, "
+                         f"a cascade target function) or drop {names.tree}.")
+    if gamma is not None or facts.fixed_gamma is not None:
+        raise ValueError(f"{where} sets the round's drafts by its shape; drop {names.gamma}"
+                         f"{f' ({gamma})' if gamma is not None else ''} and {names.k_matrix}.")
+    spec = None
+    if tree is not None:
+        try:
+            spec = TreeSpec.parse(tree)
+        except ValueError as error:
+            raise ValueError(f"{names.tree}: {error}") from error
+        if facts.drafts_trees:
+            raise ValueError(f"{where}: the {names.drafter} drafts trees itself; drop "
+                             f"{names.tree}.")
+        if not facts.drafts_tree_shapes:
+            raise ValueError(f"{where}: trees are drafted from one decoder-only drafter model "
+                             f"or Max-Gram; this {names.drafter} drafts chains only for now.")
+    try:
+        checked = get_verifier(verifier, tree=True)
+        if temperature is not None:
+            check_greedy_temperature(verifier, temperature)
+        if facts.max_gram:
+            check_drafter_draws(MaxGramTreeDrafter, checked)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from error
+    if getattr(checked, "needs_normalised_law", False) and not entry.target_fn.normalised:
+        raise ValueError(f"{where}: the {checked.name!r} tree verifier needs a normalised pi, "
+                         f"and {entry.name!r} weighs tokens with an unnormalised one; verify "
+                         "with 'greedy' (T = 0) or draw a chain.")
+    return DecoderSpec(entry.name, methods.TREE, entry.target_fn, checked, tree=spec)
 
 
 @functools.lru_cache(maxsize=64)
@@ -224,43 +354,24 @@ def _make_decoder(*, target, drafter, method, gamma, verifier, max_new_tokens, t
     options = dict(max_new_tokens=max_new_tokens,
                    sampling_config=sampling.SamplingConfig(top_k=top_k), eos_ids=eos_ids,
                    pad_id=pad_id, stop_rule=stop_rule, rounds_per_sync=rounds_per_sync)
-    if spec.kind == AUTOREGRESSIVE:
+    if spec.kind == methods.AUTOREGRESSIVE:
         return AutoregressiveDecoder(target=target, **options)
     _check_pair(target, drafter)
-    if spec.kind == TREE:
+    if spec.kind == methods.TREE:
         drafter = make_tree_drafter(drafter, spec.tree, draws=requested_draws(spec.verifier))
         return TreeDecoder(target=target, drafter=drafter, target_fn=spec.target_fn,
                            verifier=spec.verifier, **options)
-    if spec.kind == DRAFT_UNTIL:
+    if spec.kind == methods.DRAFT_UNTIL:
         return DraftUntilDecoder(target=target, drafter=drafter, mode=spec.method,
                                  max_drafts=spec.gamma, fallback_alpha=fallback_alpha, **options)
     return SpeculativeDecoder(target=target, drafter=drafter, target_fn=spec.target_fn,
                               gamma=spec.gamma, verifier=spec.verifier, **options)
 
 
-def effective_gamma(method: str, drafter, gamma: int | None) -> int:
-    """The draft length a method's decoder runs with (what its caches must hold):
-    0 for autoregressive decoding and the oracle, the 10-token cap (or ``gamma``)
-    for the draft-until baselines, else ``resolve_gamma``."""
-    if method in (AUTOREGRESSIVE, ORACLE):
-        return 0
-    if method in MODES:
-        return MAX_CONSECUTIVE_DRAFTS if gamma is None else gamma
-    if drafter is None:
-        return DEFAULT_GAMMA if gamma is None else gamma
-    return resolve_gamma(drafter, gamma)
-
-
 def resolve_gamma(drafter, gamma: int | None) -> int:
-    """The round's block length: a K-matrix drafter fixes its own."""
-    fixed = drafter_gamma(drafter) if is_drafter(drafter) else None
-    if fixed is None:
-        return DEFAULT_GAMMA if gamma is None else gamma
-    if gamma is not None and gamma != fixed:
-        raise ValueError(f"gamma={gamma} conflicts with the drafter, which drafts {fixed} tokens "
-                         "per round (the sum of its K-matrix's first row); drop gamma or "
-                         "change the K-matrix.")
-    return fixed
+    """The round's block length for a chain: ``gamma`` (default 5), or the one
+    a K-matrix drafter fixes (a different explicit gamma is an error)."""
+    return _chain_gamma(drafter_facts(drafter), gamma, API_NAMES)
 
 
 def make_generate_fn(*, target: LanguageModel, drafter: Any = None,
@@ -334,7 +445,7 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
       prompts: token-id lists (ragged is fine) or a ``Prompt``.
       drafter, drafter_params: the small model, or a drafting strategy and its
         params (``make_drafter``); unused for ``autoregressive``.
-      method: one of ``target_functions.METHODS``.
+      method: one of ``decode.methods.METHODS``.
       alpha, beta: lenience of the method (see ``target_functions.py`` for each range).
       gamma: draft block length G (default 5; a K-matrix drafter fixes its own).
       verifier: ``token`` (default) | ``block`` | ``block-seed``; with ``tree``,
@@ -357,10 +468,8 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
       ``GenerationOutput`` with tokens [B, max_new_tokens], lengths [B] and
       per-row statistics.
     """
-    if method not in target_functions.METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of "
-                         f"{', '.join(target_functions.METHODS)}.")
-    target_functions.validate_alpha(method, alpha, beta)
+    decoder_spec(method, drafter=drafter, gamma=gamma, verifier=verifier, tree=tree,
+                 temperature=temperature, alpha=alpha, beta=beta)
     prompt = prompts if isinstance(prompts, Prompt) else _to_prompt(prompts)
     check_tokens(prompt.tokens, target.vocab_size, "generate(prompts)")
     sp = sampling_params(temperature=temperature, top_p=top_p, alpha=alpha, beta=beta,
@@ -369,18 +478,10 @@ def generate(*, target: LanguageModel, target_params: Any, prompts: Sequence[Seq
                            verifier=verifier, max_new_tokens=max_new_tokens, top_k=top_k,
                            eos_ids=eos_ids, pad_id=pad_id, rounds_per_sync=rounds_per_sync,
                            tree=tree)
-    if isinstance(decoder, TreeDecoder):
-        check_greedy_temperature(verifier, temperature)
-        room, what = decoder.gamma, f"{decoder.num_nodes} tree nodes"
-    else:
-        room = effective_gamma(method, drafter, gamma)
-        what = f"gamma {room}"
-    needed = required_cache_length(prompt.tokens.shape[1], max_new_tokens, room)
+    needed, terms = decoder.needed_room(prompt.tokens.shape[1])
     if max_cache_length is not None and needed > max_cache_length:
         raise ValueError(
-            f"prompt width {prompt.tokens.shape[1]} + max_new_tokens {max_new_tokens} + "
-            f"room for {what} (at least {MIN_SCRATCH}) + 1 needs a cache of {needed} "
-            f"positions, beyond max_cache_length "
+            f"{terms} needs a cache of {needed} positions, beyond max_cache_length "
             f"{max_cache_length}; lower max_new_tokens, shorten the prompts"
             f"{' or draft a smaller tree' if isinstance(decoder, TreeDecoder) else ''}.")
     fn = _jitted_generate(decoder)

@@ -304,38 +304,11 @@ TARGETS: dict[str, type[TargetFunction]] = {
     cls.name: cls for cls in (SpecDecode, Lossy, LossyTuned, BiLD, Chow, Diff, OPT, DiffLog, OPTLog,
                               TokenV1, TokenV2, TokenV3)
 }
-# Cascade baselines that are not a target function in a speculative round
-# (``cascade_baselines.py``): the oracle (a G = 0 round with Diff), the sequential token
-# cascade (Chow) and the original Big-Little Decoder.
-BASELINES: dict[str, tuple[float, float]] = {
-    "oracle": Diff.alpha_range, "token-cascade": Chow.alpha_range,
-    "bild-original": BiLD.alpha_range}
-METHODS = ("autoregressive",) + tuple(TARGETS) + tuple(BASELINES)
 
 
-def defers(method: str) -> bool:
-    """Whether ``method`` hands positions to the target by a deferral rule, so
-    its deferred mass is a statistic worth reporting (speculative and lossy
-    decoding, and autoregressive decoding, defer nothing)."""
-    if method in BASELINES:
-        return True
-    cls = TARGETS.get(method)
-    return cls is not None and issubclass(cls, (DeferralRule, TokenRule))
-
-
-def validate_alpha(method: str, alpha: float, beta: float = 1.0) -> None:
-    """Checks a method's hyperparameters (host side, before compiling)."""
-    if method in BASELINES:
-        low, high = BASELINES[method]
-        if not low <= alpha <= high:
-            raise ValueError(f"alpha={alpha} is outside [{low}, {high}], the range of method "
-                             f"{method!r}.")
-    elif method != "autoregressive":
-        get_target(method).validate(alpha, beta)
-
-
-def get_target(method: str) -> TargetFunction:
-    """The target function for a method name (see ``METHODS``)."""
-    if method not in TARGETS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}.")
-    return TARGETS[method]()
+def get_target(name: str) -> TargetFunction:
+    """The target function of a name (a chain method's: ``decode.methods``)."""
+    if name not in TARGETS:
+        raise ValueError(f"unknown target function {name!r}; choose one of "
+                         f"{', '.join(TARGETS)}.")
+    return TARGETS[name]()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax.decoding import MIN_SCRATCH
+from specdec_jax.decode.round import MIN_SCRATCH
 from tests.table_lm import TableLM
 
 V = 16

@@ -28,9 +28,9 @@ import pytest
 
 import specdec_jax as sj
 from specdec_jax import verify
+from specdec_jax.decode.tree import TreeDecoder
 from specdec_jax.drafting.tree import StaticTreeDrafter, TreeShape
 from specdec_jax.sampling import WITH_REPLACEMENT
-from specdec_jax.tree_decoding import TreeDecoder
 from tests import exactness
 
 ROWS = 20_000

@@ -15,7 +15,8 @@ from benchmarks import accelerator
 from benchmarks import main as bench_main
 from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
-from specdec_jax.jobs import cost, resolver
+from specdec_jax.decode import cost
+from specdec_jax.jobs import resolver
 from specdec_jax.models.decoder_only import DecoderOnlyLM
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing

@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks import feature_drafter
 from specdec_jax.checkpoints.feature_head_io import save_feature_head, target_fingerprint
-from specdec_jax.jobs import cost, resolver
+from specdec_jax.decode import cost
+from specdec_jax.jobs import resolver
 from specdec_jax.models import feature_head
 from tests.test_bench_pair_jobs import byte_table, run_job  # noqa: F401 (fixture)
 

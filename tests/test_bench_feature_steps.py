@@ -12,7 +12,7 @@ import pytest
 from benchmarks import feature_steps
 from benchmarks import main as bench_main
 from specdec_jax import precision
-from specdec_jax.jobs import cost
+from specdec_jax.decode import cost
 
 TINY_CONFIG = "benchmarks/configs/feature_steps_tiny.gin"
 

@@ -18,7 +18,8 @@ from benchmarks import main as bench_main
 from specdec_jax import api
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram, humaneval
-from specdec_jax.jobs import cost, resolver
+from specdec_jax.decode import cost
+from specdec_jax.jobs import resolver
 from specdec_jax.runtime import timing
 
 TOYS = ["TARGET = 'toy-bytes-large'", "DRAFTER = 'toy-bytes-small'"]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import api, target_functions
-from specdec_jax.cascade_baselines import DraftUntilDecoder, sequence_cascade
+from specdec_jax.decode.cascade_baselines import DraftUntilDecoder, sequence_cascade
 from specdec_jax.models.interface import make_prompt
 from tests.exactness import (
     DRAFTER,

@@ -93,8 +93,8 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
 
     from specdec_jax import api
     from specdec_jax.drafting import model_drafter
-    from specdec_jax.jobs import cost
     from specdec_jax.jobs import generate as cli_generate
+    from specdec_jax.runtime import calibration
     from tests.table_lm import TableLM
 
     widths = model_drafter.default_catch_up_widths(backend)
@@ -110,9 +110,9 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
                        gamma=3, max_new_tokens=12)
     summary = cli_generate._summary([out], [1.0], 3, "specdecode")
     assert summary["drafter_calls"] == int(np.asarray(out.stats.drafter_calls).sum()) > 0
-    costs = cost.price_chain_run(target=model, target_params=target_params, drafter=model,
+    costs = calibration.price_chain_run(target=model, target_params=target_params, drafter=model,
                                  drafter_params=drafter_params, gamma=3, run=summary,
-                                 timer=cost.CallTimer())
+                                 timer=calibration.CallTimer())
     rounds = summary["target_calls"]
     assert costs["tokens_per_target_call"] == pytest.approx(summary["tokens"] / rounds)
     assert costs["drafter_calls_per_round"] == pytest.approx(summary["drafter_calls"] / rounds)
@@ -123,9 +123,9 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
                         drafter_params=target_params, prompts=[[1, 2]], method="specdecode",
                         gamma=3, max_new_tokens=12)
     same_summary = cli_generate._summary([same], [1.0], 3, "specdecode")
-    same_costs = cost.price_chain_run(target=model, target_params=target_params,
+    same_costs = calibration.price_chain_run(target=model, target_params=target_params,
                                       drafter=model, drafter_params=target_params, gamma=3,
-                                      run=same_summary, timer=cost.CallTimer())
+                                      run=same_summary, timer=calibration.CallTimer())
     same_rounds = same_summary["target_calls"]
     assert same_summary["accepted_histogram"][3] == same_rounds > 1
     if backend == "gpu":
@@ -258,13 +258,12 @@ class _StubTimers:
     (K - 1) ms; every timing asked for is recorded."""
 
     def __init__(self, monkeypatch, target):
-        from specdec_jax.jobs import cost  # noqa: PLC0415
-        from specdec_jax.runtime import timing  # noqa: PLC0415
+        from specdec_jax.runtime import calibration, timing  # noqa: PLC0415
 
         self.target, self.asked = target, []
         monkeypatch.setattr(timing, "in_loop_step", self.step)
         monkeypatch.setattr(timing, "in_loop_steps_in_turn", self.steps_in_turn)
-        monkeypatch.setattr(cost, "in_loop_tree_call", self.tree_call)
+        monkeypatch.setattr(calibration, "in_loop_tree_call", self.tree_call)
 
     def seconds(self, model, k):
         return 0.100 + 0.002 * (k - 1) if model is self.target else 0.020 + 0.004 * (k - 1)
@@ -299,14 +298,15 @@ def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypa
     timed: the target over 22 nodes, the drafter's step, one call per scored
     depth of 3, 6 and 6 nodes (6 timed once), the 5-token catch-up after a whole path) and the
     cost model after it (the same calls, the run's counters), by hand."""
+    from specdec_jax.decode import cost  # noqa: PLC0415
     from specdec_jax.drafting.tree import TreeShape  # noqa: PLC0415
-    from specdec_jax.jobs import cost  # noqa: PLC0415
     from specdec_jax.jobs import generate as cli_generate  # noqa: PLC0415
+    from specdec_jax.runtime import calibration  # noqa: PLC0415
 
     target, drafter = _toy_pair()
     timers = _StubTimers(monkeypatch, target)
-    timer = cost.CallTimer()
-    choice = cost.predict_tree(
+    timer = calibration.CallTimer()
+    choice = calibration.predict_tree(
         tree="3,2,1,1", target_name="toy-a", drafter_name="toy-b", target=target,
         target_params=None, drafter=drafter, drafter_params=None, timer=timer)
     alpha = cost.DEFAULT_ALPHA  # a pair with no measured acceptance
@@ -335,7 +335,7 @@ def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypa
     asked = len(timers.asked)
     run = {"tokens": 40, "target_calls": 10, "drafter_calls": 40,
            "accepted_histogram": [1, 2, 3, 2, 2]}
-    model = cost.price_tree_run(
+    model = calibration.price_tree_run(
         tree="3,2,1,1", target=target, target_params=None, drafter=drafter,
         drafter_params=None, run=run, timer=timer, alpha=alpha)
     assert len(timers.asked) == asked
@@ -354,24 +354,25 @@ def test_a_cascade_tree_scores_its_deepest_depth_and_max_gram_costs_nothing(monk
     """A cascade (pi needs the drafter's law at the leaves) scores every depth
     and never catches up; a dynamic tree's depths are its fixed widths; a
     Max-Gram tree's round is the target's call alone."""
-    from specdec_jax.jobs import cost  # noqa: PLC0415
+    from specdec_jax.decode import cost  # noqa: PLC0415
     from specdec_jax.jobs import generate as cli_generate  # noqa: PLC0415
+    from specdec_jax.runtime import calibration  # noqa: PLC0415
 
     target, drafter = _toy_pair()
     _StubTimers(monkeypatch, target)
     assert cost.tree_scores_leaves("token-v3") and not cost.tree_scores_leaves("specdecode")
     run = {"tokens": 30, "target_calls": 10, "drafter_calls": 60,
            "accepted_histogram": [0, 0, 0, 0, 0, 10]}
-    model = cost.price_tree_run(
+    model = calibration.price_tree_run(
         tree="dynamic:5,2,3", target=target, target_params=None, drafter=drafter,
-        drafter_params=None, run=run, timer=cost.CallTimer(), with_next=True)
+        drafter_params=None, run=run, timer=calibration.CallTimer(), with_next=True)
     assert model["num_nodes"] == 27 and model["level_widths"] == [3, 6, 6, 6, 6]
     assert model["catch_ups_per_round"] == 0
     assert model["round_s"] == pytest.approx(0.154 + 0.020 + 0.028 + 4 * 0.040)
-    mag = cost.price_tree_run(
+    mag = calibration.price_tree_run(
         tree="4,2,1", target=target, target_params=None, drafter=object(),
         drafter_params=None, run=dict(run, drafter_calls=0, accepted_histogram=[5, 3, 1, 1]),
-        timer=cost.CallTimer())
+        timer=calibration.CallTimer())
     assert mag["round_s"] == pytest.approx(0.100 + 0.002 * 20)  # 4 + 8 + 8 nodes + the root
     assert "drafter calls" not in cli_generate.explain_tree(mag, None)
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
+from specdec_jax.decode import cost
 from specdec_jax.drafting.tree import TreeShape
-from specdec_jax.jobs import cost
-from specdec_jax.runtime import timing
+from specdec_jax.runtime import calibration, timing
 from tests.table_lm import TableLM
 
 
@@ -172,18 +172,18 @@ def test_steps_timed_in_turn_run_each_call_once_per_repeat(monkeypatch):
     assert all(t.median_s > 0 and t.compile_s > 0 for t in timed)
     assert np.asarray(timed[1].output[0]).shape == (1, 3)  # the 3-token call's tokens
 
-    timer = cost.CallTimer()
+    timer = calibration.CallTimer()
     order.clear()
     first = timer.steps_in_turn([("target", model, params, 1), ("target", model, params, 3)])
     again = timer.steps_in_turn([("target", model, params, 3), ("drafter", model, params, 1)])
     assert again[0] == first[1] and len(timer.seconds) == 3
-    assert len(order) == 2 * cost.RUN_TIMING_REPEATS + cost.RUN_TIMING_REPEATS
+    assert len(order) == 2 * calibration.RUN_TIMING_REPEATS + calibration.RUN_TIMING_REPEATS
 
 
 def test_round_overhead_is_measured_from_a_timed_generation():
     model = TableLM(vocab_size=16, order=1)
     params = model.init_params(jax.random.PRNGKey(0))
-    costs, measured = cost.calibrate(target=model, target_params=params, drafter=model,
+    costs, measured = calibration.calibrate(target=model, target_params=params, drafter=model,
                                      drafter_params=params, context=8, widths=(1, 2, 5),
                                      repeats=1, overhead_gamma=4)
     overhead = measured["round_overhead"]
@@ -191,7 +191,7 @@ def test_round_overhead_is_measured_from_a_timed_generation():
     assert overhead["raw_s"] == pytest.approx(
         (overhead["measured_s"] - overhead["priced_s"]) / overhead["rounds"])
     assert costs.round_overhead_s == max(overhead["raw_s"], 0.0)
-    uncalibrated, measured = cost.calibrate(
+    uncalibrated, measured = calibration.calibrate(
         target=model, target_params=params, drafter=model, drafter_params=params, context=8,
         widths=(1, 2), repeats=1, overhead_gamma=None)
     assert uncalibrated.round_overhead_s == 0.0 and "round_overhead" not in measured
@@ -318,7 +318,7 @@ def test_in_loop_tree_call_times_score_tree_at_the_width_fed(monkeypatch):
             return real(params, tokens, parents, cache, start=start)
 
     spy = Spy(vocab_size=16, order=1)
-    timed = cost.in_loop_tree_call(spy, params, (-1, -1, 0, 0, 1, 1), start=2, width=4,
+    timed = calibration.in_loop_tree_call(spy, params, (-1, -1, 0, 0, 1, 1), start=2, width=4,
                                    fill=8, steps=2, repeats=1)
     assert timed.median_s > 0
     # The cache holds the fill and the tree's scratch slots.

@@ -245,7 +245,7 @@ def test_a_drafter_stored_in_fewer_bytes_keeps_the_target_law(weight_format):
     above). The rounding really moves the drafter's law (checked)."""
     from specdec_jax import target_functions
     from specdec_jax.api import sampling_params
-    from specdec_jax.decoding import SpeculativeDecoder
+    from specdec_jax.decode.chain import SpeculativeDecoder
     from specdec_jax.drafting import ModelDrafter
     from specdec_jax.models.interface import make_prompt
     from tests.exactness import (

@@ -15,7 +15,7 @@ import pytest
 
 from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
-from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.verify.token import (
     TokenVerifier,
@@ -96,7 +96,7 @@ def test_specdecode_sequences_follow_the_target():
 
 
 def test_autoregressive_baseline_follows_the_target():
-    from specdec_jax.decoding import AutoregressiveDecoder
+    from specdec_jax.decode.autoregressive import AutoregressiveDecoder
     decoder = AutoregressiveDecoder(target=TARGET, max_new_tokens=LENGTH)
     out = jax.jit(decoder.generate)(TARGET_PARAMS, None, make_prompt([list(PROMPT)] * ROWS),
                                     jax.random.PRNGKey(1), sampling_params(temperature=1.0))

@@ -21,7 +21,8 @@ import pytest
 import specdec_jax as sj
 from specdec_jax import sampling, target_functions
 from specdec_jax.api import sampling_params
-from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from specdec_jax.decode.autoregressive import AutoregressiveDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
 from specdec_jax.drafting import feature
 from specdec_jax.drafting.base import Context, needs_features
 from specdec_jax.models import feature_head

@@ -22,7 +22,7 @@ import pytest
 import specdec_jax as sj
 from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
-from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
 from specdec_jax.drafting import (
     AdaptiveFeatureDrafter,
     FeatureDrafter,

@@ -12,7 +12,7 @@ import specdec_jax as sj
 from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.data import bigram
-from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
 from specdec_jax.drafting import ModelDrafter, head_vocab
 from specdec_jax.models.decoder_only import with_head_vocab, with_kernel_layout
 from specdec_jax.models.interface import make_prompt

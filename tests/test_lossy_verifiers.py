@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import api, target_functions
-from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.verify.block import BlockVerifier, SeedBlockVerifier
 from specdec_jax.verify.token import TokenVerifier

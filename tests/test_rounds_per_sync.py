@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import api
-from specdec_jax.decoding import loop_until_done
+from specdec_jax.decode.round import loop_until_done
 from specdec_jax.drafting import AdaptiveDrafter, MaxGramDrafter, VerticalCascade
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.models.interface import make_prompt

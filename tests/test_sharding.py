@@ -73,7 +73,7 @@ NO_GATHER_SCRIPT = textwrap.dedent("""
     assert gathered, "expected some all-gathers (the sampled distributions)"
     weights = {tuple(x.shape) for x in jax.tree_util.tree_leaves(tp) if np.ndim(x) > 1}
     # One data shard's cache of one layer (keys or values) at the loop's length.
-    from specdec_jax.decoding import required_cache_length
+    from specdec_jax.decode.round import required_cache_length
     cache = target.init_cache(8 // 2, required_cache_length(3, 16, 3))
     smallest_cache = min(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(cache)
                          if np.ndim(x) > 2)

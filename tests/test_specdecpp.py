@@ -16,7 +16,7 @@ import pytest
 from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
 from specdec_jax.checkpoints.acceptance_head_io import drafter_fingerprint, load_head, save_head
-from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, small_target_widths, target_widths
 from specdec_jax.models.interface import make_prompt
@@ -535,7 +535,7 @@ def test_cost_model_prices_counts_at_their_widths_and_agrees_with_itself():
     width 1 (autoregressive), plus the round overhead for speculative rounds.
     Timed runs that take exactly the modelled time agree perfectly."""
     from benchmarks import specdecpp as bench  # noqa: PLC0415
-    from specdec_jax.jobs import cost as cost_lib  # noqa: PLC0415
+    from specdec_jax.decode import cost as cost_lib  # noqa: PLC0415
 
     cost = cost_lib.CostModel(
         target=cost_lib.CallCost.from_steps({1: 0.2, 2: 0.25, 3: 0.3, 4: 0.35, 7: 0.5}),
@@ -608,7 +608,7 @@ def test_device_predictions_price_rounds_at_the_device_steps():
 
 def test_head_sources_compare_two_logs_on_the_batches_both_cover(tmp_path):
     from benchmarks import specdecpp_head_sources  # noqa: PLC0415
-    from specdec_jax.jobs import cost as cost_lib  # noqa: PLC0415
+    from specdec_jax.decode import cost as cost_lib  # noqa: PLC0415
 
     fixed = [{"tokens": 10, "target_calls": 4, "drafted": 8, "accepted": 6, "discarded": 2}]
 
@@ -723,7 +723,7 @@ def test_a_bucketed_call_leaves_the_cache_as_a_switch_over_whole_caches_does():
     equal, bit for bit, those of a ``lax.switch`` whose branches return the
     whole cache, and a narrow call leaves the entries after its window as
     they were."""
-    from specdec_jax.decoding import extend_bucketed
+    from specdec_jax.decode.round import extend_bucketed
     from specdec_jax.models import DecoderConfig, DecoderOnlyLM
 
     model = DecoderOnlyLM(DecoderConfig(vocab_size=16, hidden_size=32, intermediate_size=64,

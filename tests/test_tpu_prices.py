@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from benchmarks import tpu_prices
-from specdec_jax.jobs import cost, tpu_compile
+from specdec_jax.decode import cost
+from specdec_jax.jobs import tpu_compile
 
 REPORTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "reports"
 

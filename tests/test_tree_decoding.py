@@ -1,4 +1,4 @@
-"""The tree decoding loop (``tree_decoding.py``): greedy output = the
+"""The tree decoding loop (``decode/tree.py``): greedy output = the
 autoregressive target's (toy and random decoder models, static and dynamic
 trees, a ragged batch with an EOS), a width-1 tree = today's chain decoder,
 and (``-m long``) the emitted tokens follow pi at T = 1 for RRS and traversal
@@ -12,11 +12,12 @@ import pytest
 
 from specdec_jax import api, target_functions, verify
 from specdec_jax.api import sampling_params
-from specdec_jax.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from specdec_jax.decode.autoregressive import AutoregressiveDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
+from specdec_jax.decode.tree import TreeDecoder, TreeSpec, make_tree_drafter
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import DynamicTreeDrafter, StaticTreeDrafter, TreeShape
 from specdec_jax.models import DecoderConfig, DecoderOnlyLM, make_prompt
-from specdec_jax.tree_decoding import TreeDecoder, TreeSpec, make_tree_drafter
 from specdec_jax.verify import tree as verify_tree
 from tests import exactness
 from tests.table_lm import TableLM

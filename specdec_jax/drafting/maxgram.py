@@ -37,7 +37,7 @@ ending at m = 2 (run 2; m = 5 is the suffix itself and is excluded) -> next
 Buffers are fixed-size (jittable, batched, each row its own text). The text
 is rebuilt from the round's history every call, so MaG holds no state to roll
 back and cannot fall out of step; the caller sizes the history so it never
-overflows (``decoding.required_cache_length``).
+overflows (``decode.round.required_cache_length``).
 """
 
 from __future__ import annotations

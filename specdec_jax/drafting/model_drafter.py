@@ -43,8 +43,9 @@ class ModelDrafterState:
 
 class SingleModelDrafter:
     """What drafters that run one neural model (``self.model``, named
-    ``self.name``) share: the vocabulary, the model's name, and rewinding its
-    cache (a ``ModelDrafterState``) to the history tokens that were kept."""
+    ``self.name``) share: the vocabulary, the model's name and params, its
+    prefill, and rewinding its cache (a ``ModelDrafterState``) to the history
+    tokens that were kept."""
 
     @property
     def vocab_size(self) -> int:
@@ -53,6 +54,15 @@ class SingleModelDrafter:
     @property
     def model_names(self) -> tuple[str, ...]:
         return (self.name,)
+
+    def select_params(self, named: dict):
+        return named[self.name]
+
+    def init(self, params, prompt: Prompt, max_length: int,
+             encoder_decoder: bool) -> ModelDrafterState:
+        del encoder_decoder  # the model knows its own kind
+        cache, _ = start_token_and_prefill(self.model, params, prompt, max_length)
+        return ModelDrafterState(cache=cache)
 
     def rewind(self, state: ModelDrafterState, valid_B: Array) -> ModelDrafterState:
         cache = state.cache
@@ -89,15 +99,6 @@ class ModelDrafter(SingleModelDrafter):
     @property
     def widths(self) -> tuple[int, ...]:
         return self.catch_up_widths or default_catch_up_widths()
-
-    def select_params(self, named: dict):
-        return named[self.name]
-
-    def init(self, params, prompt: Prompt, max_length: int,
-             encoder_decoder: bool) -> ModelDrafterState:
-        del encoder_decoder  # the model knows its own kind
-        cache, _ = start_token_and_prefill(self.model, params, prompt, max_length)
-        return ModelDrafterState(cache=cache)
 
     def propose(self, params, state: ModelDrafterState, context: Context, num: int,
                 with_next: bool, key: Array, sp: sampling.SamplingParams,

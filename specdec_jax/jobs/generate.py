@@ -14,7 +14,7 @@ Token trees (``--tree``: several continuations per round, one target call):
     --tree 3,2,1,1 --verifier rrs             a static tree from the drafter model
     --tree dynamic:5,2,2                      EAGLE-2's dynamic tree (2 + 4 * 4 nodes)
     --draft mag --tree 4,2,1                  a Max-Gram tree
-With the cost model (no --no-cost-model; ``jobs.cost``) a tree's round is
+With the cost model (no --no-cost-model; ``decode.cost``) a tree's round is
 priced before the run (its calls timed here, the tokens its shape should earn,
 the best chain beside it) and after it (the run's counters), as a chain's is.
 """
@@ -30,22 +30,16 @@ import sys
 import jax
 import numpy as np
 
-from specdec_jax import (
-    api,
-    cascade_baselines,
-    drafting,
-    precision,
-    target_functions,
-    tree_decoding,
-    verifiers,
-)
+from specdec_jax import api, drafting, precision, verify
 from specdec_jax.checkpoints import feature_head_io, fetch, load, registry
 from specdec_jax.data import batching, bigram
+from specdec_jax.decode import cost, methods
+from specdec_jax.decode.tree import TreeSpec
 from specdec_jax.drafting import head_vocab
-from specdec_jax.jobs import cost, resolver
+from specdec_jax.jobs import resolver
 from specdec_jax.models import weight_storage
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
-from specdec_jax.runtime import cpu_kernels, timing
+from specdec_jax.runtime import calibration, cpu_kernels, timing
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b"
@@ -87,14 +81,14 @@ def add_parser(subparsers) -> None:
                    help="neural drafters score only this many of the most frequent tokens "
                         "(FR-Spec; the output stays exact, a drafting step gets cheaper); 0 "
                         f"keeps the full head (default {DEFAULT_HEAD_VOCAB})")
-    p.add_argument("--method", default="specdecode", choices=target_functions.METHODS)
+    p.add_argument("--method", default="specdecode", choices=methods.METHOD_NAMES)
     p.add_argument("--alpha", type=float, default=0.0)
     p.add_argument("--beta", type=float, default=1.0, help="Lossy's beta")
     p.add_argument("--gamma", type=int, default=None,
                    help="draft block length G (default: for one drafter model, the G the "
                         "cost model predicts fastest from steps timed here, else 5 (also "
                         "with --no-cost-model); a K-matrix fixes its own)")
-    p.add_argument("--verifier", default=None, choices=verifiers.ALL_VERIFIERS,
+    p.add_argument("--verifier", default=None, choices=verify.ALL_VERIFIERS,
                    help="chains: token (default), block, block-seed; trees (--tree): "
                         "traversal (default), rrs, rrs-replacement (children drawn with "
                         "replacement), greedy (temperature 0 only); token = rrs, block = "
@@ -194,7 +188,7 @@ def _summary(outputs, batch_seconds: list[float], gamma: int, method: str,
         summary.update(mean_accepted=round(mean_accepted, 3),
                        acceptance_rate=round(mean_accepted / gamma, 3),
                        accepted_histogram=hist.tolist())
-    if target_functions.defers(method):
+    if methods.get_method(method).defers:
         deferred = sum(float(np.asarray(o.stats.deferred_mass).sum()) for o in outputs)
         summary["deferral_rate"] = round(deferred / max(tokens, 1), 3)
     return summary
@@ -474,6 +468,21 @@ def resolve_draft_weights(choice: str, kernel: bool, model) -> str:
     return "int8" if kernel and layout == OUT_IN else "f32"
 
 
+def draft_facts(spec: str, k_matrix: str | None) -> api.DrafterFacts:
+    """What ``api.decoder_spec`` needs to know of a ``--draft`` spec before
+    anything loads: a strategy (Max-Gram, a cascade, a feature head) or one
+    model, the block length a K-matrix fixes, and whether it can draft trees
+    (one model or Max-Gram)."""
+    names = drafting.parse_spec(spec)
+    one_model = (len(names) == 1 and names[0] != drafting.spec.MAG
+                 and drafting.feature_path(names[0]) is None)
+    fixed = (sum(drafting.parse_k_matrix(k_matrix, len(names))[0])
+             if k_matrix is not None else None)
+    return api.DrafterFacts(
+        strategy=not one_model, fixed_gamma=fixed, max_gram=spec == drafting.spec.MAG,
+        drafts_tree_shapes=len(names) == 1 and drafting.feature_path(names[0]) is None)
+
+
 def check_args(args) -> None:
     """Every argument that can be checked without weights, checked before any
     model is fetched or compiled (a bad flag must not cost a 1.6 GB download)."""
@@ -483,8 +492,6 @@ def check_args(args) -> None:
             raise ValueError(f"{flag} must be >= {low}, got {value}.")
     if args.repeats < 0:
         raise ValueError(f"--repeats {args.repeats}: pass 0 (automatic) or a number of runs.")
-    if args.gamma is not None and args.gamma < 1:
-        raise ValueError(f"--gamma (draft length G) must be >= 1, got {args.gamma}.")
     spec = args.draft or args.drafter
     for flag, value, names in (("--target-weights", args.target_weights, [args.target]),
                                ("--draft-weights", args.draft_weights,
@@ -494,43 +501,15 @@ def check_args(args) -> None:
                     and drafting.feature_path(name) is None):
                 raise ValueError(f"{flag} stored keeps a GGUF file's blocks; {name} is not a "
                                  f"GGUF checkpoint: pass {flag} f32.")
-    if args.tree is not None:
-        if args.method == "autoregressive":
-            raise ValueError("--method autoregressive drafts nothing, so it takes no --tree; "
-                             "drop --tree or pick a speculative method (e.g. specdecode).")
-        tree_decoding.check_tree_request(args.tree, method=args.method,
-                                         verifier=args.verifier, temperature=args.temperature,
-                                         max_gram=spec == drafting.spec.MAG, where="--tree")
-        if args.gamma is not None or args.k_matrix is not None:
-            raise ValueError("--tree sets the round's drafts by its shape; drop --gamma and "
-                             "--k-matrix.")
-    elif args.verifier not in (None, *verifiers.VERIFIERS):
-        raise ValueError(f"--verifier {args.verifier} verifies token trees; add --tree (e.g. "
-                         "--tree 3,2,1,1) or use token, block or block-seed.")
-    target_functions.validate_alpha(args.method, args.alpha, args.beta)
     api.sampling_params(temperature=args.temperature, top_p=args.top_p, alpha=args.alpha,
                         beta=args.beta, lenience=args.lenience)
     check_spec(spec, args.k_matrix, args.target)
     head_vocab.check_size(args.drafter_head_vocab,
                           f"--drafter-head-vocab {args.drafter_head_vocab}")
+    api.decoder_spec(args.method, drafter=draft_facts(spec, args.k_matrix), gamma=args.gamma,
+                     verifier=args.verifier, tree=args.tree, temperature=args.temperature,
+                     alpha=args.alpha, beta=args.beta, names=api.CLI_NAMES)
     names = drafting.parse_spec(spec)
-    if args.k_matrix is not None and args.gamma is not None:
-        fixed = sum(drafting.parse_k_matrix(args.k_matrix, len(names))[0])
-        if fixed != args.gamma:
-            raise ValueError(f"--gamma {args.gamma} conflicts with --k-matrix, which drafts "
-                             f"{fixed} tokens per round (the sum of its first row); drop "
-                             "--gamma or change the K-matrix.")
-    if args.tree is not None and (len(names) != 1 or drafting.feature_path(names[0])):
-        raise ValueError(f"--tree drafts from one drafter model or Max-Gram; --draft {spec!r} "
-                         "drafts chains only for now.")
-    token_by_token = args.method in cascade_baselines.MODES
-    if token_by_token and (len(names) != 1 or names[0] == drafting.spec.MAG
-                           or drafting.feature_path(names[0]) is not None):
-        raise ValueError(f"--method {args.method} runs one drafter model token by token; "
-                         f"--draft {spec!r} is a drafting strategy. Pass one model name.")
-    if (token_by_token or args.method == "autoregressive") and args.verifier is not None:
-        raise ValueError(f"--verifier {args.verifier} does not apply to --method "
-                         f"{args.method}, which verifies no drafted block; drop --verifier.")
     if args.method != "autoregressive":
         target_vocab = resolver.known_vocab_size(args.target)
         for name in names:
@@ -570,11 +549,12 @@ def run(args) -> int:
         # Holds the drafters as loaded: a full head replaced by a restricted
         # one (--drafter-head-vocab) is freed only once this goes.
         drafter_models.clear()
-    timer, gamma_choice = cost.CallTimer(batch_size=args.batch_size), None
+    timer, gamma_choice = calibration.CallTimer(batch_size=args.batch_size), None
     if (args.gamma is None and args.k_matrix is None and hasattr(drafter, "extend")
             and args.tree is None
-            and args.method not in cascade_baselines.MODES and not args.no_cost_model):
-        gamma_choice = cost.choose_gamma(
+            and methods.get_method(args.method).kind == methods.CHAIN
+            and not args.no_cost_model):
+        gamma_choice = calibration.choose_gamma(
             target_name=args.target, drafter_name=names[0], target=target,
             target_params=target_params, drafter=drafter, drafter_params=drafter_params,
             timer=timer)
@@ -585,9 +565,9 @@ def run(args) -> int:
     tree = tree_choice = None
     if args.tree is not None and args.method != "autoregressive":
         # A tree's accepted path is at most its depth: the histograms' G.
-        tree, gamma = args.tree, tree_decoding.TreeSpec.parse(args.tree).depth
+        tree, gamma = args.tree, TreeSpec.parse(args.tree).depth
         if hasattr(drafter, "extend") and not args.no_cost_model:
-            tree_choice = cost.predict_tree(
+            tree_choice = calibration.predict_tree(
                 tree=tree, target_name=args.target, drafter_name=names[0], target=target,
                 target_params=target_params, drafter=drafter, drafter_params=drafter_params,
                 timer=timer, with_next=cost.tree_scores_leaves(args.method))
@@ -640,8 +620,8 @@ def run(args) -> int:
               "repeats": repeat,
               "lenience": args.lenience, "method": args.method,
               "alpha": args.alpha, "gamma": gamma, "tree": tree,
-              "verifier": args.verifier or (verifiers.DEFAULT_TREE_VERIFIER if tree
-                                            else verifiers.VERIFIERS[0]),
+              "verifier": args.verifier or (verify.DEFAULT_TREE_VERIFIER if tree
+                                            else verify.VERIFIERS[0]),
               "temperature": args.temperature, "kernel_layout": args.kernel_layout,
               "drafter_head_vocab": args.drafter_head_vocab,
               "draft_weights": args.draft_weights, "target_weights": args.target_weights,
@@ -653,13 +633,13 @@ def run(args) -> int:
         report["speedup_vs_autoregressive"] = round(
             results["autoregressive"]["seconds"] / results[args.method]["seconds"], 3)
     if gamma and not args.no_cost_model and tree is not None:
-        report["cost_model"] = cost.price_tree_run(
+        report["cost_model"] = calibration.price_tree_run(
             tree=tree, target=target, target_params=target_params, drafter=drafter,
             drafter_params=drafter_params, run=results[args.method], timer=timer,
             with_next=cost.tree_scores_leaves(args.method),
             alpha=tree_choice["alpha"] if tree_choice else cost.DEFAULT_ALPHA)
     elif gamma and not args.no_cost_model:
-        report["cost_model"] = cost.price_chain_run(
+        report["cost_model"] = calibration.price_chain_run(
             target=target, target_params=target_params, drafter=drafter,
             drafter_params=drafter_params, gamma=gamma, run=results[args.method],
             timer=timer)

@@ -37,7 +37,7 @@ from specdec_jax.checkpoints import load, registry
 from specdec_jax.checkpoints.tokenizer import ByteTokenizer
 from specdec_jax.data import bigram
 from specdec_jax.data.humaneval import end_of_block_stop
-from specdec_jax.decoding import EndOfBlockStop
+from specdec_jax.decode.round import EndOfBlockStop
 from specdec_jax.drafting import head_vocab
 from specdec_jax.models import weight_storage
 from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM, with_kernel_layout

@@ -23,9 +23,9 @@ import jax
 from specdec_jax import api, precision
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
 from specdec_jax.data import tasks
-from specdec_jax.jobs import cost as cost_lib
+from specdec_jax.decode import cost as cost_lib
 from specdec_jax.jobs import report, resolver, sweep, tables
-from specdec_jax.runtime import distributed, jsonio, sharding, timing
+from specdec_jax.runtime import calibration, distributed, jsonio, sharding, timing
 
 
 def job_mesh(model_parallel: int | None):
@@ -58,7 +58,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
               max_new_tokens: int = 160, batch_size: int = 10, seed: int = 0,
               dtype: str = "auto", wallclock_examples: int = 3, wallclock_trials: int = 1,
               calibration_context: int = 256,
-              calibration_widths: Sequence[int] = cost_lib.CALIBRATION_WIDTHS,
+              calibration_widths: Sequence[int] = calibration.CALIBRATION_WIDTHS,
               progress: bool = True, drafter_head_vocab: int = 0,
               draft_weights: str = "f32", trees: Sequence[str] = (),
               verifier: str = sweep.DEFAULT_VERIFIER) -> dict:
@@ -101,7 +101,7 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
         cost = cost_lib.CostModel.from_json(stored["cost_model"])
         calibration = stored.get("calibration")
     else:
-        cost, calibration = cost_lib.calibrate(
+        cost, calibration = calibration.calibrate(
             target=pair.target, target_params=pair.target_params, drafter=pair.drafter,
             drafter_params=pair.drafter_params, context=calibration_context,
             widths=tuple(calibration_widths))
@@ -115,6 +115,12 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
                for r in data["records"]]
     report.write_reports(records, out, stem=stem, sandbox=data.get("sandbox"))
     return data
+
+
+# How run_generate's arguments are spelled in its errors (``api.decoder_spec``).
+RUN_GENERATE_NAMES = api.ArgumentNames(
+    method="run_generate.method", gamma="run_generate.gamma", tree="run_generate.tree",
+    verifier="run_generate.verifier", drafter="run_generate.drafter")
 
 
 def run_generate(*, task: str, target: str, drafter: str, out_path: str,
@@ -141,12 +147,13 @@ def run_generate(*, task: str, target: str, drafter: str, out_path: str,
     process 0 alone writes and prints."""
     dtype = precision.resolve_dtype(dtype)  # recorded as resolved: "float32" on CPU
     the_task = tasks.get_task(task)
-    if tree is not None and gamma is not None:
-        raise ValueError(f"run_generate.tree = {tree!r} sets the round's drafts by its shape; "
-                         f"drop run_generate.gamma ({gamma}).")
     if tree is not None and method in sweep.AUTOREGRESSIVE:
         raise ValueError(f"run_generate.tree = {tree!r}: method {method!r} drafts nothing; "
                          "drop the tree or pick a speculative method.")
+    if tree is not None:  # a chain's grid checks its own points (sweep.plan_points)
+        api.decoder_spec(method, drafter=api.DrafterFacts(), gamma=gamma, tree=tree,
+                         verifier=verifier, temperature=temperature, alpha=alpha,
+                         names=RUN_GENERATE_NAMES)
     grid = {} if method in sweep.AUTOREGRESSIVE else {method: [] if alpha is None else [alpha]}
     points = [p for p in sweep.plan_points(
         methods=grid, gammas=[] if tree is not None else [gamma or api.DEFAULT_GAMMA],

@@ -13,8 +13,8 @@ The JSON file is rewritten after every point: a killed sweep resumes where it
 stopped, and refuses to resume a file whose settings differ.
 
 Methods: ``drafter`` and ``target`` (autoregressive), every target function of
-``target_functions.py`` in a speculative round, the baselines ``oracle``,
-``token-cascade`` and ``bild-original`` (``cascade_baselines.py``), and
+``decode.methods`` (a chain round each), the baselines ``oracle``,
+``token-cascade`` and ``bild-original`` (``decode.cascade_baselines``), and
 ``seq-cascade``, which is derived from the drafter's and the target's outputs
 (the sequence-level cascade runs exactly those two generations).
 """
@@ -31,17 +31,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import api, target_functions, verify
-from specdec_jax.cascade_baselines import sequence_defers
+from specdec_jax import api, verify
 from specdec_jax.data import metrics
 from specdec_jax.data.tasks import Example, Task
-from specdec_jax.jobs import cost as cost_lib
-from specdec_jax.jobs.cost import CostModel
+from specdec_jax.decode import cost as cost_lib
+from specdec_jax.decode import methods as method_table
+from specdec_jax.decode.cascade_baselines import MAX_CONSECUTIVE_DRAFTS, sequence_defers
+from specdec_jax.decode.cost import CostModel
+from specdec_jax.decode.tree import check_greedy_temperature
 from specdec_jax.jobs.resolver import ModelPair
 from specdec_jax.models.interface import make_prompt, supports_trees
 from specdec_jax.runtime import distributed, jsonio, resume, sharding, timing
 from specdec_jax.runtime.progress import tqdm
-from specdec_jax.tree_decoding import check_greedy_temperature, check_tree_request
 
 AUTOREGRESSIVE = ("drafter", "target")
 # Derived from the drafter's and the target's runs; recomputed on every pass.
@@ -51,8 +52,6 @@ AUTOREGRESSIVE = ("drafter", "target")
 # docs/algorithms.md, 'Cascade baselines outside the round').
 DERIVED = ("seq-cascade", "seq-cascade-norm")
 NO_ALPHA = ("drafter", "target", "specdecode")
-# The baselines run the drafter up to this many tokens, not gamma (App. E.1).
-FIXED_GAMMA = {"oracle": 0, "token-cascade": 10, "bild-original": 10}
 SEQ_CASCADE_RANGE = (0.0, 1.0)
 PROMPT_WIDTH_MULTIPLE = 16  # pad prompts to a multiple: one compiled width per sweep
 DEFAULT_VERIFIER = "token"
@@ -64,7 +63,7 @@ class Point:
     alpha: float | None
     gamma: int | None  # None for the autoregressive runs, seq-cascade and trees
     temperature: float
-    # A token tree drafted per round instead of a chain (``tree_decoding.TreeSpec``);
+    # A token tree drafted per round instead of a chain (``decode.tree.TreeSpec``);
     # None: a chain of ``gamma`` drafts.
     tree: str | None = None
     verifier: str = DEFAULT_VERIFIER  # token, block; for trees, a tree verifier
@@ -82,32 +81,46 @@ class Point:
 
 def method_range(method: str) -> tuple[float, float]:
     """The alpha range a method's errors quote (``alpha_in_range`` decides)."""
-    if method in target_functions.BASELINES:
-        return target_functions.BASELINES[method]
     if method in DERIVED:
         return SEQ_CASCADE_RANGE
-    if method in target_functions.TARGETS:
-        return target_functions.TARGETS[method].alpha_range
-    raise ValueError(f"unknown method {method!r}; choose one of "
-                     f"{', '.join(all_methods())}.")
+    if method in AUTOREGRESSIVE or method == method_table.AUTOREGRESSIVE:
+        raise ValueError(f"method {method!r} takes no alpha.")
+    try:
+        return method_table.get_method(method).alpha_range
+    except ValueError:
+        raise ValueError(f"unknown method {method!r}; choose one of "
+                         f"{', '.join(all_methods())}.") from None
 
 
 def alpha_in_range(method: str, alpha: float) -> bool:
-    """The methods' own validation (``target_functions.validate_alpha``; Lossy's range is
-    open at 1), plus the derived sequence cascades' closed [0, 1]."""
+    """The methods' own validation (``decode.methods``; Lossy's range is open at
+    1), plus the derived sequence cascades' closed [0, 1]."""
     if method in DERIVED:
         low, high = SEQ_CASCADE_RANGE
         return low <= alpha <= high
     try:
-        target_functions.validate_alpha(method, alpha)
+        method_table.get_method(method).check_alpha(alpha)
     except ValueError:
         return False
     return True
 
 
 def all_methods() -> tuple[str, ...]:
-    return (AUTOREGRESSIVE + tuple(target_functions.TARGETS)
-            + tuple(target_functions.BASELINES) + DERIVED)
+    return (AUTOREGRESSIVE + method_table.METHOD_NAMES[1:] + DERIVED)
+
+
+def drafts_block(method: str) -> bool:
+    """Whether a grid method's rounds verify a drafted block (a chain method:
+    it takes a verifier and may draft trees)."""
+    entry = method_table.METHODS.get(method)
+    return entry is not None and entry.verifies_block
+
+
+def fixed_gamma(method: str) -> int | None:
+    """The draft length a cascade baseline fixes, not gamma (the oracle drafts
+    none, the draft-until baselines up to their cap: App. E.1), or None."""
+    kind = method_table.METHODS[method].kind if method in method_table.METHODS else None
+    return {method_table.ORACLE: 0, method_table.DRAFT_UNTIL: MAX_CONSECUTIVE_DRAFTS}.get(kind)
 
 
 def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
@@ -155,13 +168,13 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
                 raise ValueError(f"alpha grid of {method!r} has {bad} outside [{low}, {high}], "
                                  "the method's range.")
             method_gammas = [None] if method in DERIVED else \
-                [FIXED_GAMMA[method]] if method in FIXED_GAMMA else list(gammas)
+                [fixed_gamma(method)] if fixed_gamma(method) is not None else list(gammas)
             for gamma in method_gammas:
                 points += [Point(method, None if a is None else float(a), gamma, temperature,
-                                 verifier=verifier if method in target_functions.TARGETS
+                                 verifier=verifier if drafts_block(method)
                                  else DEFAULT_VERIFIER)
                            for a in grid]
-            if method in target_functions.TARGETS:
+            if drafts_block(method):
                 points += [Point(method, None if a is None else float(a), None, temperature,
                                  tree=tree, verifier=verifier)
                            for tree in trees for a in grid]
@@ -174,18 +187,20 @@ def plan_points(*, methods: dict[str, Sequence[float]], gammas: Sequence[int],
 
 
 def _check_trees(trees: Sequence[str], methods, verifier: str, where: str) -> list[str]:
-    """The tree specs, checked before any model loads (``tree_decoding.
-    check_tree_request``) against every method of the grid that drafts them;
-    a string alone is one tree, not a list of characters."""
+    """The tree specs, checked before any model loads (``api.decoder_spec``)
+    against every method of the grid that drafts them; a string alone is one
+    tree, not a list of characters."""
     trees = [trees] if isinstance(trees, str) else list(trees or ())
-    drafting = [m for m in methods if m in target_functions.TARGETS]
+    drafting = [m for m in methods if drafts_block(m)]
     if trees and not drafting:
         raise ValueError(f"{where} = {trees}: none of the methods {list(methods)} drafts a "
                          "tree (the speculative methods with a target function do); drop the "
                          "trees or add one, e.g. 'specdecode'.")
+    names = api.ArgumentNames(tree=where, verifier=f"{where}: verifier")
     for tree in trees:
         for method in drafting:
-            check_tree_request(tree, method=method, verifier=verifier, where=where)
+            api.decoder_spec(method, drafter=api.DrafterFacts(), tree=tree, verifier=verifier,
+                             names=names)
     return [str(tree).replace(" ", "") for tree in trees]
 
 
@@ -314,7 +329,7 @@ def summarise(task: Task, point: Point, rows: list[dict], cost: CostModel | None
         # The baselines draft up to their own cap, not gamma: gamma None puts them
         # in every gamma's table and plot (report.py), beside the AR runs.
         "method": point.method, "alpha": point.alpha,
-        "gamma": None if point.method in FIXED_GAMMA else point.gamma,
+        "gamma": None if fixed_gamma(point.method) is not None else point.gamma,
         "draft_cap": point.gamma,
         **({"tree": point.tree} if point.tree is not None else {}),
         **({"verifier": point.verifier} if point.verifier != DEFAULT_VERIFIER else {}),

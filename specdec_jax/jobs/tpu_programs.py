@@ -46,6 +46,7 @@ from jax.sharding import Mesh
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import gguf, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
+from specdec_jax.decode.tree import make_tree_drafter
 from specdec_jax.drafting import make_drafter
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
 from specdec_jax.drafting.adaptive import AdaptiveDrafter, small_target_widths, target_widths
@@ -60,7 +61,6 @@ from specdec_jax.models.decoder_only import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import Prompt
 from specdec_jax.models.layers import OUT_IN
 from specdec_jax.runtime import sharding
-from specdec_jax.tree_decoding import make_tree_drafter
 
 DTYPE = "bfloat16"
 WEIGHTS = ("bf16", "stored")  # every leaf in DTYPE, or the GGUF files' blocks kept

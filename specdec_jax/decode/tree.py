@@ -1,5 +1,5 @@
-"""Tree decoding: speculative rounds that draft a token tree instead of a chain
-(docs/algorithms.md, 'Token trees'), as a pure function over a ``lax.while_loop``.
+"""Token trees: speculative rounds that draft a tree instead of a chain
+(docs/algorithms.md, 'Token trees').
 
 One round:
 
@@ -21,13 +21,14 @@ the round emits [x_0, x_2, y], the target keeps slots 10, 11, 12 <- t, x_0,
 x_2 (lengths 13), the drafter keeps x_0 (and x_2 if it scored it) and the
 history grows by 3 with y pending.
 
-Everything else is the chain decoder's (``decoding``): the history and output
-buffers, EOS / stop rule / ``max_new_tokens`` handling for ragged batches
-(``emit_round``), the statistics (``GenerationStats``; the accepted histogram
+The round is every decoder's (``decode.round``): the history and output
+buffers, EOS / stop rule / ``max_new_tokens`` handling for ragged batches,
+the statistics (``GenerationStats``; the accepted histogram
 is over the path depth 0 .. depth, ``drafted`` counts each round's deepest
 path as a chain's G, so ``accepted / drafted`` compares with a chain's,
 ``drafted_nodes`` every node, ``accepted_by_rank`` which sibling each accepted
-draft was), the loop (``run_rounds``).
+draft was), the loop; this module supplies how a tree is drafted, scored,
+verified and committed.
 
 At temperature 0 every tree verifier's output is the target's argmax path (the
 laws are one-hot), but the sampling verifiers see only each node's first child
@@ -48,38 +49,34 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import sampling, target_functions
-from specdec_jax.decoding import (
+from specdec_jax import sampling
+from specdec_jax.decode.round import (
+    LoopState,
     Prefilled,
     RoundDecoder,
-    _LoopState,
+    Scored,
+    Verdict,
     check_normalised_law,
-    count_round,
-    emit_round,
     first_loop_state,
-    zero_stats,
 )
-from specdec_jax.drafting.base import Context, is_drafter, needs_features
+from specdec_jax.decode.stats import zero_stats
+from specdec_jax.drafting.base import is_drafter, needs_features
 from specdec_jax.drafting.maxgram import MaxGramDrafter
-from specdec_jax.drafting.model_drafter import ModelDrafter, has_nan
+from specdec_jax.drafting.model_drafter import ModelDrafter
 from specdec_jax.drafting.tree import (
     DynamicTreeDrafter,
     MaxGramTreeDrafter,
     StaticTreeDrafter,
     TreeShape,
 )
-from specdec_jax.loops import write_rows
-from specdec_jax.models.interface import (
-    LanguageModel,
-    supports_trees,
-    tree_with_root,
-)
-from specdec_jax.sampling import SamplingParams
+from specdec_jax.models.interface import LanguageModel, supports_trees, tree_with_root
+from specdec_jax.sampling import Distributions, SamplingParams
 from specdec_jax.target_functions import TargetFunction
-from specdec_jax.verify import get_verifier, requested_draws
+from specdec_jax.verify import requested_draws
 from specdec_jax.verify import tree as verify_tree
 
 Array = jax.Array
+
 
 def check_greedy_temperature(verifier: str | None, temperature: float,
                              where: str = "verifier") -> None:
@@ -208,39 +205,6 @@ def _positive(items, spec) -> tuple[int, ...]:
     return numbers
 
 
-def check_tree_request(tree, *, method: str, verifier: str | None = None,
-                       temperature: float | None = None, max_gram: bool = False,
-                       where: str = "tree") -> TreeSpec:
-    """Everything about a tree request that can be checked before a model
-    loads: the spec (``TreeSpec.parse``), a method whose round verifies a
-    drafted block, a verifier with a tree form that can verify the method's
-    pi, not 'greedy' at T > 0, and not 'rrs-replacement' over Max-Gram's
-    chosen children (``max_gram``). ``where`` names the argument in the errors
-    (``--tree``, ``run_generate.tree``). Returns the parsed spec."""
-    try:
-        spec = TreeSpec.parse(tree)
-    except ValueError as error:
-        raise ValueError(f"{where}: {error}") from error
-    if method not in target_functions.TARGETS:
-        raise ValueError(f"{where} = {tree!r}: method {method!r} verifies no drafted block, so "
-                         "it takes no tree; use a speculative method (specdecode, a cascade "
-                         "target function) or drop the tree.")
-    try:
-        checked = get_verifier(verifier, tree=True)
-        if temperature is not None:
-            check_greedy_temperature(verifier, temperature)
-        if max_gram:
-            check_drafter_draws(MaxGramTreeDrafter, checked)
-    except ValueError as error:
-        raise ValueError(f"{where} = {tree!r}: {error}") from error
-    if getattr(checked, "needs_normalised_law", False) and \
-            not target_functions.get_target(method).normalised:
-        raise ValueError(f"{where} = {tree!r}: the {checked.name!r} tree verifier needs a "
-                         f"normalised pi, and {method!r} weighs tokens with an unnormalised "
-                         "one; verify with 'greedy' (T = 0) or draw a chain.")
-    return spec
-
-
 def make_tree_drafter(drafter, tree, draws: str | None = None) -> Any:
     """A tree drafter from a chain drafter and a tree request (``TreeSpec.parse``):
     a ``LanguageModel`` or ``ModelDrafter`` -> ``StaticTreeDrafter`` /
@@ -284,7 +248,7 @@ class TreeDecoder(RoundDecoder):
     ``drafter`` drafts trees (``propose_tree``: ``drafting.tree``);
     ``target`` must score them (``score_tree`` / ``commit_path``: the
     decoder-only models); ``verifier`` is a tree verifier
-    (``verifiers.get_verifier(..., tree=True)``), which tests each child against the
+    (``verify.get_verifier(..., tree=True)``), which tests each child against the
     law the drafter says it was drawn from (``proposal.draws``). The drafter
     reports its law at the leaves only when the target function needs it
     (cascades draw the bonus token from ``pi``); ``specdecode`` and ``lossy``
@@ -340,7 +304,7 @@ class TreeDecoder(RoundDecoder):
     def needs_next_q(self) -> bool:
         return not self.target_fn.bonus_from_target
 
-    def init_state(self, prefilled: Prefilled, key) -> _LoopState:
+    def init_state(self, prefilled: Prefilled, key) -> LoopState:
         batch = prefilled.length.shape[0]
         return first_loop_state(
             prefilled, key, self.max_new_tokens + self.depth + 1, self.pad_id,
@@ -348,36 +312,28 @@ class TreeDecoder(RoundDecoder):
                                                   len(self.drafter.model_names),
                                                   self.max_children))
 
-    def verify(self, key, tree: verify_tree.Tree, q_BxN1xV, pi_BxN1xV, sp: SamplingParams):
-        """The configured verifier, or greedy at temperature 0 (module docstring)."""
-        greedy = verify_tree.GreedyTreeVerifier()
-        if isinstance(self.verifier, verify_tree.GreedyTreeVerifier):
-            return self.verifier(key, tree, q_BxN1xV, pi_BxN1xV)
-        return jax.lax.cond(sp.temperature <= 0, lambda: greedy(key, tree, q_BxN1xV, pi_BxN1xV),
-                            lambda: self.verifier(key, tree, q_BxN1xV, pi_BxN1xV))
+    def draft(self, drafter_params, state: LoopState, context, key, sp: SamplingParams):
+        return self.drafter.propose_tree(drafter_params, state.drafter_state, context,
+                                         self.needs_next_q, key, sp, self.sampling_config)
 
-    def round(self, target_params, drafter_params, state: _LoopState,
-              sp: SamplingParams) -> _LoopState:
-        """One draft-tree / score / verify / commit round for every row not yet done."""
-        key, draft_key, verify_key = jax.random.split(state.key, 3)
-        depth = self.depth
-        context = Context(history=state.history, length=state.length)
-        pending_B = jnp.take_along_axis(state.history, (state.length - 1)[:, None], 1)[:, 0]
-        proposal, drafter_state = self.drafter.propose_tree(
-            drafter_params, state.drafter_state, context, self.needs_next_q, draft_key, sp,
-            self.sampling_config)
-        n = proposal.num_nodes
-        batch = pending_B.shape[0]
+    def score(self, target_params, state: LoopState, pending_B, proposal) -> Scored:
+        """One call over the pending token (node 0) and the N drafted nodes."""
+        fed_tokens, fed_parents = tree_with_root(pending_B, proposal.tokens.astype(jnp.int32),
+                                                 proposal.parents.astype(jnp.int32))
+        out = self.target.score_tree(target_params, fed_tokens, fed_parents, state.target_cache)
+        return Scored(logits=out.logits, hidden=out.hidden, cache=out.cache,
+                      width=proposal.num_nodes + 1)
+
+    def verify(self, key, state: LoopState, proposal, dist: Distributions,
+               sp: SamplingParams) -> Verdict:
+        """pi = T(q, p) at every context, then the tree verifier: the configured
+        one, or greedy at temperature 0 (module docstring)."""
+        depth, n = self.depth, proposal.num_nodes
+        batch = proposal.tokens.shape[0]
         tree = verify_tree.Tree(parents=proposal.parents.astype(jnp.int32),
                                 tokens=proposal.tokens.astype(jnp.int32),
                                 valid=jnp.ones((batch, n), bool), draws=proposal.draws,
                                 max_depth=depth)
-
-        # One target call: the pending token (node 0) and the N drafted nodes.
-        fed_tokens, fed_parents = tree_with_root(pending_B, tree.tokens, tree.parents)
-        out = self.target.score_tree(target_params, fed_tokens, fed_parents, state.target_cache)
-        dist = sampling.distributions(out.logits, sp.temperature, sp.top_p,
-                                      self.sampling_config)
         pi_BxN1xV, defer_BxN1 = self.target_fn(proposal.q, dist.probs, proposal.q_stat,
                                                dist.stats, sp.alpha, sp.beta)
         if self.target_fn.bonus_from_target:
@@ -385,50 +341,43 @@ class TreeDecoder(RoundDecoder):
             has_child_BxN1 = jnp.zeros((batch, n + 1), bool).at[
                 jnp.arange(batch)[:, None], tree.parents + 1].set(True)
             pi_BxN1xV = jnp.where(has_child_BxN1[..., None], pi_BxN1xV, dist.probs)
-        verdict = self.verify(verify_key, tree, proposal.q, pi_BxN1xV, sp)
-        accepted_B = verdict.num_accepted
-
-        path_BxD = verify_tree.path_nodes(tree, verdict.node)[:, :depth]  # -1 past the path
-        drafts_BxD = verify_tree.path_tokens(tree, verdict.node, self.pad_id)[:, :depth]
-        active_B = ~state.done
-        candidates, tokens, num_generated, done, keep_B = emit_round(
-            self, state, drafts_BxD, accepted_B, verdict.next_token, pending_B)
-
-        # Both caches keep the path: the target [t, path], the drafter the path
-        # nodes it scored (the last depth is scored only with the leaves' laws).
-        target_nodes = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32),
-                                        jnp.maximum(path_BxD, 0) + 1], axis=1)
-        target_cache = self.target.commit_path(out.cache, target_nodes, keep_B)
-        kept_B = jnp.where(active_B, accepted_B, 0)
-        if callable(getattr(self.drafter, "commit_path", None)):
-            scored = depth if self.needs_next_q else depth - 1
-            drafter_state = self.drafter.commit_path(drafter_state, jnp.maximum(path_BxD, 0),
-                                                     jnp.minimum(kept_B, scored))
+        greedy = verify_tree.GreedyTreeVerifier()
+        if isinstance(self.verifier, verify_tree.GreedyTreeVerifier):
+            verdict = self.verifier(key, tree, proposal.q, pi_BxN1xV)
         else:
-            drafter_state = self.drafter.rewind(drafter_state, state.length)
-
-        emitted_B = num_generated - state.num_generated
+            verdict = jax.lax.cond(
+                sp.temperature <= 0, lambda: greedy(key, tree, proposal.q, pi_BxN1xV),
+                lambda: self.verifier(key, tree, proposal.q, pi_BxN1xV))
+        path_BxD = verify_tree.path_nodes(tree, verdict.node)[:, :depth]  # -1 past the path
         # Token j of the round is drawn at the context root -> path[j - 1].
         context_BxD1 = jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32), path_BxD], 1)
-        defer_BxD1 = jnp.take_along_axis(defer_BxN1, jnp.maximum(context_BxD1, -1) + 1, axis=1)
-        emitted_pos_BxD1 = jnp.arange(depth + 1)[None, :] < emitted_B[:, None]
-        # A chain's G: the most drafts this round could accept (its deepest path).
-        offered_B = jnp.max(verify_tree.depths(tree), axis=1)
-        # Each accepted draft's rank among its siblings ([B, N] -> [B, D] -> [B, K]).
+        # Each kept draft's rank among its siblings ([B, N] -> [B, D] -> [B, K]).
         rank_BxD = jnp.take_along_axis(verify_tree.sibling_ranks(tree),
                                        jnp.maximum(path_BxD, 0), axis=1)
         by_rank_BxK = jnp.sum(jax.nn.one_hot(rank_BxD, self.max_children, dtype=jnp.int32)
                               * (path_BxD >= 0)[..., None], axis=1)
-        stats = count_round(
-            state.stats, active_B, target_fed=n + 1, target_single=0,
-            drafter_calls_BxM=proposal.calls, drafter_fed_BxM=proposal.fed,
-            drafter_single_BxM=proposal.single, accepted_B=accepted_B,
-            rejected_B=accepted_B < offered_B, offered_B=offered_B, nodes_B=n,
-            by_rank_BxK=by_rank_BxK,
-            deferred_B=jnp.sum(jnp.where(emitted_pos_BxD1, defer_BxD1, 0.0), axis=-1),
-            emitted_B=num_generated, nan_B=proposal.nan + has_nan(out.logits))
-        return state.replace(
-            tokens=tokens, num_generated=num_generated,
-            history=write_rows(state.history, candidates, state.length),
-            length=state.length + keep_B, done=done, target_cache=target_cache,
-            drafter_state=drafter_state, key=key, stats=stats)
+        return Verdict(
+            accepted=verdict.num_accepted, next_token=verdict.next_token,
+            drafts=verify_tree.path_tokens(tree, verdict.node, self.pad_id)[:, :depth],
+            defer=jnp.take_along_axis(defer_BxN1, jnp.maximum(context_BxD1, -1) + 1, axis=1),
+            # A chain's G: the most drafts this round could keep (its deepest path).
+            offered=jnp.max(verify_tree.depths(tree), axis=1), nodes=n, by_rank=by_rank_BxK,
+            path=path_BxD)
+
+    def commit(self, state: LoopState, scored: Scored, proposal, drafter_state,
+               verdict: Verdict, keep_B):
+        """Both caches keep the path: the target [t, path], the drafter the path
+        nodes it scored (the last depth is scored only with the leaves' laws)."""
+        batch = keep_B.shape[0]
+        path_BxD = verdict.path
+        target_nodes = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32),
+                                        jnp.maximum(path_BxD, 0) + 1], axis=1)
+        target_cache = self.target.commit_path(scored.cache, target_nodes, keep_B)
+        kept_B = jnp.where(state.done, 0, verdict.accepted)
+        if callable(getattr(self.drafter, "commit_path", None)):
+            scored_depth = self.depth if self.needs_next_q else self.depth - 1
+            drafter_state = self.drafter.commit_path(drafter_state, jnp.maximum(path_BxD, 0),
+                                                     jnp.minimum(kept_B, scored_depth))
+        else:
+            drafter_state = self.drafter.rewind(drafter_state, state.length)
+        return target_cache, drafter_state, None
