@@ -51,7 +51,7 @@ from specdec_jax.decode.tree import TreeSpec
 from specdec_jax.drafting import ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
 from specdec_jax.jobs import tables
-from specdec_jax.jobs.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
+from specdec_jax.jobs.cli.generate import DEFAULT_DRAFTER, DEFAULT_PROMPTS, DEFAULT_TARGET
 from specdec_jax.jobs.resolver import load_pair
 from specdec_jax.models import weight_storage
 from specdec_jax.native import matmul as native_matmul

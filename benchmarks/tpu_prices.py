@@ -61,8 +61,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from specdec_jax.decode import cost as cost_lib
-from specdec_jax.jobs import tables, tpu_aot, tpu_programs
-from specdec_jax.jobs.tpu_compile import program_seconds, read_report
+from specdec_jax.jobs import tables
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import programs as tpu_programs
+from specdec_jax.jobs.tpu.compile_job import program_seconds, read_report
 from specdec_jax.runtime import jsonio
 
 ESTIMATE = tpu_aot.ESTIMATE

@@ -89,8 +89,11 @@ from specdec_jax.decode import cost as cost_lib
 from specdec_jax.decode.tree import TreeDecoder, TreeSpec
 from specdec_jax.drafting import MaxGramDrafter, ModelDrafter
 from specdec_jax.drafting.tree import MaxGramTreeDrafter, MaxGramTrieDrafter, TreeShape
-from specdec_jax.jobs import tables, tpu_aot, tpu_compile, tpu_programs
+from specdec_jax.jobs import tables
 from specdec_jax.jobs.resolver import load_pair
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import compile_job as tpu_compile
+from specdec_jax.jobs.tpu import programs as tpu_programs
 from specdec_jax.models import weight_storage
 from specdec_jax.models.interface import make_prompt
 from specdec_jax.runtime import timing

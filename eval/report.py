@@ -14,7 +14,7 @@ import argparse
 import pathlib
 import sys
 
-from specdec_jax.jobs import report
+from specdec_jax.jobs.studies import report
 from specdec_jax.runtime import jsonio
 
 

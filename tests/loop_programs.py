@@ -4,7 +4,9 @@ TPU compiler, ``test_cpu_loop_buffers.py`` on this CPU): the 1.5B's and the
 0.5B's hidden and MLP sizes, two and one layers, a 2,048-token vocabulary,
 batch 1, a 512-token prompt."""
 
-from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_programs
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import hlo_stats
+from specdec_jax.jobs.tpu import programs as tpu_programs
 from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM
 
 SHAPES = tpu_programs.Shapes(target="qwen-widths-2", drafter="qwen-widths-1",

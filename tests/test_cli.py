@@ -32,7 +32,7 @@ def test_printed_stats_hold_only_what_applies_to_the_method():
     import numpy as np
 
     from specdec_jax import api
-    from specdec_jax.jobs import generate as cli_generate
+    from specdec_jax.jobs.cli import generate as cli_generate
     from tests.table_lm import TableLM
 
     target = drafter = TableLM(vocab_size=8, order=1)
@@ -60,7 +60,7 @@ def test_rows_that_pad_the_last_batch_are_not_counted():
     import numpy as np
 
     from specdec_jax import api
-    from specdec_jax.jobs import generate as cli_generate
+    from specdec_jax.jobs.cli import generate as cli_generate
     from tests.table_lm import TableLM
 
     model = TableLM(vocab_size=8, order=1)
@@ -93,7 +93,7 @@ def test_cost_model_explains_the_speedup_and_says_when_it_cannot_pay(backend, mo
 
     from specdec_jax import api
     from specdec_jax.drafting import model_drafter
-    from specdec_jax.jobs import generate as cli_generate
+    from specdec_jax.jobs.cli import generate as cli_generate
     from specdec_jax.runtime import calibration
     from tests.table_lm import TableLM
 
@@ -300,7 +300,7 @@ def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypa
     cost model after it (the same calls, the run's counters), by hand."""
     from specdec_jax.decode import cost  # noqa: PLC0415
     from specdec_jax.drafting.tree import TreeShape  # noqa: PLC0415
-    from specdec_jax.jobs import generate as cli_generate  # noqa: PLC0415
+    from specdec_jax.jobs.cli import generate as cli_generate  # noqa: PLC0415
     from specdec_jax.runtime import calibration  # noqa: PLC0415
 
     target, drafter = _toy_pair()
@@ -355,7 +355,7 @@ def test_a_cascade_tree_scores_its_deepest_depth_and_max_gram_costs_nothing(monk
     and never catches up; a dynamic tree's depths are its fixed widths; a
     Max-Gram tree's round is the target's call alone."""
     from specdec_jax.decode import cost  # noqa: PLC0415
-    from specdec_jax.jobs import generate as cli_generate  # noqa: PLC0415
+    from specdec_jax.jobs.cli import generate as cli_generate  # noqa: PLC0415
     from specdec_jax.runtime import calibration  # noqa: PLC0415
 
     target, drafter = _toy_pair()
@@ -394,7 +394,7 @@ def test_generate_with_a_tree_prints_its_prediction_and_cost_model(capsys):
 
 
 def test_timed_runs_repeat_as_asked_or_until_each_method_ran_long_enough():
-    from specdec_jax.jobs import generate  # noqa: PLC0415
+    from specdec_jax.jobs.cli import generate  # noqa: PLC0415
 
     def rounds(repeats, seconds_per_round):  # one batch per method, each round timed alike
         runs_s, done = {"spec": [[]], "ar": [[]]}, 0
@@ -414,7 +414,7 @@ def test_timed_runs_repeat_as_asked_or_until_each_method_ran_long_enough():
 def test_auto_weights_keep_a_gguf_files_blocks_only_where_the_kernel_multiplies_them():
     import argparse  # noqa: PLC0415
 
-    from specdec_jax.jobs import generate  # noqa: PLC0415
+    from specdec_jax.jobs.cli import generate  # noqa: PLC0415
 
     def stored(name, kernel=True, **flags):
         args = argparse.Namespace(**{"dtype": "auto", "kernel_layout": "out_in", **flags})

@@ -215,7 +215,8 @@ def test_a_narrow_drafter_for_the_kernel_prefills_in_chunks(cpu_kernel):
     kernel, keep one call."""
     import argparse  # noqa: PLC0415
 
-    from specdec_jax.jobs import generate, resolver  # noqa: PLC0415
+    from specdec_jax.jobs import resolver  # noqa: PLC0415
+    from specdec_jax.jobs.cli import generate  # noqa: PLC0415
 
     def chunk(draft_weights, kernel):
         args = argparse.Namespace(draft_weights=draft_weights, dtype="auto",

@@ -15,7 +15,7 @@ import functools
 import jax
 import pytest
 
-from specdec_jax.jobs import tpu_programs
+from specdec_jax.jobs.tpu import programs as tpu_programs
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import cpu_kernels, sharding
 from tests.loop_programs import SHAPES, figures, qwen_width_models

@@ -16,7 +16,7 @@ import zipfile
 import pytest
 
 from eval import main as eval_main
-from specdec_jax.jobs import sweep
+from specdec_jax.jobs.studies import sweep
 
 TOY = "configs/runs/cascades_toy.gin"
 
@@ -216,14 +216,14 @@ def test_an_installed_wheel_finds_its_configs_by_name_from_any_directory(tmp_pat
                                     str(site / "specdec_jax")]
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "specdec_jax.jobs.cli", "eval", "--gin_file=cascades_toy",
+        [sys.executable, "-m", "specdec_jax.jobs.cli.main", "eval", "--gin_file=cascades_toy",
          "--gin_bindings=TASK = 'humaneval'", f"--gin_bindings=OUT_DIR = '{out}'",
          "--gin_bindings=run_study.methods = {'specdecode': []}"],
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     records = json.loads((out / "cascades_toy.json").read_text())["records"]
     assert {r["method"] for r in records} >= {"specdecode", "target"}
-    missing = subprocess.run([sys.executable, "-m", "specdec_jax.jobs.cli", "eval",
+    missing = subprocess.run([sys.executable, "-m", "specdec_jax.jobs.cli.main", "eval",
                               "--gin_file=nope"], cwd=elsewhere, env=env, capture_output=True,
                              text=True, timeout=300)
     assert missing.returncode != 0 and "the shipped jobs, by name:" in missing.stderr

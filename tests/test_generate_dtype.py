@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from specdec_jax.jobs import cli
-from specdec_jax.jobs import generate as cli_generate
+from specdec_jax.jobs.cli import generate as cli_generate
 
 TOYS = ["--target", "toy-bytes-large", "--drafter", "toy-bytes-small",
         "--drafter-head-vocab", "0", "--max-new-tokens", "4", "--prompt", "ab",

@@ -1,6 +1,6 @@
-"""HLO text counts (specdec_jax.jobs.hlo_stats) on hand-written modules: no compiler needed."""
+"""HLO text counts (specdec_jax.jobs.tpu.hlo_stats) on hand-written modules: no compiler needed."""
 
-from specdec_jax.jobs import hlo_stats
+from specdec_jax.jobs.tpu import hlo_stats
 
 MODULE = """HloModule jit_f, is_scheduled=true
 
@@ -72,7 +72,7 @@ def test_largest_intermediates_name_what_a_program_materialises():
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from specdec_jax.jobs import tpu_aot  # noqa: PLC0415
+    from specdec_jax.jobs.tpu import aot as tpu_aot  # noqa: PLC0415
 
     def fn(x_N):
         outer = x_N[:, None] * x_N[None, :]  # [N, N] float32: 4 N^2 bytes

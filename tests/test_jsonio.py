@@ -4,7 +4,7 @@ compressed, and jobs read, resume and report from either form."""
 import gzip
 import json
 
-from specdec_jax.jobs import report
+from specdec_jax.jobs.studies import report
 from specdec_jax.runtime import jsonio
 
 

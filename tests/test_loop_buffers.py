@@ -16,7 +16,8 @@ import functools
 
 import pytest
 
-from specdec_jax.jobs import tpu_aot, tpu_programs
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import programs as tpu_programs
 from tests import tpu_topology
 from tests.loop_programs import SHAPES, figures, qwen_width_models
 

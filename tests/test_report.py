@@ -1,4 +1,4 @@
-"""Sweep reports (specdec_jax.jobs.report) on synthetic records with known answers."""
+"""Sweep reports (specdec_jax.jobs.studies.report) on synthetic records with known answers."""
 
 import copy
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from specdec_jax.jobs import report
+from specdec_jax.jobs.studies import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TARGET_SCORE = 40.0

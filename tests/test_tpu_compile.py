@@ -1,4 +1,4 @@
-"""Ahead-of-time TPU compilation (specdec_jax.jobs.tpu_aot, tpu_programs, tpu_compile) with
+"""Ahead-of-time TPU compilation (specdec_jax.jobs.tpu.aot, tpu_programs, tpu_compile) with
 libtpu on a CPU-only machine: tiny generate functions compile for one v5e chip
 with no host communication inside their loops, a Megatron-sharded toy runs two
 all-reduces per layer on 4 chips (one, and no other collective, where the model
@@ -15,7 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.jobs import hlo_stats, tpu_aot, tpu_compile, tpu_programs
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import compile_job as tpu_compile
+from specdec_jax.jobs.tpu import hlo_stats
+from specdec_jax.jobs.tpu import programs as tpu_programs
 from specdec_jax.models.decoder_only import DecoderConfig, DecoderOnlyLM
 from specdec_jax.runtime import timing
 from tests import tpu_topology
@@ -261,7 +264,7 @@ def test_t5_training_steps_compile():
 
 
 def test_optimizer_moments_are_sharded_like_their_parameters():
-    from specdec_jax.jobs import tpu_training  # noqa: PLC0415
+    from specdec_jax.jobs.tpu import training_steps as tpu_training  # noqa: PLC0415
     from specdec_jax.runtime import sharding  # noqa: PLC0415
 
     mesh = tpu_aot.make_mesh(TOPOLOGY, data=2, model=2)

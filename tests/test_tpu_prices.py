@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import tpu_prices
 from specdec_jax.decode import cost
-from specdec_jax.jobs import tpu_compile
+from specdec_jax.jobs.tpu import compile_job as tpu_compile
 
 REPORTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "reports"
 

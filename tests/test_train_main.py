@@ -157,7 +157,7 @@ def test_t5_pair_members_train_on_first_use_and_feed_the_study(tmp_path, monkeyp
     member comes from the distillation job (configs/runs/distill_t5.gin's job),
     which reports block efficiency before and after."""
     from eval import main as eval_main  # noqa: PLC0415
-    from specdec_jax.jobs import t5_quality as pair_job  # noqa: PLC0415
+    from specdec_jax.jobs.studies import t5_quality as pair_job  # noqa: PLC0415
     from specdec_jax.training import t5_pair as pair  # noqa: PLC0415
 
     monkeypatch.setattr(pair, "member_dir",

@@ -243,14 +243,16 @@ def test_max_gram_trees_at_t1_follow_pi_and_accept_later_siblings(verifier):
     assert not np.any(np.isin(first, list(children)) & ~accepted)
 
 
-# --- token trees through the gin jobs (jobs.study, jobs.sweep) --------------------------------
+# --- token trees through the gin jobs (jobs.studies) --------------------------------
 
 
 def test_tree_grids_check_every_request_before_anything_loads(monkeypatch, tmp_path):
     """A sweep grid drafts each tree beside its chains (chain keys unchanged,
     so stored sweeps resume); every bad request fails before a model loads,
     naming the argument and the fix."""
-    from specdec_jax.jobs import resolver, study, sweep  # noqa: PLC0415
+    from specdec_jax.jobs import resolver  # noqa: PLC0415
+    from specdec_jax.jobs.studies import runs as study  # noqa: PLC0415
+    from specdec_jax.jobs.studies import sweep  # noqa: PLC0415
 
     points = sweep.plan_points(methods={"specdecode": [], "token-v3": [0.1], "oracle": [0.2]},
                                gammas=[5], temperatures=[0.0], trees=["2, 1"],
@@ -289,7 +291,7 @@ def test_tree_grids_check_every_request_before_anything_loads(monkeypatch, tmp_p
 def test_a_tree_gets_its_own_group_in_the_sweep_reports():
     """A tree record (gamma None) is a group of its own, with the
     autoregressive baselines; it does not join the chains' groups."""
-    from specdec_jax.jobs import report  # noqa: PLC0415
+    from specdec_jax.jobs.studies import report  # noqa: PLC0415
 
     def record(method, gamma, tree=None):
         return {"method": method, "alpha": None, "gamma": gamma, "temperature": 0.0,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec_jax.jobs import tpu_aot
+from specdec_jax.jobs.tpu import aot as tpu_aot
 
 
 def require(topology: str) -> None:

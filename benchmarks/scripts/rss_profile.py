@@ -100,7 +100,8 @@ class Profile:
 def main(argv: list[str]) -> int:
     from specdec_jax.checkpoints import converted, gguf, load  # noqa: PLC0415
     from specdec_jax.data import bigram  # noqa: PLC0415
-    from specdec_jax.jobs import cli, generate, resolver  # noqa: PLC0415
+    from specdec_jax.jobs import cli, resolver  # noqa: PLC0415
+    from specdec_jax.jobs.cli import generate  # noqa: PLC0415
     from specdec_jax.models import decoder_only  # noqa: PLC0415
     from specdec_jax.runtime import timing  # noqa: PLC0415
 

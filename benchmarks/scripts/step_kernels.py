@@ -2,7 +2,7 @@
 
 One ``extend`` of K tokens of a registered architecture (shapes only, no
 weights), compiled for this machine's CPU or, with libtpu, for one chip of a
-TPU topology; counted from the optimised HLO (``jobs.hlo_stats``): fusions
+TPU topology; counted from the optimised HLO (``jobs.tpu.hlo_stats``): fusions
 (kernels), dot products outside fusions, custom calls. The decode layout fuses
 q/k/v and gate/up (``models.decoder.with_kernel_layout``); ``separate`` is the
 same layout without that.
@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import precision
-from specdec_jax.jobs import hlo_stats, tables, tpu_programs
+from specdec_jax.jobs import tables
+from specdec_jax.jobs.tpu import hlo_stats
+from specdec_jax.jobs.tpu import programs as tpu_programs
 
 
 def counts(architecture: str, dtype: str, fused: bool, k: int, cache_length: int,
@@ -57,7 +59,7 @@ def main() -> None:
     if args.platform == "cpu":
         device = jax.devices("cpu")[0]
     else:
-        from specdec_jax.jobs import tpu_aot  # noqa: PLC0415 - needs libtpu
+        from specdec_jax.jobs.tpu import aot as tpu_aot  # noqa: PLC0415 - needs libtpu
         device = tpu_aot.topology_devices(args.platform.removeprefix("tpu:"))[0]
     dtype = precision.resolve_dtype(args.dtype)
     rows, found = [], []

@@ -15,7 +15,8 @@ import re
 import sys
 import time
 
-from specdec_jax.jobs import tpu_aot, tpu_programs
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import programs as tpu_programs
 
 COLLECTIVE = re.compile(
     r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+|\(.*?\)) (all-reduce|all-gather|collective-permute|"

@@ -1,6 +1,6 @@
 """Evaluation tasks: a corpus, how its examples become prompts, and its metric.
 
-A task is data, not code paths: the sweep (``jobs/sweep.py``) asks a task
+A task is data, not code paths: the sweep (``jobs/studies/sweep.py``) asks a task
 for examples, turns each ``prompt`` into tokens, cuts each decoded output at
 the task's stop strings, and hands the texts to the task's metric.
 

@@ -235,7 +235,7 @@ def agreement_stats(predicted, measured) -> dict:
     """How well modelled figures match measured ones, pair by pair (same units):
     ``n``, ``pearson`` (None under 3 pairs or when either side is constant),
     ``mean_bias`` (mean of predicted - measured) and ``mean_ratio`` (mean of
-    measured / predicted, as ``jobs.report.agreement``); None when ``n`` is 0."""
+    measured / predicted, as ``jobs.studies.report.agreement``); None when ``n`` is 0."""
     predicted, measured = (np.asarray(v, np.float64) for v in (predicted, measured))
     if predicted.shape != measured.shape:
         raise ValueError(f"{predicted.size} predicted values against {measured.size} measured.")

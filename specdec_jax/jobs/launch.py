@@ -25,16 +25,16 @@ from specdec_jax.runtime import cpu_kernels, distributed
 
 # job name -> "module:function" (imported when the launcher starts).
 JOBS = {
-    "run_study": "specdec_jax.jobs.study:run_study",
-    "run_generate": "specdec_jax.jobs.study:run_generate",
-    "run_benchmark": "specdec_jax.jobs.study:run_benchmark",
+    "run_study": "specdec_jax.jobs.studies.runs:run_study",
+    "run_generate": "specdec_jax.jobs.studies.runs:run_generate",
+    "run_benchmark": "specdec_jax.jobs.studies.runs:run_benchmark",
     "run_training": "specdec_jax.training.recipes:run_training",
     "run_distillation": "specdec_jax.training.recipes:run_distillation",
     "run_specdecpp_data": "specdec_jax.jobs.head_training:run_specdecpp_data",
     "run_specdecpp_train": "specdec_jax.jobs.head_training:run_specdecpp_train",
     "run_feature_head_data": "specdec_jax.jobs.head_training:run_feature_head_data",
     "run_feature_head_train": "specdec_jax.jobs.head_training:run_feature_head_train",
-    "tpu_compile": "specdec_jax.jobs.tpu_compile:run_tpu_compile",
+    "tpu_compile": "specdec_jax.jobs.tpu.compile_job:run_tpu_compile",
 }
 # Jobs that run across processes (sharded models, rows split by process, process 0
 # writing; training: batches split along the data axis, orbax writing every

@@ -11,7 +11,7 @@ missing (printing what and roughly how long) and ``load_member`` returns
 ``<cache>/t5/<pair>/<task>/<role>``; delete a folder to retrain it.
 
 Models resolve by these names everywhere (``jobs.resolver``); the job
-that builds a pair and reports its held-out quality is ``jobs.t5_quality``.
+that builds a pair and reports its held-out quality is ``jobs.studies.t5_quality``.
 """
 
 from __future__ import annotations

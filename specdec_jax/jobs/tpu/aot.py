@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax.jobs import hlo_stats
+from specdec_jax.jobs.tpu import hlo_stats
 from specdec_jax.runtime import sharding
 
 GIB = 1024 ** 3

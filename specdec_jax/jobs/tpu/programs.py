@@ -54,8 +54,9 @@ from specdec_jax.drafting.feature import FeatureDrafter
 from specdec_jax.drafting.maxgram import DEFAULT_MAX_NGRAM, longest_match_next
 from specdec_jax.drafting.model_drafter import ModelDrafter, default_catch_up_widths
 from specdec_jax.drafting.tree import MaxGramTrieDrafter
-from specdec_jax.jobs import tpu_aot, tpu_training
-from specdec_jax.jobs.tpu_aot import Program
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import training_steps as tpu_training
+from specdec_jax.jobs.tpu.aot import Program
 from specdec_jax.models import feature_head
 from specdec_jax.models.decoder_only import DecoderOnlyLM, with_kernel_layout
 from specdec_jax.models.interface import Prompt

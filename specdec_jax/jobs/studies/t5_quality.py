@@ -2,8 +2,8 @@
 held-out quality (``training.t5_pair`` holds the recipe and trains members on
 first use)::
 
-    python -m specdec_jax.jobs.t5_quality t5-cpu translation_en_de   # builds all three
-    python -m specdec_jax.jobs.t5_quality t5-cpu translation_en_de \\
+    python -m specdec_jax.jobs.studies.t5_quality t5-cpu translation_en_de   # builds all three
+    python -m specdec_jax.jobs.studies.t5_quality t5-cpu translation_en_de \\
         --report results/t5_cpu_translation_en_de.md                  # + held-out quality
 """
 
@@ -15,7 +15,8 @@ import pathlib
 import sys
 
 from specdec_jax.data import metrics, tasks
-from specdec_jax.jobs import resolver, sweep, tables
+from specdec_jax.jobs import resolver, tables
+from specdec_jax.jobs.studies import sweep
 from specdec_jax.training.t5_pair import PAIRS, ROLES, ensure_member, parse_member
 
 

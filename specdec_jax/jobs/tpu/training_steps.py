@@ -34,7 +34,7 @@ from specdec_jax import precision
 from specdec_jax.checkpoints import registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
-from specdec_jax.jobs import tpu_aot
+from specdec_jax.jobs.tpu import aot as tpu_aot
 from specdec_jax.models import feature_head
 from specdec_jax.models.decoder_only import DecoderOnlyLM
 from specdec_jax.models.t5 import T5Config, T5EncoderDecoderLM

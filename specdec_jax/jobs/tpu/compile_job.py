@@ -36,7 +36,10 @@ from collections.abc import Mapping, Sequence
 
 import jax
 
-from specdec_jax.jobs import hlo_stats, resolver, tables, tpu_aot, tpu_programs
+from specdec_jax.jobs import resolver, tables
+from specdec_jax.jobs.tpu import aot as tpu_aot
+from specdec_jax.jobs.tpu import hlo_stats
+from specdec_jax.jobs.tpu import programs as tpu_programs
 from specdec_jax.runtime import jsonio, resume, timing
 
 TARGET = "qwen2.5-coder-1.5b"

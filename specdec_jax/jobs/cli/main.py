@@ -9,8 +9,8 @@ import sys
 from specdec_jax.checkpoints import converted, registry
 from specdec_jax.checkpoints import fetch as fetch_lib
 from specdec_jax.data import prefetch
-from specdec_jax.jobs import generate as cli_generate
 from specdec_jax.jobs import launch
+from specdec_jax.jobs.cli import generate as cli_generate
 
 FETCH_GROUPS = ("models", "data", "all")
 

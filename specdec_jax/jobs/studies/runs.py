@@ -24,7 +24,8 @@ from specdec_jax import api, precision
 from specdec_jax.checkpoints.tree_paths import params_fingerprint
 from specdec_jax.data import tasks
 from specdec_jax.decode import cost as cost_lib
-from specdec_jax.jobs import report, resolver, sweep, tables
+from specdec_jax.jobs import resolver, tables
+from specdec_jax.jobs.studies import report, sweep
 from specdec_jax.runtime import calibration, distributed, jsonio, sharding, timing
 
 
