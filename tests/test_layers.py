@@ -4,7 +4,8 @@ core, itself ordered), modules on one line are independent, no two sibling modul
 import each other round a cycle, the core does no file, network or job I/O, and the
 library never imports the lab (``benchmarks/``). Each test below plants one
 forbidden import in a copy of the package and shows ``lint-imports`` rejecting it,
-so the contracts are not vacuous."""
+so the contracts are not vacuous. Last, the package's shape: a root of a handful of
+modules, and no two module names that differ only by a suffix or a plural."""
 
 import os
 import pathlib
@@ -84,3 +85,81 @@ def test_a_planted_import_breaks_its_contract(module, imported, broken, tmp_path
         package, _, base = importer.rpartition(".")
         assert f"in {package}." in result.stdout
         assert f".{imported.rpartition('.')[2]} -> .{base}" in result.stdout
+
+
+# --- the package's shape -------------------------------------------------------------------
+
+MAX_ROOT_MODULES = 6  # the package root: __init__, api, and a handful of core modules
+
+
+def module_names(root: pathlib.Path) -> list[pathlib.PurePosixPath]:
+    """Every module and package under ``root`` (paths relative to it, no suffix)."""
+    names = []
+    for path in sorted(root.rglob("*")):
+        if "__pycache__" in path.parts:
+            continue
+        if path.suffix == ".py" and path.name != "__init__.py":
+            names.append(pathlib.PurePosixPath(path.relative_to(root).with_suffix("")))
+        elif path.is_dir() and (path / "__init__.py").exists():
+            names.append(pathlib.PurePosixPath(path.relative_to(root)))
+    return names
+
+
+def _stem(word: str) -> str:
+    """A word without its plural or -ing/-er ending: ``verifiers`` and ``verify``,
+    ``shards`` and ``sharding``, ``loops`` and ``loop`` share one."""
+    word = word.lower()
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    for ending in ("ing", "er"):
+        if len(word) > len(ending) + 2 and word.endswith(ending):
+            word = word[:-len(ending)]
+            break
+    if word.endswith(("ie", "y")):
+        word = word[:-2] + "i" if word.endswith("ie") else word[:-1] + "i"
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word
+
+
+def suffix_twins(names) -> list[tuple[str, str]]:
+    """Pairs of module names that differ only by a plural or an ending
+    (``verify`` / ``verifiers``) anywhere in the package, or, in one package,
+    by a suffix word (``verify`` / ``verify_block``). Equal names in different
+    packages (``verify/tree``, ``drafting/tree``) are told apart by the package."""
+    pairs = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if a.name == b.name:
+                continue
+            stems_equal = [_stem(w) for w in a.name.split("_")] == \
+                [_stem(w) for w in b.name.split("_")]
+            suffixed = a.parent == b.parent and (a.name.startswith(b.name + "_")
+                                                 or b.name.startswith(a.name + "_"))
+            if stems_equal or suffixed:
+                pairs.append((str(a), str(b)))
+    return pairs
+
+
+def test_the_package_root_holds_a_handful_of_modules():
+    root = ROOT / "specdec_jax"
+    modules = sorted(p.name for p in root.glob("*.py"))
+    assert len(modules) <= MAX_ROOT_MODULES, modules
+
+
+def test_no_two_module_names_differ_only_by_a_suffix_or_a_plural():
+    assert suffix_twins(module_names(ROOT / "specdec_jax")) == []
+
+
+@pytest.mark.parametrize("a, b", [
+    ("verify", "verifiers"), ("verify", "verify_block"), ("loops", "training/loop"),
+    ("sharding", "runtime/shards"), ("drafting/acceptance_head", "checkpoints/acceptance_heads"),
+    ("decode", "models/decoder"), ("checkpoints", "training/checkpointing")])
+def test_the_twin_rule_catches_the_twins_the_package_had(a, b):
+    """The names the package once had: each pair is refused, so the rule is not vacuous."""
+    assert suffix_twins([pathlib.PurePosixPath(a), pathlib.PurePosixPath(b)]) == [(a, b)]
+
+
+def test_the_twin_rule_lets_different_names_and_packages_be():
+    names = [pathlib.PurePosixPath(n) for n in (
+        "verify/tree", "drafting/tree", "decode/tree", "data/tasks", "data/text_tasks",
+        "models/decoder_only", "decode", "training/train_loop", "loops")]
+    assert suffix_twins(names) == []

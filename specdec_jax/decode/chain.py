@@ -23,15 +23,12 @@ import jax.numpy as jnp
 
 from specdec_jax.decode.round import (
     LoopState,
-    Prefilled,
     RoundDecoder,
     Scored,
     Verdict,
     check_normalised_law,
     extend_bucketed,
-    first_loop_state,
 )
-from specdec_jax.decode.stats import zero_stats
 from specdec_jax.drafting.base import is_drafter
 from specdec_jax.drafting.model_drafter import ModelDrafter
 from specdec_jax.loops import write_rows
@@ -83,17 +80,14 @@ class SpeculativeDecoder(RoundDecoder):
         return self.gamma
 
     @property
+    def max_children(self) -> int:
+        return 1  # a chain's drafts are all first children
+
+    @property
     def needs_next_q(self) -> bool:
         if self.draft_next_q is not None:
             return self.draft_next_q
         return not self.target_fn.bonus_from_target
-
-    def init_state(self, prefilled: Prefilled, key) -> LoopState:
-        batch = prefilled.length.shape[0]
-        return first_loop_state(
-            prefilled, key, self.max_new_tokens + self.gamma + 1, self.pad_id,
-            verifier_state=self.verifier.init_state(batch),
-            stats=zero_stats(batch, self.gamma, len(self.drafter.model_names)))
 
     def draft(self, drafter_params, state: LoopState, context, key, sp: SamplingParams):
         return self.drafter.propose(drafter_params, state.drafter_state, context, self.gamma,

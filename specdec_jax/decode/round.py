@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import loops, sampling
-from specdec_jax.decode.stats import GenerationOutput, GenerationStats, count_round
+from specdec_jax.decode.stats import GenerationOutput, GenerationStats, count_round, zero_stats
 from specdec_jax.drafting.base import Context, needs_features
 from specdec_jax.drafting.model_drafter import has_nan
 from specdec_jax.loops import write_rows
@@ -292,10 +292,11 @@ class RoundDecoder(DecoderOptions):
     """Every decoder: the prefill of both models, ``generate`` = ``prefill``
     then ``decode``, the cache-room checks, and the one ``round``.
 
-    A subclass has ``target`` and ``drafter`` fields, defines
+    A subclass has ``target``, ``drafter`` and ``verifier`` fields, defines
     ``max_new_tokens``, ``gamma`` (the scratch room a round needs beyond the
     emitted tokens), ``depth`` (the most drafts a round can keep),
-    ``init_state`` and the four hooks of the round (module docstring):
+    ``max_children`` (the widest node: 1 for chains) and the four hooks of the
+    round (module docstring):
 
         draft(drafter_params, state, context, key, sp) -> (proposal, drafter_state)
         score(target_params, state, pending_B, proposal) -> Scored
@@ -369,6 +370,19 @@ class RoundDecoder(DecoderOptions):
         state = self.init_state(prefilled, key)
         return run_rounds(lambda s: self.round(target_params, drafter_params, s, sp), state,
                           self.max_new_tokens, self.rounds_per_sync)
+
+    def init_state(self, prefilled: Prefilled, key) -> LoopState:
+        """The loop state before the first round: the output buffer has room for
+        ``max_new_tokens`` and the most one round emits (``depth + 1``); the
+        statistics count up to ``depth`` kept drafts a round, each drafter
+        model and ``max_children`` sibling ranks."""
+        batch = prefilled.length.shape[0]
+        init_verifier = getattr(self.verifier, "init_state", lambda batch: None)
+        return first_loop_state(
+            prefilled, key, self.max_new_tokens + self.depth + 1, self.pad_id,
+            verifier_state=init_verifier(batch),
+            stats=zero_stats(batch, self.depth, len(self.drafter.model_names),
+                             self.max_children))
 
     def round_keys(self, key) -> tuple[Array, Any, Array]:
         """(the next round's key, the drafter's, the verifier's)."""

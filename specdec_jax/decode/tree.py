@@ -52,14 +52,11 @@ import jax.numpy as jnp
 from specdec_jax import sampling
 from specdec_jax.decode.round import (
     LoopState,
-    Prefilled,
     RoundDecoder,
     Scored,
     Verdict,
     check_normalised_law,
-    first_loop_state,
 )
-from specdec_jax.decode.stats import zero_stats
 from specdec_jax.drafting.base import is_drafter, needs_features
 from specdec_jax.drafting.maxgram import MaxGramDrafter
 from specdec_jax.drafting.model_drafter import ModelDrafter
@@ -303,14 +300,6 @@ class TreeDecoder(RoundDecoder):
     @property
     def needs_next_q(self) -> bool:
         return not self.target_fn.bonus_from_target
-
-    def init_state(self, prefilled: Prefilled, key) -> LoopState:
-        batch = prefilled.length.shape[0]
-        return first_loop_state(
-            prefilled, key, self.max_new_tokens + self.depth + 1, self.pad_id,
-            verifier_state=None, stats=zero_stats(batch, self.depth,
-                                                  len(self.drafter.model_names),
-                                                  self.max_children))
 
     def draft(self, drafter_params, state: LoopState, context, key, sp: SamplingParams):
         return self.drafter.propose_tree(drafter_params, state.drafter_state, context,
