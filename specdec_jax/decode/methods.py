@@ -75,14 +75,11 @@ class Method:
                                  f"method {self.name!r}.")
 
 
-def _chain(cls: type[TargetFunction]) -> Method:
-    range_ = None if cls is target_functions.SpecDecode else cls.alpha_range
-    return Method(cls.name, CHAIN, cls(), range_)
-
-
 METHODS: dict[str, Method] = {
     AUTOREGRESSIVE: Method(AUTOREGRESSIVE, AUTOREGRESSIVE),
-    **{name: _chain(cls) for name, cls in target_functions.TARGETS.items()},
+    # Every target function is a chain method of its name.
+    **{name: Method(name, CHAIN, cls(), cls.alpha_range)
+       for name, cls in target_functions.TARGETS.items()},
     # The cascade baselines that are not a chain round: the oracle (a G = 0 round
     # with Diff), the sequential token cascade (Chow) and the original Big-Little
     # Decoder, whose alpha is its rollback threshold on D(q, p).

@@ -49,6 +49,7 @@ TREE_BY_NAME: dict[str, Callable[[], Any]] = {
     "traversal": TraversalVerifier, "rrs": RecursiveRejectionVerifier,
     "rrs-replacement": functools.partial(RecursiveRejectionVerifier, name="rrs-replacement"),
     "greedy": GreedyTreeVerifier}
+# The built-in names (``register`` adds to the tables, not to these).
 VERIFIERS = tuple(CHAIN_BY_NAME)  # chains; the default first
 TREE_VERIFIERS = tuple(TREE_BY_NAME)  # trees; the default first
 ALL_VERIFIERS = VERIFIERS + tuple(v for v in TREE_VERIFIERS if v not in VERIFIERS)
@@ -56,6 +57,21 @@ DEFAULT_TREE_VERIFIER = TREE_VERIFIERS[0]
 # A chain verifier's name, given for a tree: its tree form.
 TREE_FORMS = {"token": "rrs", "block": "traversal"}
 _REQUESTED_DRAWS = {"rrs-replacement": WITH_REPLACEMENT}
+
+
+def register(name: str, make: Callable[[], Any], *, tree: bool = False) -> None:
+    """Adds a verifier to the table: ``make()`` builds the strategy (a frozen
+    dataclass whose ``__call__`` takes what the built-in verifiers of its kind
+    take), for chains or, with ``tree``, for token trees. From then on
+    ``get_verifier(name)``, and so ``make_decoder``, ``make_generate_fn`` and
+    ``generate``, take ``verifier=name``. Registering the same constructor
+    again changes nothing; another one under a taken name is refused."""
+    taken = CHAIN_BY_NAME.get(name, TREE_BY_NAME.get(name))
+    if taken is make:
+        return
+    if taken is not None:
+        raise ValueError(f"verifier name {name!r} is taken by {taken}; pick another name.")
+    (TREE_BY_NAME if tree else CHAIN_BY_NAME)[name] = make
 
 
 def get_verifier(name: str | None = None, *, tree: bool = False) -> Any:
