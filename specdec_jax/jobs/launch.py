@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import gin
 
 from specdec_jax.checkpoints import fetch
-from specdec_jax.runtime import cpu_kernels, distributed
+from specdec_jax.runtime import cpu_kernels, devices, distributed
 
 # job name -> "module:function" (imported when the launcher starts).
 JOBS = {
@@ -193,6 +193,7 @@ def main(argv: Sequence[str] | None = None, *, default_job: str = "run_study",
     "module:function") adds jobs from outside the package: ``benchmarks.main``
     passes the benchmarks', which the package never imports."""
     args = parse_args(argv, description)
+    devices.run_on_cpu_without_chips()  # no libtpu runtime where there is no TPU
 
     if args.multihost_auto:
         distributed.initialize_auto()

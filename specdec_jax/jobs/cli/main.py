@@ -11,6 +11,7 @@ from specdec_jax.checkpoints import fetch as fetch_lib
 from specdec_jax.data import prefetch
 from specdec_jax.jobs import launch
 from specdec_jax.jobs.cli import generate as cli_generate
+from specdec_jax.runtime import devices
 
 FETCH_GROUPS = ("models", "data", "all")
 
@@ -70,6 +71,7 @@ def _launch(args, default_job: str, kind: str) -> int:
 
 
 def main(argv=None) -> int:
+    devices.run_on_cpu_without_chips()  # no libtpu runtime where there is no TPU
     args, rest = build_parser().parse_known_args(argv)
     if rest and args.command not in ("eval", "train"):  # only the gin launcher takes its own flags
         build_parser().parse_args(argv)  # exits with argparse's message
