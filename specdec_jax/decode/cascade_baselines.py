@@ -112,16 +112,20 @@ class DraftUntilDecoder(SpeculativeDecoder):
         if not 0.0 <= self.fallback_alpha <= 1.0:
             raise ValueError(f"fallback_alpha must be in [0, 1], got {self.fallback_alpha}.")
         token_cascade = self.mode == "token-cascade"
-        stop = DeferralStop(self.rule if token_cascade else None, self.fallback_alpha)
-        if not isinstance(self.drafter, DraftUntilDrafter):
-            object.__setattr__(self, "drafter", DraftUntilDrafter(
-                self.drafter, stop=stop, widths=self.target_widths))
         # The round's pi: the cascade's own for the token cascade; BiLD's rollback
         # draws from p (``verify``), which the target function gives as pi = p.
-        object.__setattr__(self, "target_fn",
-                           self.rule if token_cascade else target_functions.SpecDecode())
+        target_fn = self.rule if token_cascade else target_functions.SpecDecode()
+        if (self.target_fn not in (None, target_fn) or self.gamma not in (0, self.max_drafts)
+                or self.verifier != TokenVerifier()):
+            raise ValueError("DraftUntilDecoder sets its own target function, gamma and "
+                             "verifier from mode, rule and max_drafts; drop target_fn, gamma "
+                             "and verifier.")
+        if not isinstance(self.drafter, DraftUntilDrafter):
+            stop = DeferralStop(self.rule if token_cascade else None, self.fallback_alpha)
+            object.__setattr__(self, "drafter", DraftUntilDrafter(
+                self.drafter, stop=stop, widths=self.target_widths))
+        object.__setattr__(self, "target_fn", target_fn)
         object.__setattr__(self, "gamma", self.max_drafts)
-        object.__setattr__(self, "verifier", TokenVerifier())
         super().__post_init__()
 
     def verify(self, key, state: LoopState, proposal, dist: Distributions,
