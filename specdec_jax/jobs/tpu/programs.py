@@ -46,6 +46,7 @@ from jax.sharding import Mesh
 from specdec_jax import api, precision
 from specdec_jax.checkpoints import gguf, registry
 from specdec_jax.checkpoints.hf_decoder import decoder_config_from_hf
+from specdec_jax.decode import methods
 from specdec_jax.decode.tree import make_tree_drafter
 from specdec_jax.drafting import make_drafter
 from specdec_jax.drafting.acceptance_head import AcceptanceHead, HeadConfig
@@ -370,6 +371,8 @@ def generate_program(name: str, models: dict, shapes: Shapes, mesh: Mesh) -> Pro
             params = tpu_aot.replicated(
                 jax.ShapeDtypeStruct((target.vocab_size, TRIE_COLUMNS), jnp.int32), mesh)
     gamma = None if kind in ("csd", TREE_DYNAMIC, TREE_TRIE) else shapes.gamma
+    # Only a method whose rounds verify a drafted block takes a verifier.
+    verifier = verifier if methods.get_method(method).verifies_block else None
     fn = api.make_generate_fn(target=target, drafter=strategy, method=method, gamma=gamma,
                               verifier=verifier, max_new_tokens=shapes.max_new_tokens)
     prompt = tpu_aot.batch_sharded(Prompt(
