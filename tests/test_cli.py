@@ -425,3 +425,27 @@ def test_auto_weights_keep_a_gguf_files_blocks_only_where_the_kernel_multiplies_
     assert not stored("qwen2.5-coder-1.5b", dtype="bfloat16")
     assert not stored("qwen2.5-coder-1.5b", kernel_layout="in_out")
     assert not stored("toy-bytes-large")  # not a GGUF checkpoint
+
+
+def test_the_output_says_which_drafting_strategy_runs():
+    """Printed before the run and kept in the report: the strategy and the flag
+    that changes it, for every kind of method."""
+    import argparse  # noqa: PLC0415
+
+    from specdec_jax.jobs.cli import generate as cli_generate  # noqa: PLC0415
+
+    def said(method="specdecode", gamma=None, **kwargs):
+        args = argparse.Namespace(method=method, gamma=gamma, draft_weights="stored")
+        return cli_generate.drafting_strategy(args, kwargs.pop("spec", "small"),
+                                              kwargs.pop("g", 5), kwargs.pop("tree", None),
+                                              kwargs.pop("choice", None))
+
+    assert said(choice={"gamma": 5}) == ("a chain of 5 drafts a round from small (stored "
+                                         "weights; G chosen by the cost model; --tree for "
+                                         "trees)")
+    assert "; --gamma;" in said(gamma=5)
+    assert said(tree="3,2,1,1").startswith("a token tree 3,2,1,1 a round from small")
+    assert said(spec="small+mag").startswith("the strategy small+mag, 5 drafts a round")
+    assert said(method="token-cascade", g=10).startswith("small token by token until the "
+                                                         "token-cascade rule defers, at most 10")
+    assert said(method="autoregressive").startswith("none: the target alone")

@@ -211,6 +211,29 @@ def _more_repeats(repeats: int, done: int, runs_s: dict) -> bool:
     return done < AUTO_MAX_REPEATS and least < AUTO_TIMED_S
 
 
+def drafting_strategy(args, spec: str, gamma: int, tree, gamma_choice) -> str:
+    """What drafts each round, in words (printed before the run, kept in the
+    report): the target alone, a chain of G drafts from one model (G chosen
+    by the cost model or given), a token tree, or a strategy of several
+    drafters (``--draft``), with the flag that changes it."""
+    kind = methods.get_method(args.method).kind
+    if kind == methods.AUTOREGRESSIVE:
+        return "none: the target alone, a token a step"
+    weights = f"{args.draft_weights} weights"
+    if tree is not None:
+        return f"a token tree {tree} a round from {spec} ({weights}; --tree)"
+    if kind == methods.DRAFT_UNTIL:
+        return (f"{spec} token by token until the {args.method} rule defers, at most "
+                f"{gamma} a round ({weights})")
+    if kind == methods.ORACLE:
+        return f"{spec} at every position beside the target ({weights})"
+    if len(drafting.parse_spec(spec)) > 1 or spec == drafting.spec.MAG:
+        return f"the strategy {spec}, {gamma} drafts a round (--draft, --k-matrix)"
+    how = ("G chosen by the cost model" if gamma_choice is not None
+           else "--gamma" if args.gamma is not None else "the default G; --gamma")
+    return f"a chain of {gamma} drafts a round from {spec} ({weights}; {how}; --tree for trees)"
+
+
 def explain_gamma(choice: dict) -> str:
     steps, widest = choice["target_steps_s"], max(choice["target_steps_s"])
     by_gamma = ", ".join(f"G={g}: {row['predicted_speedup']:.2f}x"
@@ -573,6 +596,9 @@ def run(args) -> int:
                 timer=timer, with_next=cost.tree_scores_leaves(args.method))
             if not args.json:
                 print(explain_tree_prediction(tree_choice), flush=True)
+    strategy = drafting_strategy(args, spec, gamma, tree, gamma_choice)
+    if not args.json:
+        print(f"drafting: {strategy}", flush=True)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
              else p for p in prompts]
     token_lists = [tokenizer.encode(t) for t in texts]
@@ -643,6 +669,7 @@ def run(args) -> int:
             target=target, target_params=target_params, drafter=drafter,
             drafter_params=drafter_params, gamma=gamma, run=results[args.method],
             timer=timer)
+    report["drafting"] = strategy
     if gamma_choice is not None:
         report["gamma_choice"] = gamma_choice
     if tree_choice is not None:
