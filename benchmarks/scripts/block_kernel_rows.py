@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=150)
     args = parser.parse_args(argv)
     if not cpu_kernels.enable() or not matmul.blocks_active():
-        print("the block kernel needs a C++ compiler and a CPU with AVX-512 VNNI",
+        print("the block kernel needs a C++ compiler and a CPU with a SIMD path for it "
+              "(AVX2, AVX-VNNI or AVX-512 VNNI)",
               file=sys.stderr)
         return 1
     rng = np.random.default_rng(0)

@@ -19,6 +19,8 @@
 // equal to it bit for bit, so exactness never depends on the CPU):
 //   Reference  scalar C++ (this file): the oracle, compiled everywhere.
 //   Avx512     AVX-512 VNNI + BW: a 512-bit register per 16 lanes (block_dot_avx512.h).
+//   Avx256<1>  AVX-VNNI (or AVX-512 VNNI's 256-bit form): vpdpbusd on ymm.
+//   Avx256<0>  AVX2 + FMA + F16C: vpmaddubsw / vpmaddwd (block_dot_avx2.h).
 // Best is the first of them the compiler targets; SPECDEC_BLOCKS_REFERENCE
 // forces the reference. The integer sums are exact in every path (each
 // bound is written where it is used), so only the float sequence matters: it
@@ -593,6 +595,9 @@ struct Reference {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include "block_dot_avx512.h"
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "block_dot_avx2.h"
+#endif
 #endif
 
 namespace specdec {
@@ -601,6 +606,10 @@ namespace blocks {
 // The path this build runs: the widest the compiler targets.
 #if defined(SPECDEC_BLOCKS_AVX512)
 using Best = Avx512;
+#elif defined(SPECDEC_BLOCKS_AVXVNNI)
+using Best = Avx256<true>;
+#elif defined(SPECDEC_BLOCKS_AVX2)
+using Best = Avx256<false>;
 #else
 using Best = Reference;
 #endif

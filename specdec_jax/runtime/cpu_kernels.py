@@ -9,10 +9,12 @@ correctness: without a C++ compiler, on another platform, or after
 ``enable(False)``, every product runs as XLA's dot.
 
 The block kernel (products with weights kept in their GGUF blocks,
-``native/block_dot.h``) is registered where the build has a SIMD path for it
-(AVX-512 VNNI), bit for bit the scalar reference; a build without one has
-only the reference, which is not registered (``SpecdecHasBlockKernel`` is 0):
-it measured 8x slower than XLA's float32 dot of the dequantised matrix.
+``native/block_dot.h``) runs the widest path the build targets:
+``avx512vnni``, ``avxvnni`` or ``avx2`` (x86-64 with AVX2, FMA and F16C),
+each bit for bit the scalar reference. A build with none of them has only
+the reference, which is not registered (``SpecdecHasBlockKernel`` is 0): it
+measured 8x slower than XLA's float32 dot of the dequantised matrix, so
+stored matrices are dequantised there.
 """
 
 from __future__ import annotations
