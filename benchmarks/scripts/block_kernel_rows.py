@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not cpu_kernels.enable() or not matmul.blocks_active():
         print("the block kernel needs a C++ compiler and a CPU with a SIMD path for it "
-              "(AVX2, AVX-VNNI or AVX-512 VNNI)",
+              "(AVX2, AVX-VNNI, AVX-512 VNNI or NEON dotprod)",
               file=sys.stderr)
         return 1
     rng = np.random.default_rng(0)

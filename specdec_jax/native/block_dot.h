@@ -21,6 +21,7 @@
 //   Avx512     AVX-512 VNNI + BW: a 512-bit register per 16 lanes (block_dot_avx512.h).
 //   Avx256<1>  AVX-VNNI (or AVX-512 VNNI's 256-bit form): vpdpbusd on ymm.
 //   Avx256<0>  AVX2 + FMA + F16C: vpmaddubsw / vpmaddwd (block_dot_avx2.h).
+//   Neon       AArch64 NEON with dotprod: sdot (block_dot_neon.h).
 // Best is the first of them the compiler targets; SPECDEC_BLOCKS_REFERENCE
 // forces the reference. The integer sums are exact in every path (each
 // bound is written where it is used), so only the float sequence matters: it
@@ -598,6 +599,9 @@ struct Reference {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "block_dot_avx2.h"
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#include "block_dot_neon.h"
+#endif
 #endif
 
 namespace specdec {
@@ -610,6 +614,8 @@ using Best = Avx512;
 using Best = Avx256<true>;
 #elif defined(SPECDEC_BLOCKS_AVX2)
 using Best = Avx256<false>;
+#elif defined(SPECDEC_BLOCKS_NEON)
+using Best = Neon;
 #else
 using Best = Reference;
 #endif

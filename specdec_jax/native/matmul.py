@@ -24,7 +24,7 @@ Gradients go through XLA's formulation (``custom_jvp``).
 
 Weights kept in their GGUF file's blocks (``native.stored_blocks.StoredMatrix``)
 take the block kernel on a CPU with a SIMD path for it (AVX-512 VNNI, AVX-VNNI,
-AVX2; ``runtime.cpu_kernels.block_kernel_isa``), at every row count: each row
+AVX2, NEON dotprod; ``runtime.cpu_kernels.block_kernel_isa``), at every row count: each row
 of ``x`` is quantised to int8 per 32, 64 or 256 values (by format) and
 multiplied with the blocks' integer codes, a fixed function of that row and
 the file (the same bits for a row alone or among 16, and on every path: each

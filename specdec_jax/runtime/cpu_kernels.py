@@ -10,8 +10,9 @@ correctness: without a C++ compiler, on another platform, or after
 
 The block kernel (products with weights kept in their GGUF blocks,
 ``native/block_dot.h``) runs the widest path the build targets:
-``avx512vnni``, ``avxvnni`` or ``avx2`` (x86-64 with AVX2, FMA and F16C),
-each bit for bit the scalar reference. A build with none of them has only
+``avx512vnni``, ``avxvnni``, ``avx2`` (x86-64 with AVX2, FMA and F16C) or
+``neon-dotprod`` (AArch64 with the dot-product extension), each bit for bit
+the scalar reference. A build with none of them has only
 the reference, which is not registered (``SpecdecHasBlockKernel`` is 0): it
 measured 8x slower than XLA's float32 dot of the dequantised matrix, so
 stored matrices are dequantised there.
