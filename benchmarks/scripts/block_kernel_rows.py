@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         rows.append([name, fmt, f"{out} x {k}"]
                     + [f"{seconds[m] * 1e3:.3f} ({seconds[m] / seconds[args.rows[0]]:.2f}x)"
                        for m in args.rows])
-    print(timing.environment())
+    print(timing.environment(), f"block kernel path: {cpu_kernels.block_kernel_isa()}")
     print("\n".join(tables.markdown_table(
         ["matrix", "format", "out x in"] + [f"M = {m}, ms" for m in args.rows], rows)))
     return 0
