@@ -35,8 +35,8 @@
 #include "xla/ffi/api/ffi.h"
 #include "block_dot.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>  // _mm_getcsr; the AVX-512 float kernels
 #endif
 
 namespace ffi = xla::ffi;
@@ -162,10 +162,34 @@ void Rows(const float* x, const T* w, const float* scale, float* y, int64_t m_di
 // waits on a helper that is busy elsewhere; it waits only for chunks a helper
 // has already started. Held by shared_ptr because a helper may pick the job up
 // after the call returned (it then finds no chunk left).
+// The floating-point control state (x86 MXCSR, AArch64 FPCR): rounding mode
+// and whether subnormals are flushed. XLA's threads flush them (FTZ / DAZ);
+// a helper takes the state of the thread that posted the job for as long as
+// it works on it, so an output's bits never depend on which thread computed
+// its chunk. (Helpers inherit the state of the thread that created them,
+// which need not be the caller's: a product whose scales times activations
+// fall among subnormals gave all zeros through XLA and nonzero outputs in a
+// thread without FTZ, measured.)
+#if defined(__x86_64__) || defined(__i386__)
+inline uint64_t FpControl() { return _mm_getcsr(); }
+inline void SetFpControl(uint64_t state) { _mm_setcsr(static_cast<unsigned>(state)); }
+#elif defined(__aarch64__)
+inline uint64_t FpControl() {
+  uint64_t state;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(state));
+  return state;
+}
+inline void SetFpControl(uint64_t state) { __asm__ __volatile__("msr fpcr, %0" : : "r"(state)); }
+#else
+inline uint64_t FpControl() { return 0; }
+inline void SetFpControl(uint64_t) {}
+#endif
+
 struct Job {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
   int64_t num_chunks = 0;
+  uint64_t fp_control = FpControl();  // the posting thread's (see FpControl)
   std::function<void(int64_t)> run;
 
   void Work() {
@@ -251,7 +275,10 @@ class Helpers {
           job = Take();
         }
       }
+      const uint64_t own = FpControl();
+      SetFpControl(job->fp_control);
       job->Work();
+      SetFpControl(own);
     }
   }
 
