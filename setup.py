@@ -65,7 +65,7 @@ setup(
     packages=find_packages(include=["specdec_jax", "specdec_jax.*"]) + ["specdec_jax.configs"],
     package_dir={"specdec_jax.configs": "configs"},
     package_data={"specdec_jax.data": ["packaged/*.npz", "packaged/*.json"],
-                  "specdec_jax.native": ["*.cc"],
+                  "specdec_jax.native": ["*.cc", "*.h"],
                   "specdec_jax.configs": ["models/*.gin", "runs/*.gin"]},
     python_requires=">=3.10",
     install_requires=CORE,

@@ -195,7 +195,8 @@ def test_interleaving_in_chunks_changes_no_byte(fmt, monkeypatch):
 def block_kernel():
     was_enabled = native_matmul._STATE.enabled
     if not cpu_kernels.enable() or not native_matmul.blocks_active():
-        pytest.skip("the block kernel needs a C++ compiler and a CPU with AVX-512 VNNI")
+        pytest.skip("the block kernel needs a C++ compiler and a CPU with a SIMD path for it "
+                    "(AVX2, AVX-VNNI, AVX-512 VNNI or NEON dotprod)")
     yield
     native_matmul.set_enabled(was_enabled)
 

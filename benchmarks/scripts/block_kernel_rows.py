@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=150)
     args = parser.parse_args(argv)
     if not cpu_kernels.enable() or not matmul.blocks_active():
-        print("the block kernel needs a C++ compiler and a CPU with AVX-512 VNNI",
+        print("the block kernel needs a C++ compiler and a CPU with a SIMD path for it "
+              "(AVX2, AVX-VNNI, AVX-512 VNNI or NEON dotprod)",
               file=sys.stderr)
         return 1
     rng = np.random.default_rng(0)
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
         rows.append([name, fmt, f"{out} x {k}"]
                     + [f"{seconds[m] * 1e3:.3f} ({seconds[m] / seconds[args.rows[0]]:.2f}x)"
                        for m in args.rows])
-    print(timing.environment())
+    print(timing.environment(), f"block kernel path: {cpu_kernels.block_kernel_isa()}")
     print("\n".join(tables.markdown_table(
         ["matrix", "format", "out x in"] + [f"M = {m}, ms" for m in args.rows], rows)))
     return 0

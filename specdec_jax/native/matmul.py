@@ -23,13 +23,15 @@ widened (2-core x86_64, docs/results.md); past 512 rows it was not measured.
 Gradients go through XLA's formulation (``custom_jvp``).
 
 Weights kept in their GGUF file's blocks (``native.stored_blocks.StoredMatrix``)
-take the block kernel on a CPU with AVX-512 VNNI, at every row count: each row
-of ``x`` is quantised to int8 per 64 values and multiplied with the blocks'
-integer codes, a fixed function of that row and the file (the same bits for a
-row alone or among 16; what keeps speculative decoding exact with respect to
-it). Everywhere else (other platforms, no VNNI, kernel off) they are
-dequantised (bit for bit ``gguf``'s values) and multiplied by XLA: the float
-model of the file.
+take the block kernel on a CPU with a SIMD path for it (AVX-512 VNNI, AVX-VNNI,
+AVX2, NEON dotprod; ``runtime.cpu_kernels.block_kernel_isa``), at every row count: each row
+of ``x`` is quantised to int8 per 32, 64 or 256 values (by format) and
+multiplied with the blocks' integer codes, a fixed function of that row and
+the file (the same bits for a row alone or among 16, and on every path: each
+equals the scalar reference of ``block_dot.h`` bit for bit; what keeps
+speculative decoding exact with respect to it). Everywhere else (other
+platforms, no SIMD path, kernel off) they are dequantised (bit for bit
+``gguf``'s values) and multiplied by XLA: the float model of the file.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ BLOCK_CHUNK = 64  # activations are quantised per this many values
 class _State:
     registered: bool = False
     enabled: bool = True
-    blocks: bool = False  # the loaded library has the block kernel (AVX-512 VNNI)
+    blocks: bool = False  # the loaded library has the block kernel (a SIMD path)
 
 
 _STATE = _State()
@@ -207,7 +209,7 @@ def _dequantized_product(x: Array, w: stored_blocks.StoredMatrix, precision) -> 
 
 def block_product(x: Array, w: stored_blocks.StoredMatrix, precision=None) -> Array:
     """``x[..., K] @ dequantize(w)^T``: the block kernel on one CPU device with
-    VNNI and float32 ``x`` (int8 activations, module docstring), else XLA's
+    its SIMD path and float32 ``x`` (int8 activations, module docstring), else XLA's
     product with the dequantised matrix. The choice is made while tracing, so
     one traced function computes one of the two at every row count."""
     k = w.in_features

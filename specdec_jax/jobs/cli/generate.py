@@ -39,6 +39,7 @@ from specdec_jax.drafting import head_vocab
 from specdec_jax.jobs import resolver
 from specdec_jax.models import weight_storage
 from specdec_jax.models.layers import KERNEL_LAYOUTS, OUT_IN
+from specdec_jax.native import matmul as native_matmul
 from specdec_jax.runtime import calibration, cpu_kernels, timing
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -410,8 +411,8 @@ def load_drafter_models(args, names, kernel: bool) -> dict:
     for name in names:
         if name == drafting.spec.MAG or drafting.feature_path(name) is not None:
             continue
-        if args.draft_weights == STORED or (args.draft_weights == "auto"
-                                            and stored_by_default(args, name, kernel)):
+        if args.draft_weights == STORED or (args.draft_weights == "auto" and stored_by_default(
+                args, name, kernel and native_matmul.blocks_active())):
             model, params, tok = resolver.resolve(name, dtype=args.dtype,
                                                   kernel_layout=args.kernel_layout,
                                                   weights=STORED)
@@ -473,9 +474,11 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer, draf
 
 def stored_by_default(args, name: str, kernel: bool) -> bool:
     """``auto`` weights: a GGUF model keeps its file's blocks where the block
-    kernel multiplies them (the CPU kernel on, float32 activations, the
-    ``out_in`` layout); elsewhere its float32 copy is the faster and the
-    one every layout and dtype supports."""
+    kernel multiplies them (``kernel``: the CPU kernel on with a SIMD block
+    path, ``native.matmul.blocks_active``; float32 activations, the ``out_in``
+    layout); elsewhere its float32 copy is the faster and the one every
+    layout and dtype supports (a build with only the scalar reference would
+    dequantise the blocks before every product)."""
     return (kernel and is_gguf(name) and args.kernel_layout == OUT_IN
             and precision.resolve_dtype(args.dtype) == "float32")
 
@@ -561,7 +564,8 @@ def run(args) -> int:
     # What each drafter model is stored as (auto resolves per model).
     args.draft_weights = ",".join(sorted({m[3] for m in drafter_models.values()})) or "f32"
     if args.target_weights == "auto":
-        args.target_weights = STORED if stored_by_default(args, args.target, kernel) else "f32"
+        args.target_weights = STORED if stored_by_default(
+            args, args.target, kernel and native_matmul.blocks_active()) else "f32"
     target, target_params, tokenizer = resolver.resolve(args.target, dtype=args.dtype,
                                                          kernel_layout=args.kernel_layout,
                                                          weights=args.target_weights)

@@ -1,0 +1,697 @@
+// Products with weights kept in their GGUF file's blocks (native/stored_blocks.py),
+// activations quantised per row to int8: y[m, n] = x[m] . w[n] for M few rows.
+// No XLA here: small_m_matmul.cc calls Product<Best> from its FFI handler, and
+// block_dot_check.cc compares every compiled path with the reference.
+//
+// Every format reads as codes q (unsigned bytes) with a scale s and an offset o
+// per group of weights: w = s * q + o (q4_k: s = d * sc, o = -dmin * m; q6_k:
+// o = -32 s; q8_0: q + 128 with o = -128 s; ...). Each row of x is cut into
+// chunks (64, 256 or 32 values, by format), each quantised to int8
+// a = round(x * 127 / max |x|) with da = max |x| / 127, once per call. Products
+// of codes and activations are exact integer sums of 4 (a "lane"), and a row's
+// float work is a fixed sequence of multiplies, fused multiply-adds and (file
+// layouts) one reduction tree over 16 lanes, per output row. The result for a
+// row depends on that row of x and on w alone: a row gets the same bits
+// whether it is multiplied alone or with 16 others, which is what makes
+// speculative decoding exact with respect to this function.
+//
+// Paths (the design: one scalar reference of the integer sums, every SIMD path
+// equal to it bit for bit, so exactness never depends on the CPU):
+//   Reference  scalar C++ (this file): the oracle, compiled everywhere.
+//   Avx512     AVX-512 VNNI + BW: a 512-bit register per 16 lanes (block_dot_avx512.h).
+//   Avx256<1>  AVX-VNNI (or AVX-512 VNNI's 256-bit form): vpdpbusd on ymm.
+//   Avx256<0>  AVX2 + FMA + F16C: vpmaddubsw / vpmaddwd (block_dot_avx2.h).
+//   Neon       AArch64 NEON with dotprod: sdot (block_dot_neon.h).
+// Best is the first of them the compiler targets; SPECDEC_BLOCKS_REFERENCE
+// forces the reference. The integer sums are exact in every path (each
+// bound is written where it is used), so only the float sequence matters: it
+// is written once, in the reference, and each path performs the same
+// operations in the same order per lane. Three things keep that true:
+// - the build must not contract a * b + c into one fma where the reference
+//   rounds twice: every build (cpu_kernels.py, the harness) passes
+//   -ffp-contract=off, and the reference calls std::fma where SIMD fuses;
+// - float16 scales are converted exactly (vcvtph2ps, HalfToFloat);
+// - rounding to int8 is x86's cvtps2dq (nearest, ties to even; NaN or out of
+//   range: INT32_MIN) then saturation, for finite activations (tiny chunks,
+//   max |x| < 127 / FLT_MAX, make 127 / max infinite and their codes -128 in
+//   every path). Activations with NaN are outside the identity: vmaxps and
+//   std::max drop a NaN at different places.
+// Everything is also the same bits in one floating-point environment only:
+// XLA's threads flush denormals (FTZ / DAZ), the harness does not.
+
+#ifndef SPECDEC_JAX_NATIVE_BLOCK_DOT_H_
+#define SPECDEC_JAX_NATIVE_BLOCK_DOT_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#ifndef SPECDEC_UNROLL
+#define SPECDEC_UNROLL _Pragma("GCC unroll 8")
+#endif
+
+namespace specdec {
+namespace blocks {
+
+enum Format : int32_t {
+  kQ8_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ4_K = 3, kQ6_K = 4, kQ4_KX16 = 5, kQ6_KX16 = 6, kQ5_0X16 = 7
+};
+constexpr int kNumFormats = 8;
+inline const char* FormatName(int32_t f) {
+  static const char* const kNames[kNumFormats] = {"q8_0", "q4_1", "q5_0", "q4_k",
+                                                  "q6_k", "q4_k_x16", "q6_k_x16", "q5_0_x16"};
+  return f >= 0 && f < kNumFormats ? kNames[f] : "?";
+}
+
+constexpr int kChunk = 64;   // file layouts q8_0, q4_1, q5_0: activations per scale, one unit
+constexpr int kSuper = 256;  // k-quants: super-block, activations per scale
+
+// The 32-weight file formats, two blocks at a time (a unit of one chunk).
+template <int F> struct UnitSpec;
+template <> struct UnitSpec<kQ8_0> { static constexpr int kWeights = 64, kBytes = 68; };
+template <> struct UnitSpec<kQ4_1> { static constexpr int kWeights = 64, kBytes = 40; };
+template <> struct UnitSpec<kQ5_0> { static constexpr int kWeights = 64, kBytes = 44; };
+template <int F> struct KSpec;
+template <> struct KSpec<kQ4_K> { static constexpr int kBytes = 144; };
+template <> struct KSpec<kQ6_K> { static constexpr int kBytes = 210; };
+
+// Interleaved by 16 output rows (byte layouts: block_dot_avx512.h, where each
+// format's pass says why it is laid out so).
+constexpr int kX16Lanes = 16;
+constexpr int64_t kX16Bytes = 32 + 32 + 128 + 128 + 2048;  // q4_k_x16, per super-block
+constexpr int kX16Codes = 320;                              // its code lines
+constexpr int64_t kX16Q6Bytes = 32 + 256 + 2048 + 1024;     // q6_k_x16, per super-block
+constexpr int kX16Q6Low = 288, kX16Q6High = 288 + 2048;
+constexpr int64_t kX16Q5Bytes = 32 + 256 + 64;              // q5_0_x16, per block of 32
+
+// ---------------------------------------------------------------------------
+// Activations, quantised once per call (the same values in every path; the
+// layout of PassActivations follows the path's rows per pass).
+
+// Per row and chunk of 64 (file layouts q8_0, q4_1, q5_0): int8 codes, scale,
+// and per lane the sum of its 4 codes times the scale.
+struct Activations {
+  std::vector<int8_t> q;    // [M, K]
+  std::vector<float> d;     // [M, K / 64]
+  std::vector<float> sums;  // [M, K / 64, 16]
+  int64_t chunks = 0;
+};
+
+// Per row and super-block of 256 (q4_k, q6_k: llama.cpp's Q8_K).
+struct SuperActivations {
+  std::vector<int8_t> q;      // [M, K]
+  std::vector<float> d;       // [M, K / 256]
+  std::vector<int16_t> sums;  // [M, K / 256, 16]: sums of the 16 groups of 16
+  int64_t supers = 0;
+};
+
+// Per row and 32 (interleaved layouts), grouped in passes of rows: codes as
+// int32 words of 4 (word k of row r of a pass at k * rows + r), so a
+// broadcast of one row's 4 codes is one load.
+struct PassActivations {
+  std::vector<int32_t> words;  // per pass: [K / 4][rows]
+  std::vector<float> d, dsum;  // per pass: [K / 32][rows]: da, da * asum
+  // per pass: [K / 16][rows]: -32 times the integer sum of each 16 codes (q6_k's
+  // sub-blocks of 16, whose weights are q - 32)
+  std::vector<int32_t> q6_offset;
+  std::vector<int32_t> asum;  // per pass: [K / 32][rows]: the integer sum of each 32 codes
+  std::vector<int64_t> first, rows;  // per pass: its first row of x and row count
+};
+
+// Passes of equal size, at most max_rows each (9 rows, at most 12: one pass;
+// 16: two of 8).
+inline void PlanPasses(int64_t m_dim, int64_t max_rows, PassActivations& a) {
+  const int64_t passes = (m_dim + max_rows - 1) / max_rows;
+  const int64_t per_pass = (m_dim + passes - 1) / passes;
+  a.first.clear();
+  a.rows.clear();
+  for (int64_t m0 = 0; m0 < m_dim; m0 += per_pass) {
+    a.first.push_back(m0);
+    a.rows.push_back(std::min(per_pass, m_dim - m0));
+  }
+}
+
+inline void ResizePass(int64_t m_dim, int64_t k_dim, PassActivations& a) {
+  a.words.resize(m_dim * k_dim / 4);
+  a.d.resize(m_dim * k_dim / 32);
+  a.dsum.resize(m_dim * k_dim / 32);
+  a.q6_offset.resize(m_dim * k_dim / 16);
+  a.asum.resize(m_dim * k_dim / 32);
+}
+
+// Row m's view of PassActivations, whatever the pass layout (the reference
+// and the harness read through it).
+struct PassRow {
+  const PassActivations* a;
+  int64_t k_dim, first, rows, r;  // r: the row within its pass
+  PassRow(const PassActivations& act, int64_t k, int64_t m) : a(&act), k_dim(k) {
+    size_t p = 0;
+    while (p + 1 < act.first.size() && act.first[p + 1] <= m) ++p;
+    first = act.first[p];
+    rows = act.rows[p];
+    r = m - first;
+  }
+  int8_t code(int64_t k) const {
+    int32_t w = a->words[first * k_dim / 4 + (k / 4) * rows + r];
+    int8_t b[4];
+    std::memcpy(b, &w, 4);
+    return b[k % 4];
+  }
+  float d(int64_t b) const { return a->d[first * k_dim / 32 + b * rows + r]; }
+  float dsum(int64_t b) const { return a->dsum[first * k_dim / 32 + b * rows + r]; }
+  int32_t asum(int64_t b) const { return a->asum[first * k_dim / 32 + b * rows + r]; }
+  int32_t q6_offset(int64_t j) const { return a->q6_offset[first * k_dim / 16 + j * rows + r]; }
+};
+
+// Calls f(std::integral_constant<int, n>) for 1 <= n <= Max (larger n: Max):
+// the row count of a pass as a template argument (its accumulators stay in
+// registers).
+template <typename Fn, int... N>
+void ForRowCountIn(int64_t n, Fn&& f, std::integer_sequence<int, N...>) {
+  ((n == N + 1 ? (f(std::integral_constant<int, N + 1>{}), 0) : 0), ...);
+}
+template <int Max, typename Fn>
+void ForRowCount(int64_t n, Fn&& f) {
+  ForRowCountIn(std::min<int64_t>(n, Max), f, std::make_integer_sequence<int, Max>{});
+}
+
+// ---------------------------------------------------------------------------
+// Scalar pieces every path agrees with.
+
+// float16 -> float32, exactly (as vcvtph2ps: subnormals kept, NaN made quiet).
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13) | (mantissa ? 0x400000u : 0u);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else {
+    const float f = float(mantissa) * 5.9604644775390625e-08f;  // mantissa * 2^-24, exact
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline float HalfAt(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return HalfToFloat(h);
+}
+
+// x86's cvtps2dq in the default rounding mode: nearest, ties to even; NaN and
+// values out of int32's range give INT32_MIN ("integer indefinite").
+inline int32_t RoundToInt32(float v) {
+  if (!(v >= -2147483648.0f && v < 2147483648.0f)) return INT32_MIN;
+  return int32_t(std::nearbyint(v));
+}
+inline int8_t SaturateToInt8(int32_t v) { return int8_t(std::min(127, std::max(-128, v))); }
+inline int16_t SaturateToInt16(int32_t v) { return int16_t(std::min(32767, std::max(-32768, v))); }
+// int32 sums that wrap as the SIMD adds do (they only can on INT32_MIN codes).
+inline int32_t WrapAdd(int32_t a, int32_t b) { return int32_t(uint32_t(a) + uint32_t(b)); }
+inline int32_t WrapMul(int32_t a, int32_t b) { return int32_t(uint32_t(a) * uint32_t(b)); }
+
+// The sum of 16 lanes in the order of GCC's _mm512_reduce_add_ps, which every
+// path follows: lanes i and i + 8, then i and i + 4, then i and i + 2, then 0 and 1.
+inline float Sum16(const float a[16]) {
+  float t[8], u[4];
+  for (int i = 0; i < 8; ++i) t[i] = a[i + 8] + a[i];
+  for (int i = 0; i < 4; ++i) u[i] = t[i + 4] + t[i];
+  const float v0 = u[0] + u[2], v1 = u[1] + u[3];
+  return v0 + v1;
+}
+
+// One chunk of n values: the rounded values before saturation (their sums are
+// the SIMD paths' sums of cvtps2dq's results) and the chunk's scale.
+inline float QuantizeValues(const float* x, int n, int32_t* r) {
+  float top = 0.0f;
+  for (int i = 0; i < n; ++i) top = std::max(top, std::fabs(x[i]));
+  const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+  for (int i = 0; i < n; ++i) r[i] = RoundToInt32(x[i] * inv);
+  return top / 127.0f;
+}
+
+// ---------------------------------------------------------------------------
+// The reference: scalar, one row at a time, written from the file formats and
+// the layouts' descriptions, not from the SIMD code.
+namespace ref {
+
+inline void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
+  a.chunks = k_dim / kChunk;
+  a.q.resize(m_dim * k_dim);
+  a.d.resize(m_dim * a.chunks);
+  a.sums.resize(m_dim * a.chunks * 16);
+  int32_t r[kChunk];
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int64_t c = 0; c < a.chunks; ++c) {
+      const float d = QuantizeValues(x + m * k_dim + c * kChunk, kChunk, r);
+      int8_t* q = a.q.data() + m * k_dim + c * kChunk;
+      for (int i = 0; i < kChunk; ++i) q[i] = SaturateToInt8(r[i]);
+      a.d[m * a.chunks + c] = d;
+      for (int lane = 0; lane < 16; ++lane) {  // the saturated codes' sums
+        const int32_t s = q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3];
+        a.sums[(m * a.chunks + c) * 16 + lane] = float(s) * d;
+      }
+    }
+  }
+}
+
+inline void QuantizeSuper(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
+  a.supers = k_dim / kSuper;
+  a.q.resize(m_dim * k_dim);
+  a.d.resize(m_dim * a.supers);
+  a.sums.resize(m_dim * a.supers * 16);
+  int32_t r[kSuper];
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int64_t u = 0; u < a.supers; ++u) {
+      const float d = QuantizeValues(x + m * k_dim + u * kSuper, kSuper, r);
+      int8_t* q = a.q.data() + m * k_dim + u * kSuper;
+      for (int i = 0; i < kSuper; ++i) q[i] = SaturateToInt8(r[i]);
+      for (int g = 0; g < 16; ++g) {  // the rounded values' sums, truncated to int16
+        int32_t s = 0;
+        for (int i = 0; i < 16; ++i) s = WrapAdd(s, r[16 * g + i]);
+        a.sums[(m * a.supers + u) * 16 + g] = int16_t(uint16_t(uint32_t(s)));
+      }
+      a.d[m * a.supers + u] = d;
+    }
+  }
+}
+
+inline void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, int64_t max_rows,
+                         PassActivations& a) {
+  PlanPasses(m_dim, max_rows, a);
+  ResizePass(m_dim, k_dim, a);
+  int32_t r[32];
+  for (size_t p = 0; p < a.first.size(); ++p) {
+    const int64_t m0 = a.first[p], rows = a.rows[p];
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t b = 0; b < k_dim / 32; ++b) {
+        const float da = QuantizeValues(x + (m0 + i) * k_dim + 32 * b, 32, r);
+        int32_t low = 0, high = 0;  // the rounded values' sums
+        for (int j = 0; j < 16; ++j) low = WrapAdd(low, r[j]);
+        for (int j = 16; j < 32; ++j) high = WrapAdd(high, r[j]);
+        const int32_t asum = WrapAdd(low, high);
+        const int64_t at = m0 * k_dim / 32 + b * rows + i;
+        a.d[at] = da;
+        a.asum[at] = asum;
+        a.dsum[at] = da * float(asum);
+        a.q6_offset[m0 * k_dim / 16 + 2 * b * rows + i] = WrapMul(-32, low);
+        a.q6_offset[m0 * k_dim / 16 + (2 * b + 1) * rows + i] = WrapMul(-32, high);
+        for (int w = 0; w < 8; ++w) {
+          int8_t codes[4];
+          for (int j = 0; j < 4; ++j) codes[j] = SaturateToInt8(r[4 * w + j]);
+          std::memcpy(&a.words[m0 * k_dim / 4 + (8 * b + w) * rows + i], codes, 4);
+        }
+      }
+    }
+  }
+}
+
+// A unit of the 32-weight formats (two blocks): 64 codes in weight order, and
+// per lane of 4 weights the scale s and offset o (w = s * q + o).
+template <int F>
+inline void UnitCodes(const uint8_t* b, uint8_t q[64], float s[16], float o[16]) {
+  for (int blk = 0; blk < 2; ++blk) {
+    float scale, offset;
+    if constexpr (F == kQ8_0) {  // d, then 32 int8 codes; q + 128 as unsigned
+      const uint8_t* p = b + 34 * blk;
+      scale = HalfAt(p);
+      offset = scale * -128.0f;
+      for (int j = 0; j < 32; ++j) q[32 * blk + j] = uint8_t(p[2 + j] ^ 0x80);
+    } else if constexpr (F == kQ4_1) {  // d, m, then weight j (< 16) in byte j's low nibble, j + 16 in its high
+      const uint8_t* p = b + 20 * blk;
+      scale = HalfAt(p);
+      offset = HalfAt(p + 2);
+      for (int j = 0; j < 16; ++j) {
+        q[32 * blk + j] = p[4 + j] & 15;
+        q[32 * blk + 16 + j] = p[4 + j] >> 4;
+      }
+    } else {  // q5_0: d, qh (bit j: weight j's fifth bit), then nibbles as q4_1
+      const uint8_t* p = b + 22 * blk;
+      scale = HalfAt(p);
+      offset = scale * -16.0f;
+      uint32_t qh;
+      std::memcpy(&qh, p + 2, 4);
+      for (int j = 0; j < 16; ++j) {
+        q[32 * blk + j] = uint8_t((p[6 + j] & 15) | ((qh >> j) & 1) << 4);
+        q[32 * blk + 16 + j] = uint8_t((p[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+      }
+    }
+    for (int lane = 8 * blk; lane < 8 * blk + 8; ++lane) {
+      s[lane] = scale;
+      o[lane] = offset;
+    }
+  }
+}
+
+// One output of a 32-weight format: per chunk and lane
+//   acc = fma(float(isum) * s, da, acc); acc = fma(o, da * lane's code sum, acc)
+// then the 16 lanes' sum.
+template <int F>
+float UnitRow(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m) {
+  float acc[16] = {};
+  uint8_t q[64];
+  float s[16], o[16];
+  for (int64_t c = 0; c < a.chunks; ++c) {
+    UnitCodes<F>(w_row + c * UnitSpec<F>::kBytes, q, s, o);
+    const int8_t* act = a.q.data() + m * k_dim + c * kChunk;
+    const float da = a.d[m * a.chunks + c];
+    const float* sums = a.sums.data() + (m * a.chunks + c) * 16;
+    for (int lane = 0; lane < 16; ++lane) {
+      int32_t isum = 0;
+      for (int i = 4 * lane; i < 4 * lane + 4; ++i) isum += int32_t(q[i]) * act[i];
+      acc[lane] = std::fma(float(isum) * s[lane], da, acc[lane]);
+      acc[lane] = std::fma(o[lane], sums[lane], acc[lane]);
+    }
+  }
+  return Sum16(acc);
+}
+
+// A k-quant super-block: 256 codes in weight order, d and dmin, and the
+// integer scale and minimum of each group of 16 weights (w = d sc q - dmin mn).
+template <int F>
+inline void SuperCodes(const uint8_t* b, uint8_t q[256], float& d, float& dmin, int16_t sc[16],
+                       int16_t mn[16]) {
+  if constexpr (F == kQ4_K) {
+    // d, dmin, 12 bytes of 6-bit scales and minimums (llama.cpp's
+    // get_scale_min_k4), then per 64 weights 32 bytes: low nibbles the first 32.
+    d = HalfAt(b);
+    dmin = HalfAt(b + 2);
+    const uint8_t* k = b + 4;
+    for (int j = 0; j < 8; ++j) {
+      const int s = j < 4 ? k[j] & 63 : (k[j + 4] & 15) | ((k[j - 4] >> 6) << 4);
+      const int m = j < 4 ? k[j + 4] & 63 : (k[j + 4] >> 4) | ((k[j] >> 6) << 4);
+      sc[2 * j] = sc[2 * j + 1] = int16_t(s);
+      mn[2 * j] = mn[2 * j + 1] = int16_t(m);
+    }
+    for (int c = 0; c < 4; ++c) {
+      for (int l = 0; l < 32; ++l) {
+        q[64 * c + l] = b[16 + 32 * c + l] & 15;
+        q[64 * c + 32 + l] = b[16 + 32 * c + l] >> 4;
+      }
+    }
+  } else {
+    // ql[128], qh[64], int8 scales[16], d (llama.cpp's dequantize_row_q6_K);
+    // w = d sc (q - 32): the minimum of a group is 32 sc.
+    d = dmin = HalfAt(b + 208);
+    for (int g = 0; g < 16; ++g) {
+      sc[g] = int8_t(b[192 + g]);
+      mn[g] = int16_t(32 * sc[g]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = b + 64 * h;
+      const uint8_t* qh = b + 128 + 32 * h;
+      for (int l = 0; l < 32; ++l) {
+        q[128 * h + l] = uint8_t((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4);
+        q[128 * h + l + 32] = uint8_t((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4);
+        q[128 * h + l + 64] = uint8_t((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+        q[128 * h + l + 96] = uint8_t((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+      }
+    }
+  }
+}
+
+// One output of a k-quant in its file's layout. Per super-block, the lane
+// sums t (4 weights each) of its four chunks of 64 are paired as vpackssdw
+// pairs them: chunk pair h, element e = 8k + j (k the 128-bit lane) holds
+// chunk 2h + j / 4's lane 4k + j % 4, saturated to int16 (never reached:
+// |t| <= 4 * 63 * 128). Integer lane i sums elements 2i and 2i + 1 of both
+// pairs, each times its group's scale (vpdpwssd). Then per lane
+//   v = fma(float(isum), d, -low); acc = fma(v, da, acc)
+// with low (lanes 0-7) = float(mn[2i] s[2i] + mn[2i+1] s[2i+1]) * dmin over the
+// activations' group sums s (0 in lanes 8-15), and the 16 lanes' sum.
+template <int F>
+float KRow(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m) {
+  float acc[16] = {};
+  uint8_t q[256];
+  int16_t sc[16], mn[16];
+  float d, dmin;
+  for (int64_t u = 0; u < a.supers; ++u) {
+    SuperCodes<F>(w_row + u * KSpec<F>::kBytes, q, d, dmin, sc, mn);
+    const int8_t* act = a.q.data() + m * k_dim + u * kSuper;
+    int32_t isum[16] = {};
+    for (int h = 0; h < 2; ++h) {
+      int32_t t[2][16];
+      for (int c = 0; c < 2; ++c) {
+        for (int lane = 0; lane < 16; ++lane) {
+          int32_t s = 0;
+          for (int i = 0; i < 4; ++i) {
+            const int w = 128 * h + 64 * c + 4 * lane + i;
+            s += int32_t(q[w]) * act[w];
+          }
+          t[c][lane] = s;
+        }
+      }
+      for (int i = 0; i < 16; ++i) {
+        for (int e = 2 * i; e < 2 * i + 2; ++e) {
+          const int k = e / 8, j = e % 8, c = j / 4, lane = 4 * k + j % 4;
+          const int group = (128 * h + 64 * c + 4 * lane) / 16;
+          isum[i] += int32_t(SaturateToInt16(t[c][lane])) * sc[group];
+        }
+      }
+    }
+    const int16_t* s = a.sums.data() + (m * a.supers + u) * 16;
+    const float da = a.d[m * a.supers + u];
+    for (int i = 0; i < 16; ++i) {
+      const float low = i < 8 ? float(int32_t(mn[2 * i]) * s[2 * i] +
+                                      int32_t(mn[2 * i + 1]) * s[2 * i + 1]) * dmin
+                              : 0.0f;
+      const float v = std::fma(float(isum[i]), d, -low);
+      acc[i] = std::fma(v, da, acc[i]);
+    }
+  }
+  return Sum16(acc);
+}
+
+// One output (lane `lane` of a group of 16 rows) of q4_k_x16: per sub-block j
+// of 32, with scale = d * sc_j and offset = dmin * mn_j,
+//   acc = fma(float(isum), scale * da, acc); acc = fma(-offset, da * asum, acc).
+inline float X16Q4Row(const uint8_t* group, int64_t supers, const PassRow& x, int lane) {
+  float acc = 0.0f;
+  for (int64_t u = 0; u < supers; ++u) {
+    const uint8_t* p = group + u * kX16Bytes;
+    const float d = HalfAt(p + 2 * lane), dmin = HalfAt(p + 32 + 2 * lane);
+    for (int j = 0; j < 8; ++j) {
+      const float scale = d * float(p[64 + 16 * j + lane]);
+      const float offset = dmin * float(p[192 + 16 * j + lane]);
+      int32_t isum = 0;
+      for (int t = 0; t < 4; ++t) {
+        for (int b = 0; b < 4; ++b) {  // low nibble: weight 32j + 8t + b; high: + 4
+          const uint8_t byte = p[kX16Codes + (4 * j + t) * 64 + 4 * lane + b];
+          const int64_t k = 256 * u + 32 * j + 8 * t + b;
+          isum += int32_t(byte & 15) * x.code(k) + int32_t(byte >> 4) * x.code(k + 4);
+        }
+      }
+      const int64_t blk = 8 * u + j;
+      acc = std::fma(float(isum), scale * x.d(blk), acc);
+      acc = std::fma(-offset, x.dsum(blk), acc);
+    }
+  }
+  return acc;
+}
+
+// q6_k_x16: per block of 32 (sub-blocks j = 2jp, 2jp + 1 of 16), the exact
+// integer sum over j of sc_j * (sum of q a - 32 * sum of a), then
+//   acc = fma(float(sum), d * da, acc).
+inline float X16Q6Row(const uint8_t* group, int64_t supers, const PassRow& x, int lane) {
+  float acc = 0.0f;
+  for (int64_t u = 0; u < supers; ++u) {
+    const uint8_t* p = group + u * kX16Q6Bytes;
+    const float d = HalfAt(p + 2 * lane);
+    for (int jp = 0; jp < 8; ++jp) {
+      int32_t block_sum = 0;
+      for (int j = 2 * jp; j < 2 * jp + 2; ++j) {
+        const int32_t sc = int8_t(p[32 + 16 * j + lane]);
+        int32_t isum = x.q6_offset(16 * u + j);
+        for (int k = 0; k < 4; ++k) {
+          for (int b = 0; b < 4; ++b) {  // weight 16j + 4k + b
+            const uint8_t low = p[kX16Q6Low + 128 * j + 64 * (k / 2) + 4 * lane + b];
+            const uint8_t high = p[kX16Q6High + 64 * j + 4 * lane + b];
+            const int32_t code = ((low >> (4 * (k % 2))) & 15) | ((high >> (2 * k)) & 3) << 4;
+            isum = WrapAdd(isum, code * x.code(256 * u + 16 * j + 4 * k + b));
+          }
+        }
+        block_sum = WrapAdd(block_sum, WrapMul(isum, sc));
+      }
+      acc = std::fma(float(block_sum), d * x.d(8 * u + jp), acc);
+    }
+  }
+  return acc;
+}
+
+// q5_0_x16: per block of 32, acc = fma(float(sum of q a - 16 asum), d * da, acc).
+inline float X16Q5Row(const uint8_t* group, int64_t blocks, const PassRow& x, int lane) {
+  float acc = 0.0f;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const uint8_t* p = group + blk * kX16Q5Bytes;
+    const float d = HalfAt(p + 2 * lane);
+    int32_t isum = WrapMul(-16, x.asum(blk));
+    for (int k = 0; k < 8; ++k) {
+      for (int b = 0; b < 4; ++b) {  // weight 4k + b: line k / 2, nibble k % 2; fifth bit k
+        const uint8_t nibbles = p[32 + 64 * (k / 2) + 4 * lane + b];
+        const uint8_t fifth = p[288 + 4 * lane + b];
+        const int32_t code = ((nibbles >> (4 * (k % 2))) & 15) | ((fifth >> k) & 1) << 4;
+        isum = WrapAdd(isum, code * x.code(32 * blk + 4 * k + b));
+      }
+    }
+    acc = std::fma(float(isum), d * x.d(blk), acc);
+  }
+  return acc;
+}
+
+}  // namespace ref
+
+// The reference as a path (the uniform interface every path has).
+struct Reference {
+  static constexpr const char* kName = "scalar";
+  static void Quantize(const float* x, int64_t m, int64_t k, Activations& a) {
+    ref::Quantize(x, m, k, a);
+  }
+  static void QuantizeSuper(const float* x, int64_t m, int64_t k, SuperActivations& a) {
+    ref::QuantizeSuper(x, m, k, a);
+  }
+  static void QuantizeBy32(const float* x, int64_t m, int64_t k, PassActivations& a) {
+    ref::QuantizeBy32(x, m, k, 1, a);  // a pass per row: each row alone
+  }
+  template <int F>
+  static void UnitRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
+                       int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t m = 0; m < m_dim; ++m) y[m * n_dim + n] = ref::UnitRow<F>(w + n * row_bytes, a, k_dim, m);
+  }
+  template <int F>
+  static void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
+                    int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      for (int64_t m = 0; m < m_dim; ++m) y[m * n_dim + n] = ref::KRow<F>(w + n * row_bytes, a, k_dim, m);
+  }
+  template <int F>
+  static void X16Group(const uint8_t* group, int64_t units, const PassActivations& a, int64_t k_dim,
+                       int64_t m_dim, float* y, int64_t n_dim, int64_t lane0) {
+    for (int64_t m = 0; m < m_dim; ++m) {
+      const PassRow x(a, k_dim, m);
+      for (int lane = 0; lane < kX16Lanes; ++lane) {
+        float v;
+        if constexpr (F == kQ4_KX16) v = ref::X16Q4Row(group, units, x, lane);
+        else if constexpr (F == kQ6_KX16) v = ref::X16Q6Row(group, units, x, lane);
+        else v = ref::X16Q5Row(group, units, x, lane);
+        y[m * n_dim + lane0 + lane] = v;
+      }
+    }
+  }
+};
+
+}  // namespace blocks
+}  // namespace specdec
+
+// The SIMD paths, each where the compiler targets its instructions.
+#if !defined(SPECDEC_BLOCKS_REFERENCE)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include "block_dot_avx512.h"
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "block_dot_avx2.h"
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#include "block_dot_neon.h"
+#endif
+#endif
+
+namespace specdec {
+namespace blocks {
+
+// The path this build runs: the widest the compiler targets.
+#if defined(SPECDEC_BLOCKS_AVX512)
+using Best = Avx512;
+#elif defined(SPECDEC_BLOCKS_AVXVNNI)
+using Best = Avx256<true>;
+#elif defined(SPECDEC_BLOCKS_AVX2)
+using Best = Avx256<false>;
+#elif defined(SPECDEC_BLOCKS_NEON)
+using Best = Neon;
+#else
+using Best = Reference;
+#endif
+constexpr bool kBestIsSimd = !std::is_same<Best, Reference>::value;
+
+// ---------------------------------------------------------------------------
+// A product on path P. `parallel(items, tile, fn)` runs fn(begin, end) over
+// chunks of [0, items) made of whole tiles (small_m_matmul.cc: the calling
+// thread and its helpers; the harness: in turn). Returns nullptr, or why the
+// arguments are not a product of this format.
+template <class P, int F, class Parallel>
+const char* RunUnit(const float* x, const uint8_t* w, float* y, int64_t m_dim, int64_t k_dim,
+                    int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
+  if (k_dim % UnitSpec<F>::kWeights != 0 ||
+      row_bytes != k_dim / UnitSpec<F>::kWeights * UnitSpec<F>::kBytes)
+    return "block_matmul: rows of w do not hold K weights of this format";
+  Activations a;
+  P::Quantize(x, m_dim, k_dim, a);
+  parallel(n_dim, 4, [&](int64_t begin, int64_t end) {
+    P::template UnitRows<F>(w, row_bytes, a, m_dim, k_dim, y, n_dim, begin, end);
+  });
+  return nullptr;
+}
+
+template <class P, int F, class Parallel>
+const char* RunK(const float* x, const uint8_t* w, float* y, int64_t m_dim, int64_t k_dim,
+                 int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
+  if (k_dim % kSuper != 0 || row_bytes != k_dim / kSuper * KSpec<F>::kBytes)
+    return "block_matmul: rows of w do not hold K weights of this format";
+  SuperActivations a;
+  P::QuantizeSuper(x, m_dim, k_dim, a);
+  parallel(n_dim, 4, [&](int64_t begin, int64_t end) {
+    P::template KRows<F>(w, row_bytes, a, m_dim, k_dim, y, n_dim, begin, end);
+  });
+  return nullptr;
+}
+
+template <class P, int F, class Parallel>
+const char* RunX16(const float* x, const uint8_t* w, float* y, int64_t m_dim, int64_t k_dim,
+                   int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
+  // a "unit": a super-block of 256 weights (the k-quants) or a block of 32 (q5_0)
+  constexpr int64_t kUnit = F == kQ5_0X16 ? 32 : kSuper;
+  constexpr int64_t kGroupBytes = F == kQ6_KX16 ? kX16Q6Bytes
+                                  : F == kQ5_0X16 ? kX16Q5Bytes : kX16Bytes;
+  const int64_t units = k_dim / kUnit;
+  if (k_dim % kUnit != 0 || k_dim % 32 != 0 || n_dim % kX16Lanes != 0 ||
+      row_bytes * kX16Lanes != units * kGroupBytes)
+    return "block_matmul: w is not a format interleaved by 16 rows of K weights "
+           "(stored_blocks.interleave)";
+  PassActivations a;
+  P::QuantizeBy32(x, m_dim, k_dim, a);
+  parallel(n_dim / kX16Lanes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      P::template X16Group<F>(w + g * units * kGroupBytes, units, a, k_dim, m_dim, y, n_dim,
+                              g * kX16Lanes);
+  });
+  return nullptr;
+}
+
+template <class P, class Parallel>
+const char* Product(int32_t format, const float* x, const uint8_t* w, float* y, int64_t m_dim,
+                    int64_t k_dim, int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
+  switch (format) {
+    case kQ8_0: return RunUnit<P, kQ8_0>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ4_1: return RunUnit<P, kQ4_1>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ5_0: return RunUnit<P, kQ5_0>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ4_K: return RunK<P, kQ4_K>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ6_K: return RunK<P, kQ6_K>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ4_KX16: return RunX16<P, kQ4_KX16>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ6_KX16: return RunX16<P, kQ6_KX16>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ5_0X16: return RunX16<P, kQ5_0X16>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    default: return "block_matmul: unknown block format";
+  }
+}
+
+}  // namespace blocks
+}  // namespace specdec
+
+#endif  // SPECDEC_JAX_NATIVE_BLOCK_DOT_H_

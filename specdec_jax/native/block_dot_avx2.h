@@ -1,0 +1,689 @@
+// The block kernel on 256-bit registers: AVX2 + FMA + F16C (Haswell and
+// later, AMD Zen), with vpdpbusd where the CPU has AVX-VNNI (Alder Lake and
+// later; also AVX-512 VNNI's 256-bit form). Included by block_dot.h where the
+// compiler targets AVX2. A zmm of the AVX-512 path is two ymm here (lanes 0-7,
+// 8-15): the same lanes, the same exact integer sums per lane, and the
+// reference's float operations in its order (block_dot.h, namespace ref);
+// block_dot_check.cc holds both variants to it bit for bit.
+//
+// Without VNNI, a product of 4 codes and 4 activations per 32-bit lane is
+// vpmaddubsw (unsigned codes times signed activations, adjacent pairs summed
+// to int16, saturating) then vpmaddwd by ones (pairs to int32). Saturation is
+// never reached: pairs of codes <= 63 and activations >= -128 stay within
+// 2 * 63 * 128 = 16128, and where several products are added in int16 before
+// widening, each place bounds the sum. q8_0's codes (q + 128, up to 255) are
+// split into nibbles (16 hi + lo): each half's pairs are exact.
+
+#ifndef SPECDEC_JAX_NATIVE_BLOCK_DOT_AVX2_H_
+#define SPECDEC_JAX_NATIVE_BLOCK_DOT_AVX2_H_
+
+#include <immintrin.h>
+
+#define SPECDEC_BLOCKS_AVX2 1
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define SPECDEC_BLOCKS_AVXVNNI 1
+#endif
+
+namespace specdec {
+namespace blocks {
+namespace avx2 {
+
+inline __m256i Ones16() { return _mm256_set1_epi16(1); }
+
+// acc + per lane the sum of 4 products of unsigned bytes u and signed bytes s.
+inline __m256i Dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else  // not a VNNI build: Avx256<true> is not instantiated; the same sums, exactly
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(u, low4), s), Ones16());
+  const __m256i hi = _mm256_madd_epi16(
+      _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(u, 4), low4), s), _mm256_set1_epi16(16));
+  return _mm256_add_epi32(acc, _mm256_add_epi32(lo, hi));
+#endif
+}
+
+// acc + lane sums of 4 products, codes u <= 127 (vpmaddubsw pairs cannot saturate).
+template <bool kVnni>
+inline __m256i Dot4(__m256i acc, __m256i u, __m256i s) {
+  if constexpr (kVnni) {
+    return Dpbusd(acc, u, s);
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), Ones16()));
+  }
+}
+
+// The same for codes up to 255 (q8_0): AVX2 splits them into nibbles.
+template <bool kVnni>
+inline __m256i Dot4Bytes(__m256i acc, __m256i u, __m256i s) {
+  if constexpr (kVnni) {
+    return Dpbusd(acc, u, s);
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(u, low4), s);
+    const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(u, 4), low4), s);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(lo, Ones16()),
+                                                  _mm256_madd_epi16(hi, _mm256_set1_epi16(16))));
+  }
+}
+
+// The 16 lanes' sum in the reference's order (Sum16): lanes i and i + 8 are
+// the same lane of lo and hi.
+inline float Sum16(__m256 lo, __m256 hi) {
+  const __m256 t = _mm256_add_ps(hi, lo);
+  const __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
+  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));  // lanes 0, 1: u0 + u2, u1 + u3
+  return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+}
+
+inline float MaxOf(__m256 v) {  // exact in any order (finite values)
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+inline int32_t SumOf(__m256i v) {  // wrapping int32, as the reference's
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+inline __m256 Abs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+// 32 rounded values (4 x 8 int32) -> 32 int8 codes in order, saturated.
+inline __m256i PackCodes(__m256i r0, __m256i r1, __m256i r2, __m256i r3) {
+  // per 128 bits: r0[0..3] r1[0..3] r2[0..3] r3[0..3] | r0[4..7] r1[4..7] ...
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(r0, r1), _mm256_packs_epi32(r2, r3));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// A chunk of 8 * N values: the rounded values (x * 127 / max |x|, nearest,
+// ties even; as QuantizeValues) and da.
+template <int N>
+inline float Round(const float* x, __m256i r[N]) {
+  __m256 v[N];
+  __m256 peak = _mm256_setzero_ps();
+  for (int i = 0; i < N; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    peak = _mm256_max_ps(peak, Abs(v[i]));
+  }
+  const float top = MaxOf(peak);
+  const __m256 inv = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+  for (int i = 0; i < N; ++i) r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+  return top / 127.0f;
+}
+
+inline void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
+  a.chunks = k_dim / kChunk;
+  a.q.resize(m_dim * k_dim);
+  a.d.resize(m_dim * a.chunks);
+  a.sums.resize(m_dim * a.chunks * 16);
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int64_t c = 0; c < a.chunks; ++c) {
+      __m256i r[8];
+      const float d = Round<8>(x + m * k_dim + c * kChunk, r);
+      int8_t* qc = a.q.data() + m * k_dim + c * kChunk;
+      float* sums = a.sums.data() + (m * a.chunks + c) * 16;
+      for (int h = 0; h < 2; ++h) {
+        const __m256i codes = PackCodes(r[4 * h], r[4 * h + 1], r[4 * h + 2], r[4 * h + 3]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qc + 32 * h), codes);
+        // the saturated codes' lane sums (4 codes of at most 128: exact)
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, codes), Ones16());
+        _mm256_storeu_ps(sums + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d)));
+      }
+      a.d[m * a.chunks + c] = d;
+    }
+  }
+}
+
+inline void QuantizeSuper(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
+  a.supers = k_dim / kSuper;
+  a.q.resize(m_dim * k_dim);
+  a.d.resize(m_dim * a.supers);
+  a.sums.resize(m_dim * a.supers * 16);
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int64_t u = 0; u < a.supers; ++u) {
+      __m256i r[32];
+      const float d = Round<32>(x + m * k_dim + u * kSuper, r);
+      int8_t* qu = a.q.data() + m * k_dim + u * kSuper;
+      int16_t* su = a.sums.data() + (m * a.supers + u) * 16;
+      for (int i = 0; i < 8; ++i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qu + 32 * i),
+                            PackCodes(r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]));
+        su[2 * i] = int16_t(uint16_t(uint32_t(SumOf(_mm256_add_epi32(r[4 * i], r[4 * i + 1])))));
+        su[2 * i + 1] = int16_t(uint16_t(uint32_t(SumOf(_mm256_add_epi32(r[4 * i + 2], r[4 * i + 3])))));
+      }
+      a.d[m * a.supers + u] = d;
+    }
+  }
+}
+
+inline void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, int64_t max_rows,
+                         PassActivations& a) {
+  PlanPasses(m_dim, max_rows, a);
+  ResizePass(m_dim, k_dim, a);
+  alignas(32) int32_t codes[8];
+  for (size_t p = 0; p < a.first.size(); ++p) {
+    const int64_t m0 = a.first[p], rows = a.rows[p];
+    int32_t* words = a.words.data() + m0 * k_dim / 4;
+    float* d = a.d.data() + m0 * k_dim / 32;
+    float* dsum = a.dsum.data() + m0 * k_dim / 32;
+    int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
+    int32_t* asum = a.asum.data() + m0 * k_dim / 32;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t b = 0; b < k_dim / 32; ++b) {
+        __m256i r[4];
+        const float da = Round<4>(x + (m0 + i) * k_dim + 32 * b, r);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes), PackCodes(r[0], r[1], r[2], r[3]));
+        const int32_t low = SumOf(_mm256_add_epi32(r[0], r[1]));
+        const int32_t high = SumOf(_mm256_add_epi32(r[2], r[3]));
+        const int32_t sum = WrapAdd(low, high);
+        d[b * rows + i] = da;
+        asum[b * rows + i] = sum;
+        dsum[b * rows + i] = da * float(sum);
+        q6_offset[2 * b * rows + i] = WrapMul(-32, low);
+        q6_offset[(2 * b + 1) * rows + i] = WrapMul(-32, high);
+        for (int w = 0; w < 8; ++w) words[(8 * b + w) * rows + i] = codes[w];
+      }
+    }
+  }
+}
+
+inline __m256 HalvesToFloats(const uint8_t* p) {  // 8 float16
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 BytesToFloats(const uint8_t* p) {  // 8 unsigned bytes
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256i Load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i Load(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256 F16Broadcast(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+// ---------------------------------------------------------------------------
+// The 32-weight file formats: a unit of two blocks, 64 codes in two ymm
+// (lanes 0-7: the first block, 8-15: the second), scale and offset per lane.
+struct Chunk {
+  __m256i q[2];
+  __m256 s[2], o[2];
+};
+
+// 16 bytes of nibbles -> 32 codes: the low nibbles, then the high nibbles.
+inline __m256i Nibbles(const uint8_t* p) {
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+}
+// 32 bits -> 32 bytes, byte j 16 where bit j is set.
+inline __m256i FifthBits(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                       2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+template <int F>
+inline Chunk UnitChunk(const uint8_t* b) {
+  Chunk ch;
+  for (int blk = 0; blk < 2; ++blk) {
+    if constexpr (F == kQ8_0) {
+      const uint8_t* p = b + 34 * blk;
+      ch.q[blk] = _mm256_xor_si256(Load(p + 2), _mm256_set1_epi8(char(0x80)));
+      ch.s[blk] = F16Broadcast(p);
+      ch.o[blk] = _mm256_mul_ps(ch.s[blk], _mm256_set1_ps(-128.0f));
+    } else if constexpr (F == kQ4_1) {
+      const uint8_t* p = b + 20 * blk;
+      ch.q[blk] = Nibbles(p + 4);
+      ch.s[blk] = F16Broadcast(p);
+      ch.o[blk] = F16Broadcast(p + 2);
+    } else {
+      const uint8_t* p = b + 22 * blk;
+      ch.q[blk] = _mm256_or_si256(Nibbles(p + 6), FifthBits(p + 2));
+      ch.s[blk] = F16Broadcast(p);
+      ch.o[blk] = _mm256_mul_ps(ch.s[blk], _mm256_set1_ps(-16.0f));
+    }
+  }
+  return ch;
+}
+
+constexpr int kMaxMPerBlockPass = 4;   // 2 accumulators a row
+constexpr int64_t kAheadBytes = 2048;  // software prefetch distance of a pass
+
+template <int F, int MB, bool kVnni>
+void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0, float* y,
+             int64_t n_dim, int64_t n) {
+  __m256 acc[MB][2];
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  constexpr int64_t kBytes = UnitSpec<F>::kBytes, kAhead = kAheadBytes / kBytes;
+  for (int64_t c = 0; c < a.chunks; ++c) {
+    if (m0 == 0) {
+      const char* ahead = reinterpret_cast<const char*>(w_row + (c + kAhead) * kBytes);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + kBytes - 1, _MM_HINT_T0);
+    }
+    const Chunk ch = UnitChunk<F>(w_row + c * kBytes);
+    SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+      const int64_t mc = (m0 + m) * a.chunks + c;
+      const int8_t* act = a.q.data() + (m0 + m) * k_dim + c * kChunk;
+      const __m256 da = _mm256_set1_ps(a.d[mc]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i zero = _mm256_setzero_si256();
+        const __m256i isum = F == kQ8_0 ? Dot4Bytes<kVnni>(zero, ch.q[h], Load(act + 32 * h))
+                                        : Dot4<kVnni>(zero, ch.q[h], Load(act + 32 * h));
+        acc[m][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), ch.s[h]), da, acc[m][h]);
+        acc[m][h] = _mm256_fmadd_ps(ch.o[h], _mm256_loadu_ps(a.sums.data() + mc * 16 + 8 * h), acc[m][h]);
+      }
+    }
+  }
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m][0], acc[m][1]);
+}
+
+// ---------------------------------------------------------------------------
+// The k-quants in their file's layout (the AVX-512 path's KRowPass, halved):
+// a chunk pair's lane sums packed to int16 (vpackssdw: per 128 bits, 4 lanes
+// of chunk 2h then the same 4 of chunk 2h + 1, so ymm lo holds the zmm's
+// 128-bit lanes 0-1 and hi its 2-3) times their groups' scales (vpmaddwd).
+// The scale of each element comes from a 16-byte window of int16 scales by
+// vpshufb (the AVX-512 path's vpermw): a pair's groups are 4h..4h+3 (q4_k)
+// or 8h..8h+7 (q6_k), so one window covers them.
+struct KShuffles { int8_t idx[2][2][32]; int base[2]; };  // [pair][ymm][byte]
+constexpr KShuffles MakeKShuffles(int step, int per, int window) {
+  KShuffles s{};
+  for (int h = 0; h < 2; ++h) {
+    s.base[h] = window * h;
+    for (int e = 0; e < 32; ++e) {
+      const int k = e / 8, j = e % 8;
+      const int chunk = 2 * h + j / 4, lane = 4 * k + j % 4;
+      const int at = step * chunk + lane / per - s.base[h];
+      s.idx[h][e / 16][2 * (e % 16)] = int8_t(2 * at);
+      s.idx[h][e / 16][2 * (e % 16) + 1] = int8_t(2 * at + 1);
+    }
+  }
+  return s;
+}
+alignas(32) constexpr KShuffles kQ4KShuffles = MakeKShuffles(2, 8, 0);  // one window: 8 scales
+alignas(32) constexpr KShuffles kQ6KShuffles = MakeKShuffles(4, 4, 8);  // groups of 16
+
+template <int F> struct KUnit;
+
+template <> struct KUnit<kQ4_K> {
+  static constexpr int kBytes = 144;
+  const uint8_t* qs;
+  float d, dmin;
+  alignas(32) int16_t sc16[16];  // the 8 scales, then 0
+  __m256i mins;                  // 16 x int16: each group of 32's minimum, twice (groups of 16)
+  void Load(const uint8_t* p) {
+    d = _cvtsh_ss(uint16_t(p[0] | p[1] << 8));
+    dmin = _cvtsh_ss(uint16_t(p[2] | p[3] << 8));
+    uint32_t w[3];  // as the AVX-512 path (and get_scale_min_k4), four bytes at a time
+    std::memcpy(w, p + 4, 12);
+    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
+    const uint32_t scales[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & low2) << 4)};
+    const uint32_t minimums[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4)};
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc16), _mm256_castsi128_si256(_mm_cvtepu8_epi16(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)))));
+    const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(minimums)));
+    mins = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+    qs = p + 16;
+  }
+  void Codes(int c, __m256i q[2]) const {  // low nibbles: group 2c; high nibbles: 2c + 1
+    const __m256i v = avx2::Load(qs + 32 * c), f = _mm256_set1_epi8(0x0F);
+    q[0] = _mm256_and_si256(v, f);
+    q[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), f);
+  }
+  void PairScales(int h, __m256i s[2]) const {
+    const __m256i window = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc16 + kQ4KShuffles.base[h])));
+    for (int i = 0; i < 2; ++i)
+      s[i] = _mm256_shuffle_epi8(window, _mm256_load_si256(reinterpret_cast<const __m256i*>(kQ4KShuffles.idx[h][i])));
+  }
+};
+
+template <> struct KUnit<kQ6_K> {
+  static constexpr int kBytes = 210;
+  const uint8_t* b;
+  float d, dmin;
+  alignas(32) int16_t sc16[16];  // the 16 scales
+  __m256i mins;                  // 32 x scale: w = d * sc * q - d * (32 sc)
+  void Load(const uint8_t* p) {
+    b = p;
+    d = dmin = _cvtsh_ss(uint16_t(p[208] | p[209] << 8));
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc16), sc);
+    mins = _mm256_slli_epi16(sc, 5);
+  }
+  void Codes(int c, __m256i q[2]) const {
+    const int h = c / 2, shift = 4 * (c % 2);
+    const __m256i f = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    const __m256i qh = avx2::Load(b + 128 + 32 * h);
+    for (int i = 0; i < 2; ++i) {
+      const __m256i low = _mm256_and_si256(_mm256_srli_epi16(avx2::Load(b + 64 * h + 32 * i), shift), f);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, shift + 2 * i), three);
+      q[i] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    }
+  }
+  void PairScales(int h, __m256i s[2]) const {
+    const __m256i window = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc16 + kQ6KShuffles.base[h])));
+    for (int i = 0; i < 2; ++i)
+      s[i] = _mm256_shuffle_epi8(window, _mm256_load_si256(reinterpret_cast<const __m256i*>(kQ6KShuffles.idx[h][i])));
+  }
+};
+
+template <int F, int MB, bool kVnni>
+void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m0,
+              float* y, int64_t n_dim, int64_t n) {
+  __m256 acc[MB][2];
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  KUnit<F> unit;
+  constexpr int64_t kAhead = kAheadBytes / KUnit<F>::kBytes;
+  for (int64_t u = 0; u < a.supers; ++u) {
+    if (m0 == 0) {
+      const char* ahead = reinterpret_cast<const char*>(w_row + (u + kAhead) * KUnit<F>::kBytes);
+      for (int l = 0; l < KUnit<F>::kBytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    }
+    unit.Load(w_row + u * KUnit<F>::kBytes);
+    __m256i isum[MB][2];
+    SPECDEC_UNROLL for (int m = 0; m < MB; ++m) isum[m][0] = isum[m][1] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      __m256i q0[2], q1[2], sc[2];
+      unit.Codes(2 * h, q0);
+      unit.Codes(2 * h + 1, q1);
+      unit.PairScales(h, sc);
+      SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+        const int8_t* act = a.q.data() + (m0 + m) * k_dim + u * kSuper + 128 * h;
+        const __m256i zero = _mm256_setzero_si256();
+        for (int i = 0; i < 2; ++i) {
+          const __m256i t0 = Dot4<kVnni>(zero, q0[i], Load(act + 32 * i));
+          const __m256i t1 = Dot4<kVnni>(zero, q1[i], Load(act + 64 + 32 * i));
+          isum[m][i] = _mm256_add_epi32(isum[m][i], _mm256_madd_epi16(_mm256_packs_epi32(t0, t1), sc[i]));
+        }
+      }
+    }
+    const __m256 d = _mm256_set1_ps(unit.d), dmin = _mm256_set1_ps(unit.dmin);
+    SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
+      const int64_t mu = (m0 + m) * a.supers + u;
+      const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums.data() + mu * 16));
+      const __m256 low = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(unit.mins, s)), dmin);
+      const __m256 da = _mm256_set1_ps(a.d[mu]);
+      const __m256 v0 = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isum[m][0]), d, low);
+      const __m256 v1 = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isum[m][1]), d, _mm256_setzero_ps());
+      acc[m][0] = _mm256_fmadd_ps(v0, da, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(v1, da, acc[m][1]);
+    }
+  }
+  SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m][0], acc[m][1]);
+}
+
+constexpr int kMaxMPerKPass = 4;  // 4 registers a row: integer and float, lo and hi
+
+// ---------------------------------------------------------------------------
+// The layouts interleaved by 16 output rows: a lane per output row, so a
+// ymm holds half a group (lanes 0-7: the first 32 bytes of each 64-byte line,
+// 8-15: the last 32), and a pass over a group is two passes over its halves
+// (the second reads the group from cache). Per lane, the reference's integer
+// sum and float order (block_dot.h, ref::X16Q4Row, X16Q6Row, X16Q5Row).
+// Rows of x per pass: an integer and a float accumulator per row beside the
+// codes (some spill past 6 rows). Measured on a Zen 3 core ([1536 -> 8960],
+// thread CPU time, minimum of 100 calls), 8 rows a pass against 6: M = 7 and
+// 8 (one pass instead of two) 6-16% faster, M = 16 up to 8%, M = 1, 9, 12 the
+// same (the same passes); 4 rows a pass was 5-13% slower at M = 9.
+constexpr int kMaxMPerX16Pass = 8;
+
+template <int MB, bool kVnni>
+void X16Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
+             const float* dsum_act, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int half) {
+  __m256 acc[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const int first = 8 * half;  // this half's first lane
+  for (int64_t u = 0; u < supers; ++u) {
+    const uint8_t* p = group + u * kX16Bytes;
+    if (half == 0) {  // 2 super-blocks ahead (the AVX-512 path's measured distance)
+      const char* ahead = reinterpret_cast<const char*>(p + 2 * kX16Bytes);
+      for (int l = 0; l < kX16Codes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    }
+    const __m256 d = HalvesToFloats(p + 2 * first);
+    const __m256 dmin = HalvesToFloats(p + 32 + 2 * first);
+    for (int j = 0; j < 8; ++j) {
+      const __m256 scale = _mm256_mul_ps(d, BytesToFloats(p + 64 + 16 * j + first));
+      const __m256 offset = _mm256_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j + first));
+      const int32_t* wj = words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
+      __m256i isum[MB];
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
+      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+        const uint8_t* line = p + kX16Codes + (4 * j + t) * 64;
+        if (half == 0) _mm_prefetch(reinterpret_cast<const char*>(line) + 2 * kX16Bytes, _MM_HINT_T0);
+        const __m256i codes = Load(line + 4 * first);
+        const __m256i lo = _mm256_and_si256(codes, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), low4);
+        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+          const __m256i a_lo = _mm256_set1_epi32(wj[(2 * t) * MB + m]);
+          const __m256i a_hi = _mm256_set1_epi32(wj[(2 * t + 1) * MB + m]);
+          if constexpr (kVnni) {
+            isum[m] = Dpbusd(Dpbusd(isum[m], lo, a_lo), hi, a_hi);
+          } else {
+            // int16 pairs of the sub-block's 8 products: |sum| <= 8 * 2 * 15 * 128 = 30720
+            isum[m] = _mm256_add_epi16(isum[m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo),
+                                                                  _mm256_maddubs_epi16(hi, a_hi)));
+          }
+        }
+      }
+      const int64_t b = u * 8 + j;
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        const __m256i sum = kVnni ? isum[m] : _mm256_madd_epi16(isum[m], Ones16());
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                 _mm256_mul_ps(scale, _mm256_set1_ps(d_act[b * MB + m])), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(offset, _mm256_set1_ps(dsum_act[b * MB + m]), acc[m]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+    _mm256_storeu_ps(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
+}
+
+template <int MB, bool kVnni>
+void X16Q6Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
+               const int32_t* q6_offset, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int half) {
+  __m256 acc[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F), high2 = _mm256_set1_epi8(0x30);
+  const int first = 8 * half;
+  for (int64_t u = 0; u < supers; ++u) {
+    const uint8_t* p = group + u * kX16Q6Bytes;
+    if (half == 0) {
+      const char* ahead = reinterpret_cast<const char*>(p + 2 * kX16Q6Bytes);
+      for (int l = 0; l < kX16Q6Low; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    }
+    const __m256 d = HalvesToFloats(p + 2 * first);
+    for (int jp = 0; jp < 8; ++jp) {
+      __m256i block_sum[MB];
+      _Pragma("GCC unroll 2") for (int sub = 0; sub < 2; ++sub) {
+        const int j = 2 * jp + sub;
+        const __m256i sc = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 16 * j + first)));
+        const uint8_t* low = p + kX16Q6Low + 128 * j;
+        const uint8_t* high = p + kX16Q6High + 64 * j;
+        if (half == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(low) + 2 * kX16Q6Bytes, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + 2 * kX16Q6Bytes, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(high) + 2 * kX16Q6Bytes, _MM_HINT_T0);
+        }
+        const __m256i l0 = Load(low + 4 * first), l1 = Load(low + 64 + 4 * first);
+        const __m256i h = Load(high + 4 * first);
+        const __m256i codes[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), high2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                            _mm256_and_si256(_mm256_slli_epi16(h, 2), high2)),
+            _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(h, high2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                            _mm256_and_si256(_mm256_srli_epi16(h, 2), high2))};
+        const int32_t* wj = words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
+        const int32_t* offset = q6_offset + (u * 16 + j) * MB;
+        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+          __m256i isum;
+          if constexpr (kVnni) {
+            isum = _mm256_set1_epi32(offset[m]);  // the -32 of every code, paid up front
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k)
+              isum = Dpbusd(isum, codes[k], _mm256_set1_epi32(wj[k * MB + m]));
+          } else {
+            // int16 pairs of two products each: |sum| <= 2 * 2 * 63 * 128 = 32256
+            const __m256i s01 = _mm256_add_epi16(
+                _mm256_maddubs_epi16(codes[0], _mm256_set1_epi32(wj[0 * MB + m])),
+                _mm256_maddubs_epi16(codes[1], _mm256_set1_epi32(wj[1 * MB + m])));
+            const __m256i s23 = _mm256_add_epi16(
+                _mm256_maddubs_epi16(codes[2], _mm256_set1_epi32(wj[2 * MB + m])),
+                _mm256_maddubs_epi16(codes[3], _mm256_set1_epi32(wj[3 * MB + m])));
+            isum = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(s01, Ones16()),
+                                                     _mm256_madd_epi16(s23, Ones16())),
+                                    _mm256_set1_epi32(offset[m]));
+          }
+          const __m256i scaled = _mm256_mullo_epi32(isum, sc);
+          block_sum[m] = sub ? _mm256_add_epi32(block_sum[m], scaled) : scaled;
+        }
+      }
+      const int64_t b = u * 8 + jp;
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[m]),
+                                 _mm256_mul_ps(d, _mm256_set1_ps(d_act[b * MB + m])), acc[m]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+    _mm256_storeu_ps(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
+}
+
+template <int MB, bool kVnni>
+void X16Q5Pass(const uint8_t* group, int64_t blocks, const int32_t* words, const float* d_act,
+               const int32_t* asum, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int half) {
+  __m256 acc[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+  const int first = 8 * half;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* p = group + b * kX16Q5Bytes;
+    if (half == 0) {
+      const char* ahead = reinterpret_cast<const char*>(p) + 4 * kX16Q5Bytes;
+      for (int l = 0; l < kX16Q5Bytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    }
+    const __m256 d = HalvesToFloats(p + 2 * first);
+    const __m256i h = Load(p + 288 + 4 * first);
+    // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
+    // only ever comes from its own byte for shifts of at most 4)
+    const __m256i high[8] = {
+        _mm256_and_si256(_mm256_slli_epi16(h, 4), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 3), fifth),
+        _mm256_and_si256(_mm256_slli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 1), fifth),
+        _mm256_and_si256(h, fifth), _mm256_and_si256(_mm256_srli_epi16(h, 1), fifth),
+        _mm256_and_si256(_mm256_srli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_srli_epi16(h, 3), fifth)};
+    __m256i codes[8];
+    _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+      const __m256i line = Load(p + 32 + 64 * t + 4 * first);
+      codes[2 * t] = _mm256_or_si256(_mm256_and_si256(line, low4), high[2 * t]);
+      codes[2 * t + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(line, 4), low4),
+                                         high[2 * t + 1]);
+    }
+    const int32_t* wb = words + 8 * b * MB;
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      const __m256i offset = _mm256_set1_epi32(WrapMul(-16, asum[b * MB + m]));  // the -16 of every code
+      __m256i isum;
+      if constexpr (kVnni) {
+        isum = offset;
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k)
+          isum = Dpbusd(isum, codes[k], _mm256_set1_epi32(wb[k * MB + m]));
+      } else {
+        // int16 pairs of four products each: |sum| <= 4 * 2 * 31 * 128 = 31744
+        __m256i s[2];
+        _Pragma("GCC unroll 2") for (int i = 0; i < 2; ++i) {
+          s[i] = _mm256_add_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(codes[4 * i], _mm256_set1_epi32(wb[(4 * i) * MB + m])),
+                               _mm256_maddubs_epi16(codes[4 * i + 1], _mm256_set1_epi32(wb[(4 * i + 1) * MB + m]))),
+              _mm256_add_epi16(_mm256_maddubs_epi16(codes[4 * i + 2], _mm256_set1_epi32(wb[(4 * i + 2) * MB + m])),
+                               _mm256_maddubs_epi16(codes[4 * i + 3], _mm256_set1_epi32(wb[(4 * i + 3) * MB + m]))));
+        }
+        isum = _mm256_add_epi32(offset, _mm256_add_epi32(_mm256_madd_epi16(s[0], Ones16()),
+                                                         _mm256_madd_epi16(s[1], Ones16())));
+      }
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                               _mm256_mul_ps(d, _mm256_set1_ps(d_act[b * MB + m])), acc[m]);
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+    _mm256_storeu_ps(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
+}
+
+}  // namespace avx2
+
+template <bool kVnni>
+struct Avx256 {
+  static constexpr const char* kName = kVnni ? "avxvnni" : "avx2";
+  static void Quantize(const float* x, int64_t m, int64_t k, Activations& a) {
+    avx2::Quantize(x, m, k, a);
+  }
+  static void QuantizeSuper(const float* x, int64_t m, int64_t k, SuperActivations& a) {
+    avx2::QuantizeSuper(x, m, k, a);
+  }
+  static void QuantizeBy32(const float* x, int64_t m, int64_t k, PassActivations& a) {
+    avx2::QuantizeBy32(x, m, k, avx2::kMaxMPerX16Pass, a);
+  }
+  template <int F>
+  static void UnitRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
+                       int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t m0 = 0; m0 < m_dim; m0 += avx2::kMaxMPerBlockPass) {
+        ForRowCount<avx2::kMaxMPerBlockPass>(m_dim - m0, [&](auto rows) {
+          avx2::RowPass<F, decltype(rows)::value, kVnni>(w + n * row_bytes, a, k_dim, m0, y, n_dim, n);
+        });
+      }
+    }
+  }
+  template <int F>
+  static void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
+                    int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
+    const int64_t passes = (m_dim + avx2::kMaxMPerKPass - 1) / avx2::kMaxMPerKPass;
+    const int64_t per_pass = (m_dim + passes - 1) / passes;
+    for (int64_t n = begin; n < end; ++n) {
+      for (int64_t m0 = 0; m0 < m_dim; m0 += per_pass) {
+        ForRowCount<avx2::kMaxMPerKPass>(std::min(per_pass, m_dim - m0), [&](auto rows) {
+          avx2::KRowPass<F, decltype(rows)::value, kVnni>(w + n * row_bytes, a, k_dim, m0, y, n_dim, n);
+        });
+      }
+    }
+  }
+  template <int F>
+  static void X16Group(const uint8_t* group, int64_t units, const PassActivations& a, int64_t k_dim,
+                       int64_t m_dim, float* y, int64_t n_dim, int64_t lane0) {
+    (void)m_dim;
+    for (size_t p = 0; p < a.first.size(); ++p) {
+      const int64_t m0 = a.first[p];
+      const int32_t* words = a.words.data() + m0 * k_dim / 4;
+      const float* d = a.d.data() + m0 * k_dim / 32;
+      const float* dsum = a.dsum.data() + m0 * k_dim / 32;
+      const int32_t* asum = a.asum.data() + m0 * k_dim / 32;
+      const int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
+      for (int half = 0; half < 2; ++half) {
+        ForRowCount<avx2::kMaxMPerX16Pass>(a.rows[p], [&](auto rows) {
+          constexpr int kRows = decltype(rows)::value;
+          if constexpr (F == kQ6_KX16) {
+            avx2::X16Q6Pass<kRows, kVnni>(group, units, words, d, q6_offset, y, n_dim, m0, lane0, half);
+          } else if constexpr (F == kQ5_0X16) {
+            avx2::X16Q5Pass<kRows, kVnni>(group, units, words, d, asum, y, n_dim, m0, lane0, half);
+          } else {
+            avx2::X16Pass<kRows, kVnni>(group, units, words, d, dsum, y, n_dim, m0, lane0, half);
+          }
+        });
+      }
+    }
+  }
+};
+
+}  // namespace blocks
+}  // namespace specdec
+
+#endif  // SPECDEC_JAX_NATIVE_BLOCK_DOT_AVX2_H_
