@@ -366,8 +366,8 @@ class PairedTreeDecoder(TreeDecoder):
     others: tuple = ()
     sink: Callable | None = None
 
-    def verify(self, key, tree, q_BxN1xV, pi_BxN1xV, sp):
-        verdict = super().verify(key, tree, q_BxN1xV, pi_BxN1xV, sp)
+    def run_verifier(self, key, tree, q_BxN1xV, pi_BxN1xV, sp):
+        verdict = super().run_verifier(key, tree, q_BxN1xV, pi_BxN1xV, sp)
         if self.others and self.sink is not None:
             accepted = jnp.stack([verdict.num_accepted] + [
                 other(key, tree, q_BxN1xV, pi_BxN1xV).num_accepted for other in self.others])

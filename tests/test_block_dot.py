@@ -267,7 +267,7 @@ def test_a_build_without_simd_keeps_stored_blocks_off_the_kernel(tmp_path):
         "import argparse\n"
         "from specdec_jax.runtime import cpu_kernels\n"
         "from specdec_jax.native import matmul\n"
-        "from specdec_jax.jobs import generate\n"
+        "from specdec_jax.jobs.cli import generate\n"
         "assert cpu_kernels.enable()\n"
         "args = argparse.Namespace(dtype='auto', kernel_layout='out_in')\n"
         "blocks = matmul.blocks_active()\n"

@@ -77,7 +77,7 @@ def test_lossy_under_block_verification_is_lossless_under_greedy(method):
                                         api.sampling_params(temperature=0.0, alpha=0.6))
         return np.asarray(out.tokens), np.asarray(out.lengths)
 
-    expected = tokens("autoregressive", "token", None)
+    expected = tokens("autoregressive", None, None)
     got = tokens(method, "block", 3)
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_array_equal(got[1], expected[1])

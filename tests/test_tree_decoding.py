@@ -251,7 +251,7 @@ def test_tree_grids_check_every_request_before_anything_loads(monkeypatch, tmp_p
     so stored sweeps resume); every bad request fails before a model loads,
     naming the argument and the fix."""
     from specdec_jax.jobs import resolver  # noqa: PLC0415
-    from specdec_jax.jobs.studies import runs as study  # noqa: PLC0415
+    from specdec_jax.jobs.studies import gin_jobs as study  # noqa: PLC0415
     from specdec_jax.jobs.studies import sweep  # noqa: PLC0415
 
     points = sweep.plan_points(methods={"specdecode": [], "token-v3": [0.1], "oracle": [0.2]},

@@ -313,10 +313,19 @@ class TreeDecoder(RoundDecoder):
         return Scored(logits=out.logits, hidden=out.hidden, cache=out.cache,
                       width=proposal.num_nodes + 1)
 
+    def run_verifier(self, key, tree: verify_tree.Tree, q_BxN1xV, pi_BxN1xV,
+                     sp: SamplingParams):
+        """The configured tree verifier, or greedy at temperature 0 (module
+        docstring): the accepted node and the new token."""
+        greedy = verify_tree.GreedyTreeVerifier()
+        if isinstance(self.verifier, verify_tree.GreedyTreeVerifier):
+            return self.verifier(key, tree, q_BxN1xV, pi_BxN1xV)
+        return jax.lax.cond(sp.temperature <= 0, lambda: greedy(key, tree, q_BxN1xV, pi_BxN1xV),
+                            lambda: self.verifier(key, tree, q_BxN1xV, pi_BxN1xV))
+
     def verify(self, key, state: LoopState, proposal, dist: Distributions,
                sp: SamplingParams) -> Verdict:
-        """pi = T(q, p) at every context, then the tree verifier: the configured
-        one, or greedy at temperature 0 (module docstring)."""
+        """pi = T(q, p) at every context, then ``run_verifier`` on the tree."""
         depth, n = self.depth, proposal.num_nodes
         batch = proposal.tokens.shape[0]
         tree = verify_tree.Tree(parents=proposal.parents.astype(jnp.int32),
@@ -330,13 +339,7 @@ class TreeDecoder(RoundDecoder):
             has_child_BxN1 = jnp.zeros((batch, n + 1), bool).at[
                 jnp.arange(batch)[:, None], tree.parents + 1].set(True)
             pi_BxN1xV = jnp.where(has_child_BxN1[..., None], pi_BxN1xV, dist.probs)
-        greedy = verify_tree.GreedyTreeVerifier()
-        if isinstance(self.verifier, verify_tree.GreedyTreeVerifier):
-            verdict = self.verifier(key, tree, proposal.q, pi_BxN1xV)
-        else:
-            verdict = jax.lax.cond(
-                sp.temperature <= 0, lambda: greedy(key, tree, proposal.q, pi_BxN1xV),
-                lambda: self.verifier(key, tree, proposal.q, pi_BxN1xV))
+        verdict = self.run_verifier(key, tree, proposal.q, pi_BxN1xV, sp)
         path_BxD = verify_tree.path_nodes(tree, verdict.node)[:, :depth]  # -1 past the path
         # Token j of the round is drawn at the context root -> path[j - 1].
         context_BxD1 = jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32), path_BxD], 1)

@@ -25,9 +25,9 @@ from specdec_jax.runtime import cpu_kernels, devices, distributed
 
 # job name -> "module:function" (imported when the launcher starts).
 JOBS = {
-    "run_study": "specdec_jax.jobs.studies.runs:run_study",
-    "run_generate": "specdec_jax.jobs.studies.runs:run_generate",
-    "run_benchmark": "specdec_jax.jobs.studies.runs:run_benchmark",
+    "run_study": "specdec_jax.jobs.studies.gin_jobs:run_study",
+    "run_generate": "specdec_jax.jobs.studies.gin_jobs:run_generate",
+    "run_benchmark": "specdec_jax.jobs.studies.gin_jobs:run_benchmark",
     "run_training": "specdec_jax.training.recipes:run_training",
     "run_distillation": "specdec_jax.training.recipes:run_distillation",
     "run_specdecpp_data": "specdec_jax.jobs.head_training:run_specdecpp_data",

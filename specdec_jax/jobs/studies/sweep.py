@@ -248,7 +248,7 @@ def _build_generate_fn(pair: ModelPair, point: Point, max_new_tokens: int):
         target=pair.target, drafter=pair.drafter, method=point.method,
         gamma=point.gamma if point.gamma else None, max_new_tokens=max_new_tokens,
         eos_ids=pair.eos_ids, stop_rule=pair.stop_rule, tree=point.tree,
-        verifier=point.verifier))
+        verifier=point.verifier if drafts_block(point.method) else None))
     return lambda prompt, key, sp: fn(pair.target_params, pair.drafter_params, prompt, key, sp)
 
 

@@ -100,16 +100,16 @@ def run_study(*, task: str, target: str, drafter: str, methods: dict[str, Sequen
     stored = sweep.load_or_start(json_path, settings)  # fails early on a settings mismatch
     if "prefill_per_token_s" in stored.get("cost_model", {}).get("target", {}):
         cost = cost_lib.CostModel.from_json(stored["cost_model"])
-        calibration = stored.get("calibration")
+        measured = stored.get("calibration")
     else:
-        cost, calibration = calibration.calibrate(
+        cost, measured = calibration.calibrate(
             target=pair.target, target_params=pair.target_params, drafter=pair.drafter,
             drafter_params=pair.drafter_params, context=calibration_context,
             widths=tuple(calibration_widths))
     data = sweep.run_sweep(pair=pair, task=the_task, examples=examples, points=points,
                            out_path=json_path, settings=settings,
                            max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-                           cost=cost, calibration=calibration,
+                           cost=cost, calibration=measured,
                            wallclock_examples=wallclock_examples,
                            wallclock_trials=wallclock_trials, progress=progress)
     records = [{k: v for k, v in r.items() if k not in ("per_example", "cost_seconds")}
