@@ -265,6 +265,11 @@ def test_isa_switches(builder, monkeypatch):
         assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_AVX2=ON" in flags
         assert "-DGGML_FMA=ON" in flags and "-DGGML_AVX512_VNNI=OFF" in flags
     assert "-DGGML_AVX512=OFF" in avx2 and "-DGGML_AVX512=ON" in avx512
+    monkeypatch.setattr(builder, "machine", lambda: {"cpu_flags": ["avx2", "fma", "f16c",
+                                                                   "bmi2"]})
+    builder.check_isa("avx2")
+    with pytest.raises(SystemExit, match="avx512f"):
+        builder.check_isa("avx512")
     monkeypatch.delenv(builder.OURS_MARCH_ENV, raising=False)
     assert builder.ours_isa("avx2")[builder.OURS_MARCH_ENV] == "haswell"
     assert os.environ[builder.OURS_MARCH_ENV] == "haswell"

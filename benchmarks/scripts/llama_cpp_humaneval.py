@@ -321,6 +321,7 @@ def main(argv=None) -> int:
     parser.add_argument("--draft-weights", default="stored")
     parser.add_argument("--out", default="benchmarks/reports/llama_cpp_humaneval_cpu.json")
     args = parser.parse_args(argv)
+    llama_cpp_peer.check_isa(args.isa)
     builds = {peer.label: llama_cpp_peer.build(peer, args.isa) for peer in args.peers}
     ours_record = llama_cpp_peer.ours_isa(args.isa)  # before anything of ours compiles
     from specdec_jax.runtime import timing

@@ -110,6 +110,9 @@ ISA_FLAGS = {
     "avx512": ("-DGGML_NATIVE=OFF", *(f"-D{f}=ON" for f in _X86), "-DGGML_AVX512=ON",
                *(f"-D{f}=OFF" for f in _EXTRAS)),
 }
+ISA_NEEDS = {"native": (), "avx2": ("avx2", "fma", "f16c", "bmi2"),
+             "avx512": ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512cd", "avx512vl",
+                        "avx512dq", "avx512bw")}  # /proc/cpuinfo flags
 OURS_MARCH_ENV = "SPECDEC_JAX_CPU_MARCH"
 OURS_MARCH = {"native": None, "avx2": "haswell", "avx512": "skylake-avx512"}
 
@@ -213,6 +216,14 @@ def parse_peers(text: str) -> list[Peer]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"peers are {', '.join(PEERS)} (got {text!r})")
     return [PEERS[n] for n in names]
+
+
+def check_isa(isa: str) -> None:
+    """Stops before a build whose binaries this CPU could not run."""
+    flags = set(machine()["cpu_flags"])
+    missing = [f for f in ISA_NEEDS[isa] if f not in flags] if flags else []
+    if missing:
+        raise SystemExit(f"--isa {isa} needs {', '.join(missing)}, which this CPU lacks")
 
 
 def ours_isa(isa: str) -> dict:
@@ -327,9 +338,12 @@ def main(argv=None) -> int:
                         help="instruction set of both sides (default native: -march=native)")
     parser.add_argument("--triad", action=argparse.BooleanOptionalAction, default=True,
                         help="time the memory bandwidth (STREAM triad) first")
-    parser.add_argument("--build-only", action="store_true", help="build the peers and stop")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build the peers and stop (for any --isa, runnable here or not)")
     parser.add_argument("--out", default="benchmarks/reports/llama_cpp_peer_cpu.json")
     args = parser.parse_args(argv)
+    if not args.build_only:
+        check_isa(args.isa)
     builds = {peer.label: build(peer, args.isa) for peer in args.peers}
     if args.build_only:
         print(json.dumps({label: rec for label, (_, rec) in builds.items()}, indent=1))
