@@ -151,11 +151,19 @@ def parse_spec(text: str) -> list[str]:
     return names
 
 
+def _failure(returncode: int) -> str:
+    if returncode < 0:
+        killed = f"killed by signal {-returncode}"
+        return killed + (" (out of memory?)" if returncode == -9 else "")
+    return f"exit status {returncode}"
+
+
 def run_llama(command: list[str]) -> str:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         name = pathlib.Path(command[0]).name
-        raise RuntimeError(f"{name} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{name} failed ({_failure(done.returncode)}):\n"
+                           f"{done.stderr[-2000:]}")
     return done.stderr
 
 
@@ -240,7 +248,8 @@ def ours(prompts_file: str, tokens: int, target_weights: str, draft_weights: str
          "--draft-weights", draft_weights, "--no-cost-model", "--json"],
         capture_output=True, text=True)
     if out.returncode != 0:
-        raise RuntimeError(f"specdec-jax generate failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"specdec-jax generate failed ({_failure(out.returncode)}):\n"
+                           f"{out.stderr[-3000:]}")
     report = json.loads(out.stdout)
     runs = {}
     for name, summary in report["results"].items():
