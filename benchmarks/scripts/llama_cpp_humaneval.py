@@ -326,6 +326,9 @@ def main(argv=None) -> int:
                              "(default newest)")
     parser.add_argument("--isa", choices=tuple(llama_cpp_peer.ISA_FLAGS), default="native",
                         help="instruction set of both sides (default native: -march=native)")
+    parser.add_argument("--ours", action=argparse.BooleanOptionalAction, default=True,
+                        help="run ours too (--no-ours: llama.cpp's rows alone, e.g. to "
+                             "compare its variants)")
     parser.add_argument("--target-weights", default="stored")
     parser.add_argument("--draft-weights", default="stored")
     parser.add_argument("--out", default="benchmarks/reports/llama_cpp_humaneval_cpu.json")
@@ -349,13 +352,14 @@ def main(argv=None) -> int:
         with open(prompts_file, "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)
         for r in range(args.rounds):  # interleaved: a drift hits every contender alike
-            print(f"round {r + 1}/{args.rounds}: ours", flush=True)
-            found = ours(prompts_file, args.max_new_tokens, args.target_weights,
-                         args.draft_weights)
-            settings, completions = found.pop("settings"), found.pop("completions")
-            equal = found.pop("equal_to_autoregressive")
-            for key, value in found.items():
-                runs.setdefault(key, []).append(value)
+            if args.ours:
+                print(f"round {r + 1}/{args.rounds}: ours", flush=True)
+                found = ours(prompts_file, args.max_new_tokens, args.target_weights,
+                             args.draft_weights)
+                settings, completions = found.pop("settings"), found.pop("completions")
+                equal = found.pop("equal_to_autoregressive")
+                for key, value in found.items():
+                    runs.setdefault(key, []).append(value)
             this_round: dict[str, list[dict]] = {}
             for i, prompt in enumerate(prompts):
                 print(f"round {r + 1}/{args.rounds}: llama.cpp, prompt {i + 1}/{len(prompts)}",
@@ -378,7 +382,8 @@ def main(argv=None) -> int:
                     for name in variants[label]} for label in builds}
     best = {label: max(found, key=lambda n: found[n]["tokens_per_s"])
             for label, found in spec.items() if found}
-    rows = {key: per_prompt[key] for key in ("ours_speculative", "ours_autoregressive")}
+    rows = {key: per_prompt[key] for key in ("ours_speculative", "ours_autoregressive")
+            if key in per_prompt}
     for label in builds:
         rows[f"{label}_autoregressive"] = per_prompt[f"{label}_autoregressive"]
         if label in best:
@@ -410,8 +415,10 @@ def main(argv=None) -> int:
         f"over_{first}_autoregressive": {key: ratio_interval(value, base)
                                          for key, value in rows.items()},
         "ours_speculative_over_ours_autoregressive": ratio_interval(
-            per_prompt["ours_speculative"], per_prompt["ours_autoregressive"]),
-        "ours_speculative_equals_autoregressive": f"{sum(equal)} of {len(equal)} prompts",
+            per_prompt["ours_speculative"], per_prompt["ours_autoregressive"])
+        if args.ours else None,
+        "ours_speculative_equals_autoregressive": (f"{sum(equal)} of {len(equal)} prompts"
+                                                   if args.ours else None),
         "per_prompt": per_prompt, "runs": runs, "completions": completions}
     timing.write_report(report, args.out)
     print(json.dumps({k: report[k] for k in (
