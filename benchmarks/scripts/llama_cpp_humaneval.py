@@ -335,7 +335,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     llama_cpp_peer.check_isa(args.isa)
     builds = {peer.label: llama_cpp_peer.build(peer, args.isa) for peer in args.peers}
-    ours_record = llama_cpp_peer.ours_isa(args.isa)  # before anything of ours compiles
+    # before anything of ours compiles
+    ours_record = llama_cpp_peer.ours_isa(args.isa) if args.ours else None
     from specdec_jax.runtime import timing
     target, drafter = registry.local_path(TARGET), registry.local_path(DRAFTER)
     prompts = humaneval.load_prompts(args.prompts)
