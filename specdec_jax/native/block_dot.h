@@ -53,6 +53,9 @@
 #ifndef SPECDEC_UNROLL
 #define SPECDEC_UNROLL _Pragma("GCC unroll 8")
 #endif
+// A pass's body in pieces (per unit of a format): inlined into the pass, so
+// its accumulators stay in registers as if written there.
+#define SPECDEC_INLINE inline __attribute__((always_inline))
 
 namespace specdec {
 namespace blocks {
@@ -70,14 +73,14 @@ inline const char* FormatName(int32_t f) {
 constexpr int kChunk = 64;   // file layouts q8_0, q4_1, q5_0: activations per scale, one unit
 constexpr int kSuper = 256;  // k-quants: super-block, activations per scale
 
-// The 32-weight file formats, two blocks at a time (a unit of one chunk).
-template <int F> struct UnitSpec;
-template <> struct UnitSpec<kQ8_0> { static constexpr int kWeights = 64, kBytes = 68; };
-template <> struct UnitSpec<kQ4_1> { static constexpr int kWeights = 64, kBytes = 40; };
-template <> struct UnitSpec<kQ5_0> { static constexpr int kWeights = 64, kBytes = 44; };
-template <int F> struct KSpec;
-template <> struct KSpec<kQ4_K> { static constexpr int kBytes = 144; };
-template <> struct KSpec<kQ6_K> { static constexpr int kBytes = 210; };
+// The file layouts, per unit: the 32-weight formats two blocks at a time (a
+// chunk), the k-quants a super-block. Their activations are quantised per unit.
+template <int F> struct FileSpec;
+template <> struct FileSpec<kQ8_0> { static constexpr int kWeights = kChunk, kBytes = 68; };
+template <> struct FileSpec<kQ4_1> { static constexpr int kWeights = kChunk, kBytes = 40; };
+template <> struct FileSpec<kQ5_0> { static constexpr int kWeights = kChunk, kBytes = 44; };
+template <> struct FileSpec<kQ4_K> { static constexpr int kWeights = kSuper, kBytes = 144; };
+template <> struct FileSpec<kQ6_K> { static constexpr int kWeights = kSuper, kBytes = 210; };
 
 // Interleaved by 16 output rows (byte layouts: block_dot_avx512.h, where each
 // format's pass says why it is laid out so).
@@ -87,6 +90,48 @@ constexpr int kX16Codes = 320;                              // its code lines
 constexpr int64_t kX16Q6Bytes = 32 + 256 + 2048 + 1024;     // q6_k_x16, per super-block
 constexpr int kX16Q6Low = 288, kX16Q6High = 288 + 2048;
 constexpr int64_t kX16Q5Bytes = 32 + 256 + 64;              // q5_0_x16, per block of 32
+
+// Per unit of an interleaved layout (16 rows of a super-block; q5_0: of a
+// block of 32): its weights and bytes, and what the x86 passes ask for ahead
+// of the unit they read: the unit kAhead bytes on, its first kHead bytes (the
+// scales; q5_0: all of it) when a unit starts, each line of codes as it is
+// read. q4_k: in a prototype of the AVX-512 loop, 2 super-blocks ahead beat 1 and 5.
+template <int64_t Weights, int64_t Bytes, int64_t Ahead, int64_t Head>
+struct X16Sizes {
+  static constexpr int64_t kWeights = Weights, kBytes = Bytes, kAhead = Ahead, kHead = Head;
+};
+template <int F> struct X16Spec;
+template <> struct X16Spec<kQ4_KX16> : X16Sizes<kSuper, kX16Bytes, 2 * kX16Bytes, kX16Codes> {};
+template <> struct X16Spec<kQ6_KX16> : X16Sizes<kSuper, kX16Q6Bytes, 2 * kX16Q6Bytes, kX16Q6Low> {};
+template <> struct X16Spec<kQ5_0X16> : X16Sizes<32, kX16Q5Bytes, 4 * kX16Q5Bytes, kX16Q5Bytes> {};
+
+// The x86 paths' software prefetch (__builtin_prefetch(p, 0, 3): prefetcht0,
+// what _mm_prefetch(p, _MM_HINT_T0) is; the NEON path asks for nothing). In a
+// file's layout the weights stream from memory once per call, and a pass of
+// several rows spends long enough on each unit that the hardware prefetcher
+// falls behind on long rows (down's 8960 weights: 9 rows cost 1.3-2x as much
+// with the matrix out of cache as in it). The first pass over a row (m0 == 0)
+// asks for unit u's bytes kAheadBytes on (into the next row at a row's end:
+// rows are contiguous): a chunk by its first and last byte (it spans at most
+// two lines), a super-block 64 bytes at a time.
+constexpr int64_t kAheadBytes = 2048;
+template <int F>
+inline void PrefetchAhead(const uint8_t* w_row, int64_t u) {
+  constexpr int64_t kBytes = FileSpec<F>::kBytes;
+  const char* ahead = reinterpret_cast<const char*>(w_row + (u + kAheadBytes / kBytes) * kBytes);
+  if constexpr (FileSpec<F>::kWeights == kChunk) {
+    __builtin_prefetch(ahead, 0, 3);
+    __builtin_prefetch(ahead + kBytes - 1, 0, 3);
+  } else {
+    for (int l = 0; l < kBytes; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+  }
+}
+// An interleaved unit at p: its first kHead bytes kAhead on (X16Spec).
+template <int F>
+inline void PrefetchX16Ahead(const uint8_t* p) {
+  const char* ahead = reinterpret_cast<const char*>(p + X16Spec<F>::kAhead);
+  for (int l = 0; l < X16Spec<F>::kHead; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+}
 
 // ---------------------------------------------------------------------------
 // Activations, quantised once per call (the same values in every path; the
@@ -122,11 +167,15 @@ struct PassActivations {
   std::vector<int64_t> first, rows;  // per pass: its first row of x and row count
 };
 
-// Passes of equal size, at most max_rows each (9 rows, at most 12: one pass;
-// 16: two of 8).
-inline void PlanPasses(int64_t m_dim, int64_t max_rows, PassActivations& a) {
+// Rows of x per pass where passes are of equal size, at most max_rows each
+// (9 rows, at most 12: one pass; 16: two of 8).
+inline int64_t EqualPassRows(int64_t m_dim, int64_t max_rows) {
   const int64_t passes = (m_dim + max_rows - 1) / max_rows;
-  const int64_t per_pass = (m_dim + passes - 1) / passes;
+  return (m_dim + passes - 1) / passes;
+}
+
+inline void PlanPasses(int64_t m_dim, int64_t max_rows, PassActivations& a) {
+  const int64_t per_pass = EqualPassRows(m_dim, max_rows);
   a.first.clear();
   a.rows.clear();
   for (int64_t m0 = 0; m0 < m_dim; m0 += per_pass) {
@@ -143,28 +192,42 @@ inline void ResizePass(int64_t m_dim, int64_t k_dim, PassActivations& a) {
   a.asum.resize(m_dim * k_dim / 32);
 }
 
-// Row m's view of PassActivations, whatever the pass layout (the reference
-// and the harness read through it).
+// Pass p of PassActivations as the interleaved passes read it: rows
+// [m0, m0 + rows) of x, and where its arrays start (row r's word k at
+// words[k * rows + r], its scale of block b at da[b * rows + r], ...).
+struct PassView {
+  int64_t m0, rows;
+  const int32_t* words;
+  const float *da, *dsum;
+  const int32_t *asum, *q6_offset;
+  PassView(const PassActivations& a, int64_t k_dim, size_t p)
+      : m0(a.first[p]), rows(a.rows[p]), words(a.words.data() + m0 * k_dim / 4),
+        da(a.d.data() + m0 * k_dim / 32), dsum(a.dsum.data() + m0 * k_dim / 32),
+        asum(a.asum.data() + m0 * k_dim / 32), q6_offset(a.q6_offset.data() + m0 * k_dim / 16) {}
+};
+
+// Row r of a pass, or row m of x whatever the pass layout (the reference and
+// the harness read through it).
 struct PassRow {
-  const PassActivations* a;
-  int64_t k_dim, first, rows, r;  // r: the row within its pass
-  PassRow(const PassActivations& act, int64_t k, int64_t m) : a(&act), k_dim(k) {
+  PassView v;
+  int64_t r;
+  PassRow(const PassView& view, int64_t row) : v(view), r(row) {}
+  PassRow(const PassActivations& a, int64_t k_dim, int64_t m) : v(a, k_dim, PassOf(a, m)), r(m - v.m0) {}
+  static size_t PassOf(const PassActivations& a, int64_t m) {
     size_t p = 0;
-    while (p + 1 < act.first.size() && act.first[p + 1] <= m) ++p;
-    first = act.first[p];
-    rows = act.rows[p];
-    r = m - first;
+    while (p + 1 < a.first.size() && a.first[p + 1] <= m) ++p;
+    return p;
   }
   int8_t code(int64_t k) const {
-    int32_t w = a->words[first * k_dim / 4 + (k / 4) * rows + r];
+    int32_t w = v.words[(k / 4) * v.rows + r];
     int8_t b[4];
     std::memcpy(b, &w, 4);
     return b[k % 4];
   }
-  float d(int64_t b) const { return a->d[first * k_dim / 32 + b * rows + r]; }
-  float dsum(int64_t b) const { return a->dsum[first * k_dim / 32 + b * rows + r]; }
-  int32_t asum(int64_t b) const { return a->asum[first * k_dim / 32 + b * rows + r]; }
-  int32_t q6_offset(int64_t j) const { return a->q6_offset[first * k_dim / 16 + j * rows + r]; }
+  float d(int64_t b) const { return v.da[b * v.rows + r]; }
+  float dsum(int64_t b) const { return v.dsum[b * v.rows + r]; }
+  int32_t asum(int64_t b) const { return v.asum[b * v.rows + r]; }
+  int32_t q6_offset(int64_t j) const { return v.q6_offset[j * v.rows + r]; }
 };
 
 // Calls f(std::integral_constant<int, n>) for 1 <= n <= Max (larger n: Max):
@@ -228,6 +291,21 @@ inline float Sum16(const float a[16]) {
   return v0 + v1;
 }
 
+// q4_k's 12 bytes k[0..11] of 8 six-bit scales and 8 six-bit minimums, as
+// bytes (the x86 paths; the reference decodes them one at a time): scale j < 4
+// is k[j] & 63 and j >= 4 is (k[j + 4] & 15) | (k[j - 4] >> 6) << 4; minimum
+// j < 4 is k[j + 4] & 63 and j >= 4 is (k[j + 4] >> 4) | (k[j] >> 6) << 4
+// (llama.cpp's get_scale_min_k4). Four bytes at a time, as 32-bit words.
+inline void Q4KScalesMins(const uint8_t* k, uint32_t scales[2], uint32_t minimums[2]) {
+  uint32_t w[3];
+  std::memcpy(w, k, 12);
+  const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
+  scales[0] = w[0] & low6;
+  scales[1] = (w[2] & low4) | (((w[0] >> 6) & low2) << 4);
+  minimums[0] = w[1] & low6;
+  minimums[1] = ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4);
+}
+
 // One chunk of n values: the rounded values before saturation (their sums are
 // the SIMD paths' sums of cvtps2dq's results) and the chunk's scale.
 inline float QuantizeValues(const float* x, int n, int32_t* r) {
@@ -243,76 +321,43 @@ inline float QuantizeValues(const float* x, int n, int32_t* r) {
 // the layouts' descriptions, not from the SIMD code.
 namespace ref {
 
-inline void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
-  a.chunks = k_dim / kChunk;
-  a.q.resize(m_dim * k_dim);
-  a.d.resize(m_dim * a.chunks);
-  a.sums.resize(m_dim * a.chunks * 16);
-  int32_t r[kChunk];
-  for (int64_t m = 0; m < m_dim; ++m) {
-    for (int64_t c = 0; c < a.chunks; ++c) {
-      const float d = QuantizeValues(x + m * k_dim + c * kChunk, kChunk, r);
-      int8_t* q = a.q.data() + m * k_dim + c * kChunk;
-      for (int i = 0; i < kChunk; ++i) q[i] = SaturateToInt8(r[i]);
-      a.d[m * a.chunks + c] = d;
-      for (int lane = 0; lane < 16; ++lane) {  // the saturated codes' sums
-        const int32_t s = q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3];
-        a.sums[(m * a.chunks + c) * 16 + lane] = float(s) * d;
-      }
+// The activations' rounding, a unit at a time (the loops around it and the
+// layouts: Quantize<P>): the codes, the sums each layout needs, and the scale.
+struct Quantizers {
+  // A chunk of 64: per lane the saturated codes' sum times the scale.
+  static float QuantizeChunk(const float* x, int8_t q[kChunk], float sums[16]) {
+    int32_t r[kChunk];
+    const float d = QuantizeValues(x, kChunk, r);
+    for (int i = 0; i < kChunk; ++i) q[i] = SaturateToInt8(r[i]);
+    for (int lane = 0; lane < 16; ++lane) {  // the saturated codes' sums
+      const int32_t s = q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3];
+      sums[lane] = float(s) * d;
     }
+    return d;
   }
-}
-
-inline void QuantizeSuper(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
-  a.supers = k_dim / kSuper;
-  a.q.resize(m_dim * k_dim);
-  a.d.resize(m_dim * a.supers);
-  a.sums.resize(m_dim * a.supers * 16);
-  int32_t r[kSuper];
-  for (int64_t m = 0; m < m_dim; ++m) {
-    for (int64_t u = 0; u < a.supers; ++u) {
-      const float d = QuantizeValues(x + m * k_dim + u * kSuper, kSuper, r);
-      int8_t* q = a.q.data() + m * k_dim + u * kSuper;
-      for (int i = 0; i < kSuper; ++i) q[i] = SaturateToInt8(r[i]);
-      for (int g = 0; g < 16; ++g) {  // the rounded values' sums, truncated to int16
-        int32_t s = 0;
-        for (int i = 0; i < 16; ++i) s = WrapAdd(s, r[16 * g + i]);
-        a.sums[(m * a.supers + u) * 16 + g] = int16_t(uint16_t(uint32_t(s)));
-      }
-      a.d[m * a.supers + u] = d;
+  // A super-block of 256: per group of 16 the rounded values' sum.
+  static float QuantizeSuper(const float* x, int8_t q[kSuper], int16_t sums[16]) {
+    int32_t r[kSuper];
+    const float d = QuantizeValues(x, kSuper, r);
+    for (int i = 0; i < kSuper; ++i) q[i] = SaturateToInt8(r[i]);
+    for (int g = 0; g < 16; ++g) {  // the rounded values' sums, truncated to int16
+      int32_t s = 0;
+      for (int i = 0; i < 16; ++i) s = WrapAdd(s, r[16 * g + i]);
+      sums[g] = int16_t(uint16_t(uint32_t(s)));
     }
+    return d;
   }
-}
-
-inline void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, int64_t max_rows,
-                         PassActivations& a) {
-  PlanPasses(m_dim, max_rows, a);
-  ResizePass(m_dim, k_dim, a);
-  int32_t r[32];
-  for (size_t p = 0; p < a.first.size(); ++p) {
-    const int64_t m0 = a.first[p], rows = a.rows[p];
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t b = 0; b < k_dim / 32; ++b) {
-        const float da = QuantizeValues(x + (m0 + i) * k_dim + 32 * b, 32, r);
-        int32_t low = 0, high = 0;  // the rounded values' sums
-        for (int j = 0; j < 16; ++j) low = WrapAdd(low, r[j]);
-        for (int j = 16; j < 32; ++j) high = WrapAdd(high, r[j]);
-        const int32_t asum = WrapAdd(low, high);
-        const int64_t at = m0 * k_dim / 32 + b * rows + i;
-        a.d[at] = da;
-        a.asum[at] = asum;
-        a.dsum[at] = da * float(asum);
-        a.q6_offset[m0 * k_dim / 16 + 2 * b * rows + i] = WrapMul(-32, low);
-        a.q6_offset[m0 * k_dim / 16 + (2 * b + 1) * rows + i] = WrapMul(-32, high);
-        for (int w = 0; w < 8; ++w) {
-          int8_t codes[4];
-          for (int j = 0; j < 4; ++j) codes[j] = SaturateToInt8(r[4 * w + j]);
-          std::memcpy(&a.words[m0 * k_dim / 4 + (8 * b + w) * rows + i], codes, 4);
-        }
-      }
-    }
+  // A block of 32: the rounded values' sums of its halves.
+  static float QuantizeBlock32(const float* x, int8_t q[32], int32_t& low, int32_t& high) {
+    int32_t r[32];
+    const float d = QuantizeValues(x, 32, r);
+    for (int i = 0; i < 32; ++i) q[i] = SaturateToInt8(r[i]);
+    low = high = 0;
+    for (int j = 0; j < 16; ++j) low = WrapAdd(low, r[j]);
+    for (int j = 16; j < 32; ++j) high = WrapAdd(high, r[j]);
+    return d;
   }
-}
+};
 
 // A unit of the 32-weight formats (two blocks): 64 codes in weight order, and
 // per lane of 4 weights the scale s and offset o (w = s * q + o).
@@ -360,7 +405,7 @@ float UnitRow(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t
   uint8_t q[64];
   float s[16], o[16];
   for (int64_t c = 0; c < a.chunks; ++c) {
-    UnitCodes<F>(w_row + c * UnitSpec<F>::kBytes, q, s, o);
+    UnitCodes<F>(w_row + c * FileSpec<F>::kBytes, q, s, o);
     const int8_t* act = a.q.data() + m * k_dim + c * kChunk;
     const float da = a.d[m * a.chunks + c];
     const float* sums = a.sums.data() + (m * a.chunks + c) * 16;
@@ -434,7 +479,7 @@ float KRow(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64
   int16_t sc[16], mn[16];
   float d, dmin;
   for (int64_t u = 0; u < a.supers; ++u) {
-    SuperCodes<F>(w_row + u * KSpec<F>::kBytes, q, d, dmin, sc, mn);
+    SuperCodes<F>(w_row + u * FileSpec<F>::kBytes, q, d, dmin, sc, mn);
     const int8_t* act = a.q.data() + m * k_dim + u * kSuper;
     int32_t isum[16] = {};
     for (int h = 0; h < 2; ++h) {
@@ -548,42 +593,31 @@ inline float X16Q5Row(const uint8_t* group, int64_t blocks, const PassRow& x, in
 
 }  // namespace ref
 
-// The reference as a path (the uniform interface every path has).
-struct Reference {
+// The reference as a path (the interface every path has: Product<P> below):
+// one row of x at a time, its activations in a pass of their own.
+struct Reference : ref::Quantizers {
   static constexpr const char* kName = "scalar";
-  static void Quantize(const float* x, int64_t m, int64_t k, Activations& a) {
-    ref::Quantize(x, m, k, a);
+  static constexpr int kMaxMPerBlockPass = 1, kMaxMPerKPass = 1, kMaxMPerX16Pass = 1, kX16Parts = 1;
+  template <int F, int MB>
+  static void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0, float* y,
+                      int64_t n_dim, int64_t n) {
+    y[m0 * n_dim + n] = ref::UnitRow<F>(w_row, a, k_dim, m0);
   }
-  static void QuantizeSuper(const float* x, int64_t m, int64_t k, SuperActivations& a) {
-    ref::QuantizeSuper(x, m, k, a);
+  template <int F, int MB>
+  static void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m0,
+                       float* y, int64_t n_dim, int64_t n) {
+    y[m0 * n_dim + n] = ref::KRow<F>(w_row, a, k_dim, m0);
   }
-  static void QuantizeBy32(const float* x, int64_t m, int64_t k, PassActivations& a) {
-    ref::QuantizeBy32(x, m, k, 1, a);  // a pass per row: each row alone
-  }
-  template <int F>
-  static void UnitRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
-                       int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t m = 0; m < m_dim; ++m) y[m * n_dim + n] = ref::UnitRow<F>(w + n * row_bytes, a, k_dim, m);
-  }
-  template <int F>
-  static void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
-                    int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t m = 0; m < m_dim; ++m) y[m * n_dim + n] = ref::KRow<F>(w + n * row_bytes, a, k_dim, m);
-  }
-  template <int F>
-  static void X16Group(const uint8_t* group, int64_t units, const PassActivations& a, int64_t k_dim,
-                       int64_t m_dim, float* y, int64_t n_dim, int64_t lane0) {
-    for (int64_t m = 0; m < m_dim; ++m) {
-      const PassRow x(a, k_dim, m);
-      for (int lane = 0; lane < kX16Lanes; ++lane) {
-        float v;
-        if constexpr (F == kQ4_KX16) v = ref::X16Q4Row(group, units, x, lane);
-        else if constexpr (F == kQ6_KX16) v = ref::X16Q6Row(group, units, x, lane);
-        else v = ref::X16Q5Row(group, units, x, lane);
-        y[m * n_dim + lane0 + lane] = v;
-      }
+  template <int F, int MB>
+  static void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y, int64_t n_dim,
+                      int64_t lane0, int) {
+    const PassRow x(pass, 0);
+    for (int lane = 0; lane < kX16Lanes; ++lane) {
+      float v;
+      if constexpr (F == kQ4_KX16) v = ref::X16Q4Row(group, units, x, lane);
+      else if constexpr (F == kQ6_KX16) v = ref::X16Q6Row(group, units, x, lane);
+      else v = ref::X16Q5Row(group, units, x, lane);
+      y[pass.m0 * n_dim + lane0 + lane] = v;
     }
   }
 };
@@ -622,33 +656,124 @@ using Best = Reference;
 constexpr bool kBestIsSimd = !std::is_same<Best, Reference>::value;
 
 // ---------------------------------------------------------------------------
+// What every path shares: the loops around its rounding of activations and
+// its passes. A path P (Reference above; Avx512, Avx256<kVnni> and Neon in
+// their headers) provides
+//   kName;
+//   the rounding of one unit of a row of x, each returning the unit's scale:
+//     QuantizeChunk(x, q[64], sums[16]), QuantizeSuper(x, q[256], sums[16]),
+//     QuantizeBlock32(x, q[32], low, high) (as ref::Quantizers);
+//   the passes, MB rows of x (a template argument: its accumulators stay in
+//   registers) times one row of w in its file's layout, or one part of a
+//   group of 16 rows interleaved:
+//     RowPass<F, MB>(w_row, a, k_dim, m0, y, n_dim, n)      q8_0, q4_1, q5_0
+//     KRowPass<F, MB>(w_row, a, k_dim, m0, y, n_dim, n)     q4_k, q6_k
+//     X16Pass<F, MB>(group, units, pass, y, n_dim, lane0, part)   the x16 layouts
+//   and the most rows of each pass (kMaxMPerBlockPass, kMaxMPerKPass,
+//   kMaxMPerX16Pass) and how many parts a group of 16 rows is read in
+//   (kX16Parts: as many as its registers need for 16 lanes).
+
+// Per row of x and unit of kPer values: round(x, codes, sums) -> scale.
+template <int kPer, auto Round, class A>
+void QuantizeUnits(const float* x, int64_t m_dim, int64_t k_dim, int64_t& units, A& a) {
+  units = k_dim / kPer;
+  a.q.resize(m_dim * k_dim);
+  a.d.resize(m_dim * units);
+  a.sums.resize(m_dim * units * 16);
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t mu = m * units + u;
+      a.d[mu] = Round(x + m * k_dim + u * kPer, a.q.data() + m * k_dim + u * kPer, a.sums.data() + mu * 16);
+    }
+  }
+}
+template <class P>
+void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
+  QuantizeUnits<kChunk, P::QuantizeChunk>(x, m_dim, k_dim, a.chunks, a);
+}
+template <class P>
+void Quantize(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
+  QuantizeUnits<kSuper, P::QuantizeSuper>(x, m_dim, k_dim, a.supers, a);
+}
+// The interleaved layouts' activations, in the path's passes of rows.
+template <class P>
+void Quantize(const float* x, int64_t m_dim, int64_t k_dim, PassActivations& a) {
+  PlanPasses(m_dim, P::kMaxMPerX16Pass, a);
+  ResizePass(m_dim, k_dim, a);
+  for (size_t p = 0; p < a.first.size(); ++p) {
+    const int64_t m0 = a.first[p], rows = a.rows[p];
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t b = 0; b < k_dim / 32; ++b) {
+        alignas(64) int8_t codes[32];
+        int32_t low, high;
+        const float da = P::QuantizeBlock32(x + (m0 + i) * k_dim + 32 * b, codes, low, high);
+        const int32_t asum = WrapAdd(low, high);
+        const int64_t at = m0 * k_dim / 32 + b * rows + i;
+        a.d[at] = da;
+        a.asum[at] = asum;
+        a.dsum[at] = da * float(asum);
+        a.q6_offset[m0 * k_dim / 16 + 2 * b * rows + i] = WrapMul(-32, low);
+        a.q6_offset[m0 * k_dim / 16 + (2 * b + 1) * rows + i] = WrapMul(-32, high);
+        for (int w = 0; w < 8; ++w)
+          std::memcpy(&a.words[m0 * k_dim / 4 + (8 * b + w) * rows + i], codes + 4 * w, 4);
+      }
+    }
+  }
+}
+
+// Rows [begin, end) of w in a file layout, each times x in passes of rows:
+// steps of the path's most rows (the 32-weight formats), or passes of equal
+// size (the k-quants: each pass unpacks the row's codes once more).
+template <class P, int F, class A>
+void FileRows(const uint8_t* w, int64_t row_bytes, const A& a, int64_t m_dim, int64_t k_dim, float* y,
+              int64_t n_dim, int64_t begin, int64_t end) {
+  constexpr bool kK = FileSpec<F>::kWeights == kSuper;
+  constexpr int kMax = kK ? P::kMaxMPerKPass : P::kMaxMPerBlockPass;
+  const int64_t step = kK ? EqualPassRows(m_dim, kMax) : kMax;
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* w_row = w + n * row_bytes;
+    for (int64_t m0 = 0; m0 < m_dim; m0 += step) {
+      ForRowCount<kMax>(std::min(step, m_dim - m0), [&](auto rows) {
+        constexpr int kRows = decltype(rows)::value;
+        if constexpr (kK) P::template KRowPass<F, kRows>(w_row, a, k_dim, m0, y, n_dim, n);
+        else P::template RowPass<F, kRows>(w_row, a, k_dim, m0, y, n_dim, n);
+      });
+    }
+  }
+}
+
+// Groups [begin, end) of 16 rows of w interleaved, each times x per pass of
+// rows and per part of the group.
+template <class P, int F>
+void X16Groups(const uint8_t* w, int64_t units, const PassActivations& a, int64_t k_dim, float* y,
+               int64_t n_dim, int64_t begin, int64_t end) {
+  for (int64_t g = begin; g < end; ++g) {
+    const uint8_t* group = w + g * units * X16Spec<F>::kBytes;
+    for (size_t p = 0; p < a.first.size(); ++p) {
+      const PassView pass(a, k_dim, p);
+      for (int part = 0; part < P::kX16Parts; ++part) {
+        ForRowCount<P::kMaxMPerX16Pass>(pass.rows, [&](auto rows) {
+          P::template X16Pass<F, decltype(rows)::value>(group, units, pass, y, n_dim, g * kX16Lanes, part);
+        });
+      }
+    }
+  }
+}
+
 // A product on path P. `parallel(items, tile, fn)` runs fn(begin, end) over
 // chunks of [0, items) made of whole tiles (small_m_matmul.cc: the calling
 // thread and its helpers; the harness: in turn). Returns nullptr, or why the
 // arguments are not a product of this format.
 template <class P, int F, class Parallel>
-const char* RunUnit(const float* x, const uint8_t* w, float* y, int64_t m_dim, int64_t k_dim,
+const char* RunFile(const float* x, const uint8_t* w, float* y, int64_t m_dim, int64_t k_dim,
                     int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
-  if (k_dim % UnitSpec<F>::kWeights != 0 ||
-      row_bytes != k_dim / UnitSpec<F>::kWeights * UnitSpec<F>::kBytes)
+  using Spec = FileSpec<F>;
+  if (k_dim % Spec::kWeights != 0 || row_bytes != k_dim / Spec::kWeights * Spec::kBytes)
     return "block_matmul: rows of w do not hold K weights of this format";
-  Activations a;
-  P::Quantize(x, m_dim, k_dim, a);
+  std::conditional_t<Spec::kWeights == kSuper, SuperActivations, Activations> a;
+  Quantize<P>(x, m_dim, k_dim, a);
   parallel(n_dim, 4, [&](int64_t begin, int64_t end) {
-    P::template UnitRows<F>(w, row_bytes, a, m_dim, k_dim, y, n_dim, begin, end);
-  });
-  return nullptr;
-}
-
-template <class P, int F, class Parallel>
-const char* RunK(const float* x, const uint8_t* w, float* y, int64_t m_dim, int64_t k_dim,
-                 int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
-  if (k_dim % kSuper != 0 || row_bytes != k_dim / kSuper * KSpec<F>::kBytes)
-    return "block_matmul: rows of w do not hold K weights of this format";
-  SuperActivations a;
-  P::QuantizeSuper(x, m_dim, k_dim, a);
-  parallel(n_dim, 4, [&](int64_t begin, int64_t end) {
-    P::template KRows<F>(w, row_bytes, a, m_dim, k_dim, y, n_dim, begin, end);
+    FileRows<P, F>(w, row_bytes, a, m_dim, k_dim, y, n_dim, begin, end);
   });
   return nullptr;
 }
@@ -657,20 +782,16 @@ template <class P, int F, class Parallel>
 const char* RunX16(const float* x, const uint8_t* w, float* y, int64_t m_dim, int64_t k_dim,
                    int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
   // a "unit": a super-block of 256 weights (the k-quants) or a block of 32 (q5_0)
-  constexpr int64_t kUnit = F == kQ5_0X16 ? 32 : kSuper;
-  constexpr int64_t kGroupBytes = F == kQ6_KX16 ? kX16Q6Bytes
-                                  : F == kQ5_0X16 ? kX16Q5Bytes : kX16Bytes;
-  const int64_t units = k_dim / kUnit;
-  if (k_dim % kUnit != 0 || k_dim % 32 != 0 || n_dim % kX16Lanes != 0 ||
-      row_bytes * kX16Lanes != units * kGroupBytes)
+  using Spec = X16Spec<F>;
+  const int64_t units = k_dim / Spec::kWeights;
+  if (k_dim % Spec::kWeights != 0 || k_dim % 32 != 0 || n_dim % kX16Lanes != 0 ||
+      row_bytes * kX16Lanes != units * Spec::kBytes)
     return "block_matmul: w is not a format interleaved by 16 rows of K weights "
            "(stored_blocks.interleave)";
   PassActivations a;
-  P::QuantizeBy32(x, m_dim, k_dim, a);
+  Quantize<P>(x, m_dim, k_dim, a);
   parallel(n_dim / kX16Lanes, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g)
-      P::template X16Group<F>(w + g * units * kGroupBytes, units, a, k_dim, m_dim, y, n_dim,
-                              g * kX16Lanes);
+    X16Groups<P, F>(w, units, a, k_dim, y, n_dim, begin, end);
   });
   return nullptr;
 }
@@ -679,11 +800,11 @@ template <class P, class Parallel>
 const char* Product(int32_t format, const float* x, const uint8_t* w, float* y, int64_t m_dim,
                     int64_t k_dim, int64_t n_dim, int64_t row_bytes, Parallel&& parallel) {
   switch (format) {
-    case kQ8_0: return RunUnit<P, kQ8_0>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
-    case kQ4_1: return RunUnit<P, kQ4_1>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
-    case kQ5_0: return RunUnit<P, kQ5_0>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
-    case kQ4_K: return RunK<P, kQ4_K>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
-    case kQ6_K: return RunK<P, kQ6_K>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ8_0: return RunFile<P, kQ8_0>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ4_1: return RunFile<P, kQ4_1>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ5_0: return RunFile<P, kQ5_0>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ4_K: return RunFile<P, kQ4_K>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
+    case kQ6_K: return RunFile<P, kQ6_K>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
     case kQ4_KX16: return RunX16<P, kQ4_KX16>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
     case kQ6_KX16: return RunX16<P, kQ6_KX16>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);
     case kQ5_0X16: return RunX16<P, kQ5_0X16>(x, w, y, m_dim, k_dim, n_dim, row_bytes, parallel);

@@ -113,83 +113,6 @@ inline float Round(const float* x, __m256i r[N]) {
   return top / 127.0f;
 }
 
-inline void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
-  a.chunks = k_dim / kChunk;
-  a.q.resize(m_dim * k_dim);
-  a.d.resize(m_dim * a.chunks);
-  a.sums.resize(m_dim * a.chunks * 16);
-  const __m256i ones = _mm256_set1_epi8(1);
-  for (int64_t m = 0; m < m_dim; ++m) {
-    for (int64_t c = 0; c < a.chunks; ++c) {
-      __m256i r[8];
-      const float d = Round<8>(x + m * k_dim + c * kChunk, r);
-      int8_t* qc = a.q.data() + m * k_dim + c * kChunk;
-      float* sums = a.sums.data() + (m * a.chunks + c) * 16;
-      for (int h = 0; h < 2; ++h) {
-        const __m256i codes = PackCodes(r[4 * h], r[4 * h + 1], r[4 * h + 2], r[4 * h + 3]);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qc + 32 * h), codes);
-        // the saturated codes' lane sums (4 codes of at most 128: exact)
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, codes), Ones16());
-        _mm256_storeu_ps(sums + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d)));
-      }
-      a.d[m * a.chunks + c] = d;
-    }
-  }
-}
-
-inline void QuantizeSuper(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
-  a.supers = k_dim / kSuper;
-  a.q.resize(m_dim * k_dim);
-  a.d.resize(m_dim * a.supers);
-  a.sums.resize(m_dim * a.supers * 16);
-  for (int64_t m = 0; m < m_dim; ++m) {
-    for (int64_t u = 0; u < a.supers; ++u) {
-      __m256i r[32];
-      const float d = Round<32>(x + m * k_dim + u * kSuper, r);
-      int8_t* qu = a.q.data() + m * k_dim + u * kSuper;
-      int16_t* su = a.sums.data() + (m * a.supers + u) * 16;
-      for (int i = 0; i < 8; ++i) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qu + 32 * i),
-                            PackCodes(r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]));
-        su[2 * i] = int16_t(uint16_t(uint32_t(SumOf(_mm256_add_epi32(r[4 * i], r[4 * i + 1])))));
-        su[2 * i + 1] = int16_t(uint16_t(uint32_t(SumOf(_mm256_add_epi32(r[4 * i + 2], r[4 * i + 3])))));
-      }
-      a.d[m * a.supers + u] = d;
-    }
-  }
-}
-
-inline void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, int64_t max_rows,
-                         PassActivations& a) {
-  PlanPasses(m_dim, max_rows, a);
-  ResizePass(m_dim, k_dim, a);
-  alignas(32) int32_t codes[8];
-  for (size_t p = 0; p < a.first.size(); ++p) {
-    const int64_t m0 = a.first[p], rows = a.rows[p];
-    int32_t* words = a.words.data() + m0 * k_dim / 4;
-    float* d = a.d.data() + m0 * k_dim / 32;
-    float* dsum = a.dsum.data() + m0 * k_dim / 32;
-    int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
-    int32_t* asum = a.asum.data() + m0 * k_dim / 32;
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t b = 0; b < k_dim / 32; ++b) {
-        __m256i r[4];
-        const float da = Round<4>(x + (m0 + i) * k_dim + 32 * b, r);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(codes), PackCodes(r[0], r[1], r[2], r[3]));
-        const int32_t low = SumOf(_mm256_add_epi32(r[0], r[1]));
-        const int32_t high = SumOf(_mm256_add_epi32(r[2], r[3]));
-        const int32_t sum = WrapAdd(low, high);
-        d[b * rows + i] = da;
-        asum[b * rows + i] = sum;
-        dsum[b * rows + i] = da * float(sum);
-        q6_offset[2 * b * rows + i] = WrapMul(-32, low);
-        q6_offset[(2 * b + 1) * rows + i] = WrapMul(-32, high);
-        for (int w = 0; w < 8; ++w) words[(8 * b + w) * rows + i] = codes[w];
-      }
-    }
-  }
-}
-
 inline __m256 HalvesToFloats(const uint8_t* p) {  // 8 float16
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -253,21 +176,29 @@ inline Chunk UnitChunk(const uint8_t* b) {
   return ch;
 }
 
-constexpr int kMaxMPerBlockPass = 4;   // 2 accumulators a row
-constexpr int64_t kAheadBytes = 2048;  // software prefetch distance of a pass
+// A chunk of 64 (ref::Quantizers::QuantizeChunk).
+inline float QuantizeChunk(const float* x, int8_t q[kChunk], float sums[16]) {
+  const __m256i ones = _mm256_set1_epi8(1);
+  __m256i r[8];
+  const float d = Round<8>(x, r);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i codes = PackCodes(r[4 * h], r[4 * h + 1], r[4 * h + 2], r[4 * h + 3]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * h), codes);
+    // the saturated codes' lane sums (4 codes of at most 128: exact)
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, codes), Ones16());
+    _mm256_storeu_ps(sums + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d)));
+  }
+  return d;
+}
 
 template <int F, int MB, bool kVnni>
 void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0, float* y,
              int64_t n_dim, int64_t n) {
   __m256 acc[MB][2];
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-  constexpr int64_t kBytes = UnitSpec<F>::kBytes, kAhead = kAheadBytes / kBytes;
+  constexpr int64_t kBytes = FileSpec<F>::kBytes;
   for (int64_t c = 0; c < a.chunks; ++c) {
-    if (m0 == 0) {
-      const char* ahead = reinterpret_cast<const char*>(w_row + (c + kAhead) * kBytes);
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + kBytes - 1, _MM_HINT_T0);
-    }
+    if (m0 == 0) PrefetchAhead<F>(w_row, c);
     const Chunk ch = UnitChunk<F>(w_row + c * kBytes);
     SPECDEC_UNROLL for (int m = 0; m < MB; ++m) {
       const int64_t mc = (m0 + m) * a.chunks + c;
@@ -284,6 +215,14 @@ void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t 
   }
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m][0], acc[m][1]);
 }
+
+// This path's 32-weight formats (block_dot.h: what a path provides).
+template <bool kVnni>
+struct Blocks {
+  static constexpr int kMaxMPerBlockPass = 4;  // 2 accumulators a row
+  static constexpr auto QuantizeChunk = &avx2::QuantizeChunk;
+  template <int F, int MB> static constexpr auto RowPass = &avx2::RowPass<F, MB, kVnni>;
+};
 
 // ---------------------------------------------------------------------------
 // The k-quants in their file's layout (the AVX-512 path's KRowPass, halved):
@@ -322,11 +261,8 @@ template <> struct KUnit<kQ4_K> {
   void Load(const uint8_t* p) {
     d = _cvtsh_ss(uint16_t(p[0] | p[1] << 8));
     dmin = _cvtsh_ss(uint16_t(p[2] | p[3] << 8));
-    uint32_t w[3];  // as the AVX-512 path (and get_scale_min_k4), four bytes at a time
-    std::memcpy(w, p + 4, 12);
-    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
-    const uint32_t scales[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & low2) << 4)};
-    const uint32_t minimums[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4)};
+    uint32_t scales[2], minimums[2];
+    Q4KScalesMins(p + 4, scales, minimums);
     _mm256_store_si256(reinterpret_cast<__m256i*>(sc16), _mm256_castsi128_si256(_mm_cvtepu8_epi16(
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)))));
     const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(minimums)));
@@ -377,18 +313,27 @@ template <> struct KUnit<kQ6_K> {
   }
 };
 
+// A super-block of 256 (ref::Quantizers::QuantizeSuper).
+inline float QuantizeSuper(const float* x, int8_t q[kSuper], int16_t sums[16]) {
+  __m256i r[32];
+  const float d = Round<32>(x, r);
+  for (int i = 0; i < 8; ++i) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * i),
+                        PackCodes(r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]));
+    sums[2 * i] = int16_t(uint16_t(uint32_t(SumOf(_mm256_add_epi32(r[4 * i], r[4 * i + 1])))));
+    sums[2 * i + 1] = int16_t(uint16_t(uint32_t(SumOf(_mm256_add_epi32(r[4 * i + 2], r[4 * i + 3])))));
+  }
+  return d;
+}
+
 template <int F, int MB, bool kVnni>
 void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m0,
               float* y, int64_t n_dim, int64_t n) {
   __m256 acc[MB][2];
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   KUnit<F> unit;
-  constexpr int64_t kAhead = kAheadBytes / KUnit<F>::kBytes;
   for (int64_t u = 0; u < a.supers; ++u) {
-    if (m0 == 0) {
-      const char* ahead = reinterpret_cast<const char*>(w_row + (u + kAhead) * KUnit<F>::kBytes);
-      for (int l = 0; l < KUnit<F>::kBytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-    }
+    if (m0 == 0) PrefetchAhead<F>(w_row, u);
     unit.Load(w_row + u * KUnit<F>::kBytes);
     __m256i isum[MB][2];
     SPECDEC_UNROLL for (int m = 0; m < MB; ++m) isum[m][0] = isum[m][1] = _mm256_setzero_si256();
@@ -422,7 +367,13 @@ void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, in
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m][0], acc[m][1]);
 }
 
-constexpr int kMaxMPerKPass = 4;  // 4 registers a row: integer and float, lo and hi
+// This path's k-quants.
+template <bool kVnni>
+struct KQuants {
+  static constexpr int kMaxMPerKPass = 4;  // 4 registers a row: integer and float, lo and hi
+  static constexpr auto QuantizeSuper = &avx2::QuantizeSuper;
+  template <int F, int MB> static constexpr auto KRowPass = &avx2::KRowPass<F, MB, kVnni>;
+};
 
 // ---------------------------------------------------------------------------
 // The layouts interleaved by 16 output rows: a lane per output row, so a
@@ -430,257 +381,203 @@ constexpr int kMaxMPerKPass = 4;  // 4 registers a row: integer and float, lo an
 // 8-15: the last 32), and a pass over a group is two passes over its halves
 // (the second reads the group from cache). Per lane, the reference's integer
 // sum and float order (block_dot.h, ref::X16Q4Row, X16Q6Row, X16Q5Row).
+
+// A block of 32 (ref::Quantizers::QuantizeBlock32).
+inline float QuantizeBlock32(const float* x, int8_t q[32], int32_t& low, int32_t& high) {
+  __m256i r[4];
+  const float da = Round<4>(x, r);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), PackCodes(r[0], r[1], r[2], r[3]));
+  low = SumOf(_mm256_add_epi32(r[0], r[1]));
+  high = SumOf(_mm256_add_epi32(r[2], r[3]));
+  return da;
+}
+
+// A super-block of q4_k_x16, one half (d: its float16 d).
+template <int MB, bool kVnni>
+SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass, int half, __m256 d,
+                              __m256 (&acc)[MB]) {
+  const int first = 8 * half;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256 dmin = HalvesToFloats(p + 32 + 2 * first);
+  for (int j = 0; j < 8; ++j) {
+    const __m256 scale = _mm256_mul_ps(d, BytesToFloats(p + 64 + 16 * j + first));
+    const __m256 offset = _mm256_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j + first));
+    const int32_t* wj = pass.words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
+    __m256i isum[MB];
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+      const uint8_t* line = p + kX16Codes + (4 * j + t) * 64;
+      if (half == 0) _mm_prefetch(reinterpret_cast<const char*>(line) + X16Spec<kQ4_KX16>::kAhead, _MM_HINT_T0);
+      const __m256i codes = Load(line + 4 * first);
+      const __m256i lo = _mm256_and_si256(codes, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), low4);
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        const __m256i a_lo = _mm256_set1_epi32(wj[(2 * t) * MB + m]);
+        const __m256i a_hi = _mm256_set1_epi32(wj[(2 * t + 1) * MB + m]);
+        if constexpr (kVnni) {
+          isum[m] = Dpbusd(Dpbusd(isum[m], lo, a_lo), hi, a_hi);
+        } else {
+          // int16 pairs of the sub-block's 8 products: |sum| <= 8 * 2 * 15 * 128 = 30720
+          isum[m] = _mm256_add_epi16(isum[m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo),
+                                                                _mm256_maddubs_epi16(hi, a_hi)));
+        }
+      }
+    }
+    const int64_t b = u * 8 + j;
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      const __m256i sum = kVnni ? isum[m] : _mm256_madd_epi16(isum[m], Ones16());
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                               _mm256_mul_ps(scale, _mm256_set1_ps(pass.da[b * MB + m])), acc[m]);
+      acc[m] = _mm256_fnmadd_ps(offset, _mm256_set1_ps(pass.dsum[b * MB + m]), acc[m]);
+    }
+  }
+}
+
+// A super-block of q6_k_x16, one half.
+template <int MB, bool kVnni>
+SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, int half, __m256 d,
+                              __m256 (&acc)[MB]) {
+  const int first = 8 * half;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), high2 = _mm256_set1_epi8(0x30);
+  for (int jp = 0; jp < 8; ++jp) {
+    __m256i block_sum[MB];
+    _Pragma("GCC unroll 2") for (int sub = 0; sub < 2; ++sub) {
+      const int j = 2 * jp + sub;
+      const __m256i sc = _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 16 * j + first)));
+      const uint8_t* low = p + kX16Q6Low + 128 * j;
+      const uint8_t* high = p + kX16Q6High + 64 * j;
+      if (half == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(low) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(high) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+      }
+      const __m256i l0 = Load(low + 4 * first), l1 = Load(low + 64 + 4 * first);
+      const __m256i h = Load(high + 4 * first);
+      const __m256i codes[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), high2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                          _mm256_and_si256(_mm256_slli_epi16(h, 2), high2)),
+          _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(h, high2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                          _mm256_and_si256(_mm256_srli_epi16(h, 2), high2))};
+      const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
+      const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        __m256i isum;
+        if constexpr (kVnni) {
+          isum = _mm256_set1_epi32(offset[m]);  // the -32 of every code, paid up front
+          _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k)
+            isum = Dpbusd(isum, codes[k], _mm256_set1_epi32(wj[k * MB + m]));
+        } else {
+          // int16 pairs of two products each: |sum| <= 2 * 2 * 63 * 128 = 32256
+          const __m256i s01 = _mm256_add_epi16(
+              _mm256_maddubs_epi16(codes[0], _mm256_set1_epi32(wj[0 * MB + m])),
+              _mm256_maddubs_epi16(codes[1], _mm256_set1_epi32(wj[1 * MB + m])));
+          const __m256i s23 = _mm256_add_epi16(
+              _mm256_maddubs_epi16(codes[2], _mm256_set1_epi32(wj[2 * MB + m])),
+              _mm256_maddubs_epi16(codes[3], _mm256_set1_epi32(wj[3 * MB + m])));
+          isum = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(s01, Ones16()),
+                                                   _mm256_madd_epi16(s23, Ones16())),
+                                  _mm256_set1_epi32(offset[m]));
+        }
+        const __m256i scaled = _mm256_mullo_epi32(isum, sc);
+        block_sum[m] = sub ? _mm256_add_epi32(block_sum[m], scaled) : scaled;
+      }
+    }
+    const int64_t b = u * 8 + jp;
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[m]),
+                               _mm256_mul_ps(d, _mm256_set1_ps(pass.da[b * MB + m])), acc[m]);
+    }
+  }
+}
+
+// A block of q5_0_x16, one half.
+template <int MB, bool kVnni>
+SPECDEC_INLINE void X16Q5Unit(const uint8_t* p, int64_t b, const PassView& pass, int half, __m256 d,
+                              __m256 (&acc)[MB]) {
+  const int first = 8 * half;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+  const __m256i h = Load(p + 288 + 4 * first);
+  // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
+  // only ever comes from its own byte for shifts of at most 4)
+  const __m256i high[8] = {
+      _mm256_and_si256(_mm256_slli_epi16(h, 4), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 3), fifth),
+      _mm256_and_si256(_mm256_slli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 1), fifth),
+      _mm256_and_si256(h, fifth), _mm256_and_si256(_mm256_srli_epi16(h, 1), fifth),
+      _mm256_and_si256(_mm256_srli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_srli_epi16(h, 3), fifth)};
+  __m256i codes[8];
+  _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+    const __m256i line = Load(p + 32 + 64 * t + 4 * first);
+    codes[2 * t] = _mm256_or_si256(_mm256_and_si256(line, low4), high[2 * t]);
+    codes[2 * t + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(line, 4), low4),
+                                       high[2 * t + 1]);
+  }
+  const int32_t* wb = pass.words + 8 * b * MB;
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+    const __m256i offset = _mm256_set1_epi32(WrapMul(-16, pass.asum[b * MB + m]));  // the -16 of every code
+    __m256i isum;
+    if constexpr (kVnni) {
+      isum = offset;
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k)
+        isum = Dpbusd(isum, codes[k], _mm256_set1_epi32(wb[k * MB + m]));
+    } else {
+      // int16 pairs of four products each: |sum| <= 4 * 2 * 31 * 128 = 31744
+      __m256i s[2];
+      _Pragma("GCC unroll 2") for (int i = 0; i < 2; ++i) {
+        s[i] = _mm256_add_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(codes[4 * i], _mm256_set1_epi32(wb[(4 * i) * MB + m])),
+                             _mm256_maddubs_epi16(codes[4 * i + 1], _mm256_set1_epi32(wb[(4 * i + 1) * MB + m]))),
+            _mm256_add_epi16(_mm256_maddubs_epi16(codes[4 * i + 2], _mm256_set1_epi32(wb[(4 * i + 2) * MB + m])),
+                             _mm256_maddubs_epi16(codes[4 * i + 3], _mm256_set1_epi32(wb[(4 * i + 3) * MB + m]))));
+      }
+      isum = _mm256_add_epi32(offset, _mm256_add_epi32(_mm256_madd_epi16(s[0], Ones16()),
+                                                       _mm256_madd_epi16(s[1], Ones16())));
+    }
+    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                             _mm256_mul_ps(d, _mm256_set1_ps(pass.da[b * MB + m])), acc[m]);
+  }
+}
+
+// Per unit: its prefetch (X16Spec, the first half only: the second reads the
+// group from cache), its 16 rows' float16 d, its format's sums.
+template <int F, int MB, bool kVnni>
+void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y, int64_t n_dim,
+             int64_t lane0, int half) {
+  __m256 acc[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const int first = 8 * half;  // this half's first lane
+  for (int64_t u = 0; u < units; ++u) {
+    const uint8_t* p = group + u * X16Spec<F>::kBytes;
+    if (half == 0) PrefetchX16Ahead<F>(p);
+    const __m256 d = HalvesToFloats(p + 2 * first);
+    if constexpr (F == kQ4_KX16) X16Q4Unit<MB, kVnni>(p, u, pass, half, d, acc);
+    else if constexpr (F == kQ6_KX16) X16Q6Unit<MB, kVnni>(p, u, pass, half, d, acc);
+    else X16Q5Unit<MB, kVnni>(p, u, pass, half, d, acc);
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+    _mm256_storeu_ps(y + (pass.m0 + m) * n_dim + lane0 + first, acc[m]);
+}
+
+// This path's interleaved layouts: a pass per half of a group.
 // Rows of x per pass: an integer and a float accumulator per row beside the
 // codes (some spill past 6 rows). Measured on a Zen 3 core ([1536 -> 8960],
 // thread CPU time, minimum of 100 calls), 8 rows a pass against 6: M = 7 and
 // 8 (one pass instead of two) 6-16% faster, M = 16 up to 8%, M = 1, 9, 12 the
 // same (the same passes); 4 rows a pass was 5-13% slower at M = 9.
-constexpr int kMaxMPerX16Pass = 8;
-
-template <int MB, bool kVnni>
-void X16Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
-             const float* dsum_act, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int half) {
-  __m256 acc[MB];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const int first = 8 * half;  // this half's first lane
-  for (int64_t u = 0; u < supers; ++u) {
-    const uint8_t* p = group + u * kX16Bytes;
-    if (half == 0) {  // 2 super-blocks ahead (the AVX-512 path's measured distance)
-      const char* ahead = reinterpret_cast<const char*>(p + 2 * kX16Bytes);
-      for (int l = 0; l < kX16Codes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-    }
-    const __m256 d = HalvesToFloats(p + 2 * first);
-    const __m256 dmin = HalvesToFloats(p + 32 + 2 * first);
-    for (int j = 0; j < 8; ++j) {
-      const __m256 scale = _mm256_mul_ps(d, BytesToFloats(p + 64 + 16 * j + first));
-      const __m256 offset = _mm256_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j + first));
-      const int32_t* wj = words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
-      __m256i isum[MB];
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
-      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-        const uint8_t* line = p + kX16Codes + (4 * j + t) * 64;
-        if (half == 0) _mm_prefetch(reinterpret_cast<const char*>(line) + 2 * kX16Bytes, _MM_HINT_T0);
-        const __m256i codes = Load(line + 4 * first);
-        const __m256i lo = _mm256_and_si256(codes, low4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), low4);
-        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-          const __m256i a_lo = _mm256_set1_epi32(wj[(2 * t) * MB + m]);
-          const __m256i a_hi = _mm256_set1_epi32(wj[(2 * t + 1) * MB + m]);
-          if constexpr (kVnni) {
-            isum[m] = Dpbusd(Dpbusd(isum[m], lo, a_lo), hi, a_hi);
-          } else {
-            // int16 pairs of the sub-block's 8 products: |sum| <= 8 * 2 * 15 * 128 = 30720
-            isum[m] = _mm256_add_epi16(isum[m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo),
-                                                                  _mm256_maddubs_epi16(hi, a_hi)));
-          }
-        }
-      }
-      const int64_t b = u * 8 + j;
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-        const __m256i sum = kVnni ? isum[m] : _mm256_madd_epi16(isum[m], Ones16());
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
-                                 _mm256_mul_ps(scale, _mm256_set1_ps(d_act[b * MB + m])), acc[m]);
-        acc[m] = _mm256_fnmadd_ps(offset, _mm256_set1_ps(dsum_act[b * MB + m]), acc[m]);
-      }
-    }
-  }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
-    _mm256_storeu_ps(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
-}
-
-template <int MB, bool kVnni>
-void X16Q6Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
-               const int32_t* q6_offset, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int half) {
-  __m256 acc[MB];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0F), high2 = _mm256_set1_epi8(0x30);
-  const int first = 8 * half;
-  for (int64_t u = 0; u < supers; ++u) {
-    const uint8_t* p = group + u * kX16Q6Bytes;
-    if (half == 0) {
-      const char* ahead = reinterpret_cast<const char*>(p + 2 * kX16Q6Bytes);
-      for (int l = 0; l < kX16Q6Low; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-    }
-    const __m256 d = HalvesToFloats(p + 2 * first);
-    for (int jp = 0; jp < 8; ++jp) {
-      __m256i block_sum[MB];
-      _Pragma("GCC unroll 2") for (int sub = 0; sub < 2; ++sub) {
-        const int j = 2 * jp + sub;
-        const __m256i sc = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 16 * j + first)));
-        const uint8_t* low = p + kX16Q6Low + 128 * j;
-        const uint8_t* high = p + kX16Q6High + 64 * j;
-        if (half == 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(low) + 2 * kX16Q6Bytes, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + 2 * kX16Q6Bytes, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(high) + 2 * kX16Q6Bytes, _MM_HINT_T0);
-        }
-        const __m256i l0 = Load(low + 4 * first), l1 = Load(low + 64 + 4 * first);
-        const __m256i h = Load(high + 4 * first);
-        const __m256i codes[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), high2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                            _mm256_and_si256(_mm256_slli_epi16(h, 2), high2)),
-            _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(h, high2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                            _mm256_and_si256(_mm256_srli_epi16(h, 2), high2))};
-        const int32_t* wj = words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
-        const int32_t* offset = q6_offset + (u * 16 + j) * MB;
-        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-          __m256i isum;
-          if constexpr (kVnni) {
-            isum = _mm256_set1_epi32(offset[m]);  // the -32 of every code, paid up front
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k)
-              isum = Dpbusd(isum, codes[k], _mm256_set1_epi32(wj[k * MB + m]));
-          } else {
-            // int16 pairs of two products each: |sum| <= 2 * 2 * 63 * 128 = 32256
-            const __m256i s01 = _mm256_add_epi16(
-                _mm256_maddubs_epi16(codes[0], _mm256_set1_epi32(wj[0 * MB + m])),
-                _mm256_maddubs_epi16(codes[1], _mm256_set1_epi32(wj[1 * MB + m])));
-            const __m256i s23 = _mm256_add_epi16(
-                _mm256_maddubs_epi16(codes[2], _mm256_set1_epi32(wj[2 * MB + m])),
-                _mm256_maddubs_epi16(codes[3], _mm256_set1_epi32(wj[3 * MB + m])));
-            isum = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(s01, Ones16()),
-                                                     _mm256_madd_epi16(s23, Ones16())),
-                                    _mm256_set1_epi32(offset[m]));
-          }
-          const __m256i scaled = _mm256_mullo_epi32(isum, sc);
-          block_sum[m] = sub ? _mm256_add_epi32(block_sum[m], scaled) : scaled;
-        }
-      }
-      const int64_t b = u * 8 + jp;
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[m]),
-                                 _mm256_mul_ps(d, _mm256_set1_ps(d_act[b * MB + m])), acc[m]);
-      }
-    }
-  }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
-    _mm256_storeu_ps(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
-}
-
-template <int MB, bool kVnni>
-void X16Q5Pass(const uint8_t* group, int64_t blocks, const int32_t* words, const float* d_act,
-               const int32_t* asum, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int half) {
-  __m256 acc[MB];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
-  const int first = 8 * half;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* p = group + b * kX16Q5Bytes;
-    if (half == 0) {
-      const char* ahead = reinterpret_cast<const char*>(p) + 4 * kX16Q5Bytes;
-      for (int l = 0; l < kX16Q5Bytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-    }
-    const __m256 d = HalvesToFloats(p + 2 * first);
-    const __m256i h = Load(p + 288 + 4 * first);
-    // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
-    // only ever comes from its own byte for shifts of at most 4)
-    const __m256i high[8] = {
-        _mm256_and_si256(_mm256_slli_epi16(h, 4), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 3), fifth),
-        _mm256_and_si256(_mm256_slli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 1), fifth),
-        _mm256_and_si256(h, fifth), _mm256_and_si256(_mm256_srli_epi16(h, 1), fifth),
-        _mm256_and_si256(_mm256_srli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_srli_epi16(h, 3), fifth)};
-    __m256i codes[8];
-    _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-      const __m256i line = Load(p + 32 + 64 * t + 4 * first);
-      codes[2 * t] = _mm256_or_si256(_mm256_and_si256(line, low4), high[2 * t]);
-      codes[2 * t + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(line, 4), low4),
-                                         high[2 * t + 1]);
-    }
-    const int32_t* wb = words + 8 * b * MB;
-    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-      const __m256i offset = _mm256_set1_epi32(WrapMul(-16, asum[b * MB + m]));  // the -16 of every code
-      __m256i isum;
-      if constexpr (kVnni) {
-        isum = offset;
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k)
-          isum = Dpbusd(isum, codes[k], _mm256_set1_epi32(wb[k * MB + m]));
-      } else {
-        // int16 pairs of four products each: |sum| <= 4 * 2 * 31 * 128 = 31744
-        __m256i s[2];
-        _Pragma("GCC unroll 2") for (int i = 0; i < 2; ++i) {
-          s[i] = _mm256_add_epi16(
-              _mm256_add_epi16(_mm256_maddubs_epi16(codes[4 * i], _mm256_set1_epi32(wb[(4 * i) * MB + m])),
-                               _mm256_maddubs_epi16(codes[4 * i + 1], _mm256_set1_epi32(wb[(4 * i + 1) * MB + m]))),
-              _mm256_add_epi16(_mm256_maddubs_epi16(codes[4 * i + 2], _mm256_set1_epi32(wb[(4 * i + 2) * MB + m])),
-                               _mm256_maddubs_epi16(codes[4 * i + 3], _mm256_set1_epi32(wb[(4 * i + 3) * MB + m]))));
-        }
-        isum = _mm256_add_epi32(offset, _mm256_add_epi32(_mm256_madd_epi16(s[0], Ones16()),
-                                                         _mm256_madd_epi16(s[1], Ones16())));
-      }
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
-                               _mm256_mul_ps(d, _mm256_set1_ps(d_act[b * MB + m])), acc[m]);
-    }
-  }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
-    _mm256_storeu_ps(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
-}
+template <bool kVnni>
+struct Interleaved {
+  static constexpr int kMaxMPerX16Pass = 8, kX16Parts = 2;
+  static constexpr auto QuantizeBlock32 = &avx2::QuantizeBlock32;
+  template <int F, int MB> static constexpr auto X16Pass = &avx2::X16Pass<F, MB, kVnni>;
+};
 
 }  // namespace avx2
 
 template <bool kVnni>
-struct Avx256 {
+struct Avx256 : avx2::Blocks<kVnni>, avx2::KQuants<kVnni>, avx2::Interleaved<kVnni> {
   static constexpr const char* kName = kVnni ? "avxvnni" : "avx2";
-  static void Quantize(const float* x, int64_t m, int64_t k, Activations& a) {
-    avx2::Quantize(x, m, k, a);
-  }
-  static void QuantizeSuper(const float* x, int64_t m, int64_t k, SuperActivations& a) {
-    avx2::QuantizeSuper(x, m, k, a);
-  }
-  static void QuantizeBy32(const float* x, int64_t m, int64_t k, PassActivations& a) {
-    avx2::QuantizeBy32(x, m, k, avx2::kMaxMPerX16Pass, a);
-  }
-  template <int F>
-  static void UnitRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
-                       int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      for (int64_t m0 = 0; m0 < m_dim; m0 += avx2::kMaxMPerBlockPass) {
-        ForRowCount<avx2::kMaxMPerBlockPass>(m_dim - m0, [&](auto rows) {
-          avx2::RowPass<F, decltype(rows)::value, kVnni>(w + n * row_bytes, a, k_dim, m0, y, n_dim, n);
-        });
-      }
-    }
-  }
-  template <int F>
-  static void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
-                    int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    const int64_t passes = (m_dim + avx2::kMaxMPerKPass - 1) / avx2::kMaxMPerKPass;
-    const int64_t per_pass = (m_dim + passes - 1) / passes;
-    for (int64_t n = begin; n < end; ++n) {
-      for (int64_t m0 = 0; m0 < m_dim; m0 += per_pass) {
-        ForRowCount<avx2::kMaxMPerKPass>(std::min(per_pass, m_dim - m0), [&](auto rows) {
-          avx2::KRowPass<F, decltype(rows)::value, kVnni>(w + n * row_bytes, a, k_dim, m0, y, n_dim, n);
-        });
-      }
-    }
-  }
-  template <int F>
-  static void X16Group(const uint8_t* group, int64_t units, const PassActivations& a, int64_t k_dim,
-                       int64_t m_dim, float* y, int64_t n_dim, int64_t lane0) {
-    (void)m_dim;
-    for (size_t p = 0; p < a.first.size(); ++p) {
-      const int64_t m0 = a.first[p];
-      const int32_t* words = a.words.data() + m0 * k_dim / 4;
-      const float* d = a.d.data() + m0 * k_dim / 32;
-      const float* dsum = a.dsum.data() + m0 * k_dim / 32;
-      const int32_t* asum = a.asum.data() + m0 * k_dim / 32;
-      const int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
-      for (int half = 0; half < 2; ++half) {
-        ForRowCount<avx2::kMaxMPerX16Pass>(a.rows[p], [&](auto rows) {
-          constexpr int kRows = decltype(rows)::value;
-          if constexpr (F == kQ6_KX16) {
-            avx2::X16Q6Pass<kRows, kVnni>(group, units, words, d, q6_offset, y, n_dim, m0, lane0, half);
-          } else if constexpr (F == kQ5_0X16) {
-            avx2::X16Q5Pass<kRows, kVnni>(group, units, words, d, asum, y, n_dim, m0, lane0, half);
-          } else {
-            avx2::X16Pass<kRows, kVnni>(group, units, words, d, dsum, y, n_dim, m0, lane0, half);
-          }
-        });
-      }
-    }
-  }
 };
 
 }  // namespace blocks

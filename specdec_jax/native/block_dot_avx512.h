@@ -104,40 +104,28 @@ template <> struct Unit<kQ5_0> {
   }
 };
 
-inline void Quantize(const float* x, int64_t m_dim, int64_t k_dim, Activations& a) {
-  a.chunks = k_dim / kChunk;
-  a.q.resize(m_dim * k_dim);
-  a.d.resize(m_dim * a.chunks);
-  a.sums.resize(m_dim * a.chunks * 16);
+// The 32-weight formats: a zmm of 16 lanes per output row.
+// A chunk of 64 (ref::Quantizers::QuantizeChunk).
+inline float QuantizeChunk(const float* x, int8_t q[kChunk], float lane_sums[16]) {
   const __m512i ones = _mm512_set1_epi8(1);
-  for (int64_t m = 0; m < m_dim; ++m) {
-    for (int64_t c = 0; c < a.chunks; ++c) {
-      const float* xc = x + m * k_dim + c * kChunk;
-      __m512 v[4];
-      __m512 peak = _mm512_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm512_loadu_ps(xc + 16 * i);
-        peak = _mm512_max_ps(peak, _mm512_abs_ps(v[i]));
-      }
-      const float top = _mm512_reduce_max_ps(peak);
-      const float d = top / 127.0f;
-      const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-      int8_t* qc = a.q.data() + m * k_dim + c * kChunk;
-      for (int i = 0; i < 4; ++i) {
-        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv));  // nearest, ties even
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qc + 16 * i), _mm512_cvtsepi32_epi8(r));
-      }
-      const __m512i codes = _mm512_loadu_si512(qc);
-      const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, codes));
-      a.d[m * a.chunks + c] = d;
-      _mm512_storeu_ps(a.sums.data() + (m * a.chunks + c) * 16, _mm512_mul_ps(sums, _mm512_set1_ps(d)));
-    }
+  __m512 v[4];
+  __m512 peak = _mm512_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm512_loadu_ps(x + 16 * i);
+    peak = _mm512_max_ps(peak, _mm512_abs_ps(v[i]));
   }
+  const float top = _mm512_reduce_max_ps(peak);
+  const float d = top / 127.0f;
+  const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+  for (int i = 0; i < 4; ++i) {
+    const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv));  // nearest, ties even
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtsepi32_epi8(r));
+  }
+  const __m512i codes = _mm512_loadu_si512(q);
+  const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, codes));
+  _mm512_storeu_ps(lane_sums, _mm512_mul_ps(sums, _mm512_set1_ps(d)));
+  return d;
 }
-
-constexpr int kMaxMPerBlockPass = 8;
-
-constexpr int64_t kAheadBytes = 2048;  // software prefetch distance of a pass
 
 template <int F, int MB>
 void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0,
@@ -146,13 +134,8 @@ void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t 
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   Unit<F> unit;
   const int64_t units = k_dim / Unit<F>::kWeights;
-  constexpr int64_t kAhead = kAheadBytes / Unit<F>::kBytes;
   for (int64_t u = 0; u < units; ++u) {
-    if (m0 == 0) {  // as the k-quants' passes do (KRowPass): the first pass asks ahead
-      const char* ahead = reinterpret_cast<const char*>(w_row + (u + kAhead) * Unit<F>::kBytes);
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + Unit<F>::kBytes - 1, _MM_HINT_T0);
-    }
+    if (m0 == 0) PrefetchAhead<F>(w_row, u);  // the first pass asks ahead (block_dot.h)
     unit.Load(w_row + u * Unit<F>::kBytes);
     for (int j = 0; j < Unit<F>::kChunks; ++j) {
       const Chunk ch = unit.Get(j);
@@ -170,18 +153,12 @@ void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t 
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m]);
 }
 
-template <int F>
-void BlockRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
-               int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-  for (int64_t n = begin; n < end; ++n) {
-    const uint8_t* w_row = w + n * row_bytes;
-    for (int64_t m0 = 0; m0 < m_dim; m0 += kMaxMPerBlockPass) {
-      ForRowCount<kMaxMPerBlockPass>(m_dim - m0, [&](auto rows) {
-        RowPass<F, decltype(rows)::value>(w_row, a, k_dim, m0, y, n_dim, n);
-      });
-    }
-  }
-}
+// This path's 32-weight formats (block_dot.h: what a path provides).
+struct Blocks {
+  static constexpr int kMaxMPerBlockPass = 8;
+  static constexpr auto QuantizeChunk = &avx512::QuantizeChunk;
+  template <int F, int MB> static constexpr auto RowPass = &avx512::RowPass<F, MB>;
+};
 
 // The k-quant formats (q4_k, q6_k) have integer sub-block scales, so a super-
 // block's products stay integer to its end, and one float multiply-add per
@@ -195,30 +172,6 @@ void BlockRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_
 // four. Every step is exact integer arithmetic up to the super-block's float
 // multiply-add, and each row is computed alone, in one order.
 //   x . w ~= sum over super-blocks of da * (d * sum_j sc_j * isum_j - dmin * sum_j mn_j * asum_j)
-
-inline void QuantizeSuper(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
-  a.supers = k_dim / kSuper;
-  a.q.resize(m_dim * k_dim);
-  a.d.resize(m_dim * a.supers);
-  a.sums.resize(m_dim * a.supers * 16);
-  for (int64_t m = 0; m < m_dim; ++m) {
-    for (int64_t u = 0; u < a.supers; ++u) {
-      const float* xu = x + m * k_dim + u * kSuper;
-      __m512 peak = _mm512_setzero_ps();
-      for (int i = 0; i < 16; ++i) peak = _mm512_max_ps(peak, _mm512_abs_ps(_mm512_loadu_ps(xu + 16 * i)));
-      const float top = _mm512_reduce_max_ps(peak);
-      const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-      int8_t* qu = a.q.data() + m * k_dim + u * kSuper;
-      int16_t* su = a.sums.data() + (m * a.supers + u) * 16;
-      for (int i = 0; i < 16; ++i) {
-        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xu + 16 * i), inv));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qu + 16 * i), _mm512_cvtsepi32_epi8(r));
-        su[i] = int16_t(_mm512_reduce_add_epi32(r));
-      }
-      a.d[m * a.supers + u] = top / 127.0f;
-    }
-  }
-}
 
 // One super-block of a k-quant row: per chunk of 64, the codes; per pair of
 // chunks, the int16 scale of each element of their packed lane sums; per group
@@ -252,15 +205,8 @@ template <> struct KUnit<kQ4_K> {
   void Load(const uint8_t* p) {
     d = F16(p);
     dmin = F16(p + 2);
-    // 12 bytes k[0..11] hold 8 six-bit scales and 8 six-bit minimums: scale j < 4
-    // is k[j] & 63 and j >= 4 is (k[j + 4] & 15) | (k[j - 4] >> 6) << 4; minimum
-    // j < 4 is k[j + 4] & 63 and j >= 4 is (k[j + 4] >> 4) | (k[j] >> 6) << 4.
-    // Four bytes at a time, as 32-bit words:
-    uint32_t w[3];
-    std::memcpy(w, p + 4, 12);
-    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
-    const uint32_t scales[2] = {w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & low2) << 4)};
-    const uint32_t minimums[2] = {w[1] & low6, ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4)};
+    uint32_t scales[2], minimums[2];
+    Q4KScalesMins(p + 4, scales, minimums);
     sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(
         reinterpret_cast<const __m128i*>(scales))));
     const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(minimums)));
@@ -305,6 +251,20 @@ template <> struct KUnit<kQ6_K> {
   }
 };
 
+// A super-block of 256 (ref::Quantizers::QuantizeSuper).
+inline float QuantizeSuper(const float* x, int8_t q[kSuper], int16_t sums[16]) {
+  __m512 peak = _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) peak = _mm512_max_ps(peak, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * i)));
+  const float top = _mm512_reduce_max_ps(peak);
+  const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+  for (int i = 0; i < 16; ++i) {
+    const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * i), inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtsepi32_epi8(r));
+    sums[i] = int16_t(_mm512_reduce_add_epi32(r));
+  }
+  return top / 127.0f;
+}
+
 template <int F, int MB>
 void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64_t m0,
               float* y, int64_t n_dim, int64_t n) {
@@ -314,17 +274,8 @@ void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, in
   __m512 acc[MB];
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   KUnit<F> unit;
-  // The weights stream from memory once per call; a pass of several rows
-  // spends long enough on each super-block that the hardware prefetcher falls
-  // behind on long rows (down's 8960 weights: 9 rows cost 1.3-2x as much with
-  // the matrix out of cache as in it). The first pass asks for the bytes
-  // kAheadBytes on (into the next row at a row's end: rows are contiguous).
-  constexpr int64_t kAhead = kAheadBytes / KUnit<F>::kBytes;
   for (int64_t u = 0; u < a.supers; ++u) {
-    if (m0 == 0) {
-      const char* ahead = reinterpret_cast<const char*>(w_row + (u + kAhead) * KUnit<F>::kBytes);
-      for (int l = 0; l < KUnit<F>::kBytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-    }
+    if (m0 == 0) PrefetchAhead<F>(w_row, u);  // the first pass asks ahead (block_dot.h)
     unit.Load(w_row + u * KUnit<F>::kBytes);
     __m512i isum[MB];
     SPECDEC_UNROLL for (int m = 0; m < MB; ++m) isum[m] = _mm512_setzero_si512();
@@ -352,26 +303,14 @@ void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, in
   SPECDEC_UNROLL for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m]);
 }
 
-// Rows of x per pass of a k-quant row: two registers each (the integer sum of
-// the super-block and the float accumulator) beside the codes and scales.
-constexpr int kMaxMPerKPass = 12;
-
-template <int F>
-void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
-           int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-  for (int64_t n = begin; n < end; ++n) {
-    const uint8_t* w_row = w + n * row_bytes;
-    // Passes of equal size (9 rows: one pass; 16: two of 8): each pass
-    // unpacks the row's codes once more.
-    const int64_t passes = (m_dim + kMaxMPerKPass - 1) / kMaxMPerKPass;
-    const int64_t per_pass = (m_dim + passes - 1) / passes;
-    for (int64_t m0 = 0; m0 < m_dim; m0 += per_pass) {
-      ForRowCount<kMaxMPerKPass>(std::min(per_pass, m_dim - m0), [&](auto rows) {
-        KRowPass<F, decltype(rows)::value>(w_row, a, k_dim, m0, y, n_dim, n);
-      });
-    }
-  }
-}
+// This path's k-quants.
+struct KQuants {
+  // Rows of x per pass of a k-quant row: two registers each (the integer sum of
+  // the super-block and the float accumulator) beside the codes and scales.
+  static constexpr int kMaxMPerKPass = 12;
+  static constexpr auto QuantizeSuper = &avx512::QuantizeSuper;
+  template <int F, int MB> static constexpr auto KRowPass = &avx512::KRowPass<F, MB>;
+};
 
 // q4_k interleaved by 16 output rows (models' matrices on CPU, stored_blocks.
 // interleave_q4_k): one zmm lane per output row. Why: in the file's layout a
@@ -392,92 +331,82 @@ void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64
 //   x . w ~= sum over sub-blocks of da * (d sc) * isum - (da * asum) * (dmin mn)
 // with isum the sub-block's integer sum: exact integers to each sub-block's
 // end, then one float order per row, whatever rows share the call.
-constexpr int kMaxMPerX16Pass = 12;
-// Prefetch distance: in a prototype of this loop, 2 super-blocks ahead beat 1 and 5.
-constexpr int64_t kX16AheadBytes = 2 * kX16Bytes;
-
-inline void QuantizeBy32(const float* x, int64_t m_dim, int64_t k_dim, PassActivations& a) {
-  PlanPasses(m_dim, kMaxMPerX16Pass, a);
-  ResizePass(m_dim, k_dim, a);
-  alignas(64) int8_t codes[32];
-  for (size_t p = 0; p < a.first.size(); ++p) {
-    const int64_t m0 = a.first[p], rows = a.rows[p];
-    int32_t* words = a.words.data() + m0 * k_dim / 4;
-    float* d = a.d.data() + m0 * k_dim / 32;
-    float* dsum = a.dsum.data() + m0 * k_dim / 32;
-    int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
-    int32_t* asum = a.asum.data() + m0 * k_dim / 32;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t b = 0; b < k_dim / 32; ++b) {
-        const float* xb = x + (m0 + r) * k_dim + 32 * b;
-        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-        const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-        const __m512i r0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // nearest, ties even
-        const __m512i r1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtsepi32_epi8(r0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16), _mm512_cvtsepi32_epi8(r1));
-        const float da = top / 127.0f;
-        d[b * rows + r] = da;
-        asum[b * rows + r] = _mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1));
-        dsum[b * rows + r] = da * float(asum[b * rows + r]);
-        q6_offset[2 * b * rows + r] = -32 * _mm512_reduce_add_epi32(r0);
-        q6_offset[(2 * b + 1) * rows + r] = -32 * _mm512_reduce_add_epi32(r1);
-        for (int w = 0; w < 8; ++w) std::memcpy(&words[(8 * b + w) * rows + r], codes + 4 * w, 4);
-      }
-    }
-  }
+// A block of 32 (ref::Quantizers::QuantizeBlock32).
+inline float QuantizeBlock32(const float* x, int8_t q[32], int32_t& low, int32_t& high) {
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+  const __m512i r0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // nearest, ties even
+  const __m512i r1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(r0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(r1));
+  low = _mm512_reduce_add_epi32(r0);
+  high = _mm512_reduce_add_epi32(r1);
+  return top / 127.0f;
 }
 
 inline __m512 BytesToFloats(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// Rows [m0, m0 + MB) of x times the 16 output rows of `group`. Up to 6 rows,
-// the low and high nibbles' products go to two integer sums per row (two
-// dependency chains: one chain held 4 rows at ~75% of the speed of two); more
-// rows have enough chains of their own. The sums are exact integers either way.
+// A pass (X16Pass, below) is rows [m0, m0 + MB) of x times the
+// 16 output rows of `group`, a unit (X16Spec) at a time. Up to 6 rows, the low
+// and high nibbles' products (q6_k, q5_0: the even and odd words') go to two
+// integer sums per row (two dependency chains: one chain held 4 rows at ~75%
+// of the speed of two); more rows have enough chains of their own. The sums
+// are exact integers either way.
 template <int MB>
-void X16Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
-             const float* dsum_act, float* y, int64_t n_dim, int64_t m0, int64_t lane0) {
-  constexpr bool kTwoChains = MB <= 6;
-  __m512 acc[MB];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int64_t u = 0; u < supers; ++u) {
-    const uint8_t* p = group + u * kX16Bytes;
-    const char* ahead = reinterpret_cast<const char*>(p + kX16AheadBytes);
-    for (int l = 0; l < kX16Codes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
-    for (int j = 0; j < 8; ++j) {
-      const __m512 scale = _mm512_mul_ps(d, BytesToFloats(p + 64 + 16 * j));
-      const __m512 offset = _mm512_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j));
-      __m512i isum[MB], isum_high[MB];
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = isum_high[m] = _mm512_setzero_si512();
-      const int32_t* wj = words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
-      _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-        const uint8_t* line = p + kX16Codes + (4 * j + t) * 64;
-        _mm_prefetch(reinterpret_cast<const char*>(line) + kX16AheadBytes, _MM_HINT_T0);
-        const __m512i codes = _mm512_loadu_si512(line);
-        const __m512i lo = _mm512_and_si512(codes, low4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), low4);
-        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-          isum[m] = _mm512_dpbusd_epi32(isum[m], lo, _mm512_set1_epi32(wj[(2 * t) * MB + m]));
-          __m512i& high = kTwoChains ? isum_high[m] : isum[m];
-          high = _mm512_dpbusd_epi32(high, hi, _mm512_set1_epi32(wj[(2 * t + 1) * MB + m]));
-        }
-      }
-      const int64_t b = u * 8 + j;
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-        const __m512i sum = kTwoChains ? _mm512_add_epi32(isum[m], isum_high[m]) : isum[m];
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
-                                 _mm512_mul_ps(scale, _mm512_set1_ps(d_act[b * MB + m])), acc[m]);
-        acc[m] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(dsum_act[b * MB + m]), acc[m]);
-      }
+constexpr bool kTwoChains = MB <= 6;
+
+// isum[m] (row m's sum so far) plus, for k < K, the products of codes[k] and
+// row m's word k (words[k * MB + m]) broadcast: the even k and the odd k in
+// two chains up to 6 rows.
+template <int MB, int K>
+SPECDEC_INLINE void AddWordProducts(const __m512i (&codes)[K], const int32_t* words, __m512i (&isum)[MB]) {
+  __m512i isum_odd[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum_odd[m] = _mm512_setzero_si512();
+  _Pragma("GCC unroll 8") for (int k = 0; k < K; ++k) {
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      __m512i& sum = (kTwoChains<MB> && k % 2) ? isum_odd[m] : isum[m];
+      sum = _mm512_dpbusd_epi32(sum, codes[k], _mm512_set1_epi32(words[k * MB + m]));
     }
   }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+    isum[m] = kTwoChains<MB> ? _mm512_add_epi32(isum[m], isum_odd[m]) : isum[m];
+}
+
+// A super-block of q4_k_x16 (d: its 16 rows' float16 d).
+template <int MB>
+SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass, __m512 d,
+                              __m512 (&acc)[MB]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+  for (int j = 0; j < 8; ++j) {
+    const __m512 scale = _mm512_mul_ps(d, BytesToFloats(p + 64 + 16 * j));
+    const __m512 offset = _mm512_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j));
+    __m512i isum[MB], isum_high[MB];
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = isum_high[m] = _mm512_setzero_si512();
+    const int32_t* wj = pass.words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
+    _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+      const uint8_t* line = p + kX16Codes + (4 * j + t) * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(line) + X16Spec<kQ4_KX16>::kAhead, _MM_HINT_T0);
+      const __m512i codes = _mm512_loadu_si512(line);
+      const __m512i lo = _mm512_and_si512(codes, low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), low4);
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+        isum[m] = _mm512_dpbusd_epi32(isum[m], lo, _mm512_set1_epi32(wj[(2 * t) * MB + m]));
+        __m512i& high = kTwoChains<MB> ? isum_high[m] : isum[m];
+        high = _mm512_dpbusd_epi32(high, hi, _mm512_set1_epi32(wj[(2 * t + 1) * MB + m]));
+      }
+    }
+    const int64_t b = u * 8 + j;
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      const __m512i sum = kTwoChains<MB> ? _mm512_add_epi32(isum[m], isum_high[m]) : isum[m];
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
+                               _mm512_mul_ps(scale, _mm512_set1_ps(pass.da[b * MB + m])), acc[m]);
+      acc[m] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(pass.dsum[b * MB + m]), acc[m]);
+    }
+  }
 }
 
 // q6_k interleaved the same way (stored_blocks.interleave_q6_k). Per 16 rows and
@@ -495,64 +424,46 @@ void X16Pass(const uint8_t* group, int64_t supers, const int32_t* words, const f
 // |isum_j - 32 asum_j| <= 16 * 127 * (63 + 32) and |sc| <= 128: far from overflow.
 
 template <int MB>
-void X16Q6Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
-               const int32_t* q6_offset, float* y, int64_t n_dim, int64_t m0, int64_t lane0) {
-  constexpr bool kTwoChains = MB <= 6;
-  __m512 acc[MB];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, __m512 d,
+                              __m512 (&acc)[MB]) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
-  for (int64_t u = 0; u < supers; ++u) {
-    const uint8_t* p = group + u * kX16Q6Bytes;
-    const char* ahead = reinterpret_cast<const char*>(p + 2 * kX16Q6Bytes);
-    for (int l = 0; l < kX16Q6Low; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    for (int jp = 0; jp < 8; ++jp) {
-      __m512i block_sum[MB];
-      _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
-        const int j = 2 * jp + half;
-        const __m512i sc = _mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * j)));
-        const uint8_t* low = p + kX16Q6Low + 128 * j;
-        const uint8_t* high = p + kX16Q6High + 64 * j;
-        _mm_prefetch(reinterpret_cast<const char*>(low) + 2 * kX16Q6Bytes, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + 2 * kX16Q6Bytes, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(high) + 2 * kX16Q6Bytes, _MM_HINT_T0);
-        const __m512i l0 = _mm512_loadu_si512(low), l1 = _mm512_loadu_si512(low + 64);
-        const __m512i h = _mm512_loadu_si512(high);
-        const __m512i codes[4] = {
-            _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), high2)),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
-                            _mm512_and_si512(_mm512_slli_epi16(h, 2), high2)),
-            _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(h, high2)),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
-                            _mm512_and_si512(_mm512_srli_epi16(h, 2), high2))};
-        const int32_t* wj = words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
-        const int32_t* offset = q6_offset + (u * 16 + j) * MB;
-        __m512i isum[MB], isum_odd[MB];
-        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-          isum[m] = _mm512_set1_epi32(offset[m]);  // the -32 of every code, paid up front
-          isum_odd[m] = _mm512_setzero_si512();
-        }
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k) {
-          _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-            __m512i& sum = (kTwoChains && k % 2) ? isum_odd[m] : isum[m];
-            sum = _mm512_dpbusd_epi32(sum, codes[k], _mm512_set1_epi32(wj[k * MB + m]));
-          }
-        }
-        _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-          const __m512i sum = kTwoChains ? _mm512_add_epi32(isum[m], isum_odd[m]) : isum[m];
-          const __m512i scaled = _mm512_mullo_epi32(sum, sc);
-          block_sum[m] = half ? _mm512_add_epi32(block_sum[m], scaled) : scaled;
-        }
-      }
-      const int64_t b = u * 8 + jp;
+  for (int jp = 0; jp < 8; ++jp) {
+    __m512i block_sum[MB];
+    _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
+      const int j = 2 * jp + half;
+      const __m512i sc = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * j)));
+      const uint8_t* low = p + kX16Q6Low + 128 * j;
+      const uint8_t* high = p + kX16Q6High + 64 * j;
+      _mm_prefetch(reinterpret_cast<const char*>(low) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(high) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+      const __m512i l0 = _mm512_loadu_si512(low), l1 = _mm512_loadu_si512(low + 64);
+      const __m512i h = _mm512_loadu_si512(high);
+      const __m512i codes[4] = {
+          _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), high2)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
+                          _mm512_and_si512(_mm512_slli_epi16(h, 2), high2)),
+          _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(h, high2)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                          _mm512_and_si512(_mm512_srli_epi16(h, 2), high2))};
+      const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
+      const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
+      __m512i isum[MB];
+      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+        isum[m] = _mm512_set1_epi32(offset[m]);  // the -32 of every code, paid up front
+      AddWordProducts<MB>(codes, wj, isum);
       _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[m]),
-                                 _mm512_mul_ps(d, _mm512_set1_ps(d_act[b * MB + m])), acc[m]);
+        const __m512i scaled = _mm512_mullo_epi32(isum[m], sc);
+        block_sum[m] = half ? _mm512_add_epi32(block_sum[m], scaled) : scaled;
       }
     }
+    const int64_t b = u * 8 + jp;
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[m]),
+                               _mm512_mul_ps(d, _mm512_set1_ps(pass.da[b * MB + m])), acc[m]);
+    }
   }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
 }
 
 // q5_0 interleaved the same way (stored_blocks.interleave_q5_0). Per 16 rows
@@ -562,103 +473,64 @@ void X16Q6Pass(const uint8_t* group, int64_t supers, const int32_t* words, const
 // then one line of their fifth bits (byte 4 * lane + b: bit k is weight 4k + b's).
 // w = d (q - 16); per output lane and block, whose activations share one scale da:
 //   x . w ~= (d da) * (isum - 16 asum), an exact integer up to the one fma.
-constexpr int64_t kX16Q5Ahead = 4 * kX16Q5Bytes;
-
 template <int MB>
-void X16Q5Pass(const uint8_t* group, int64_t blocks, const int32_t* words, const float* d_act,
-               const int32_t* asum, float* y, int64_t n_dim, int64_t m0, int64_t lane0) {
-  constexpr bool kTwoChains = MB <= 6;
+SPECDEC_INLINE void X16Q5Unit(const uint8_t* p, int64_t b, const PassView& pass, __m512 d,
+                              __m512 (&acc)[MB]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+  const __m512i line[4] = {_mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 96),
+                           _mm512_loadu_si512(p + 160), _mm512_loadu_si512(p + 224)};
+  const __m512i h = _mm512_loadu_si512(p + 288);
+  // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
+  // only ever comes from its own byte for shifts of at most 4)
+  const __m512i high[8] = {
+      _mm512_and_si512(_mm512_slli_epi16(h, 4), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 3), fifth),
+      _mm512_and_si512(_mm512_slli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 1), fifth),
+      _mm512_and_si512(h, fifth), _mm512_and_si512(_mm512_srli_epi16(h, 1), fifth),
+      _mm512_and_si512(_mm512_srli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_srli_epi16(h, 3), fifth)};
+  __m512i codes[8];
+  _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+    codes[2 * t] = _mm512_or_si512(_mm512_and_si512(line[t], low4), high[2 * t]);
+    codes[2 * t + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(line[t], 4), low4),
+                                       high[2 * t + 1]);
+  }
+  __m512i isum[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+    isum[m] = _mm512_set1_epi32(-16 * pass.asum[b * MB + m]);  // the -16 of every code, up front
+  AddWordProducts<MB>(codes, pass.words + 8 * b * MB, isum);
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[m]),
+                             _mm512_mul_ps(d, _mm512_set1_ps(pass.da[b * MB + m])), acc[m]);
+  }
+}
+
+// Per unit: its prefetch (X16Spec), its 16 rows' float16 d, its format's sums.
+template <int F, int MB>
+void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y, int64_t n_dim,
+             int64_t lane0, int) {
   __m512 acc[MB];
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* p = group + b * kX16Q5Bytes;
-    const char* ahead = reinterpret_cast<const char*>(p) + kX16Q5Ahead;
-    for (int l = 0; l < kX16Q5Bytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+  for (int64_t u = 0; u < units; ++u) {
+    const uint8_t* p = group + u * X16Spec<F>::kBytes;
+    PrefetchX16Ahead<F>(p);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const __m512i line[4] = {_mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 96),
-                             _mm512_loadu_si512(p + 160), _mm512_loadu_si512(p + 224)};
-    const __m512i h = _mm512_loadu_si512(p + 288);
-    // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
-    // only ever comes from its own byte for shifts of at most 4)
-    const __m512i high[8] = {
-        _mm512_and_si512(_mm512_slli_epi16(h, 4), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 3), fifth),
-        _mm512_and_si512(_mm512_slli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 1), fifth),
-        _mm512_and_si512(h, fifth), _mm512_and_si512(_mm512_srli_epi16(h, 1), fifth),
-        _mm512_and_si512(_mm512_srli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_srli_epi16(h, 3), fifth)};
-    __m512i codes[8];
-    _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-      codes[2 * t] = _mm512_or_si512(_mm512_and_si512(line[t], low4), high[2 * t]);
-      codes[2 * t + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(line[t], 4), low4),
-                                         high[2 * t + 1]);
-    }
-    __m512i isum[MB], isum_odd[MB];
-    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-      isum[m] = _mm512_set1_epi32(-16 * asum[b * MB + m]);  // the -16 of every code, up front
-      isum_odd[m] = _mm512_setzero_si512();
-    }
-    const int32_t* wb = words + 8 * b * MB;
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-        __m512i& sum = (kTwoChains && k % 2) ? isum_odd[m] : isum[m];
-        sum = _mm512_dpbusd_epi32(sum, codes[k], _mm512_set1_epi32(wb[k * MB + m]));
-      }
-    }
-    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-      const __m512i sum = kTwoChains ? _mm512_add_epi32(isum[m], isum_odd[m]) : isum[m];
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
-                               _mm512_mul_ps(d, _mm512_set1_ps(d_act[b * MB + m])), acc[m]);
-    }
+    if constexpr (F == kQ4_KX16) X16Q4Unit<MB>(p, u, pass, d, acc);
+    else if constexpr (F == kQ6_KX16) X16Q6Unit<MB>(p, u, pass, d, acc);
+    else X16Q5Unit<MB>(p, u, pass, d, acc);
   }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (m0 + m) * n_dim + lane0, acc[m]);
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) _mm512_storeu_ps(y + (pass.m0 + m) * n_dim + lane0, acc[m]);
 }
+
+// This path's interleaved layouts.
+struct Interleaved {
+  static constexpr int kMaxMPerX16Pass = 12, kX16Parts = 1;
+  static constexpr auto QuantizeBlock32 = &avx512::QuantizeBlock32;
+  template <int F, int MB> static constexpr auto X16Pass = &avx512::X16Pass<F, MB>;
+};
 
 }  // namespace avx512
 
-struct Avx512 {
+struct Avx512 : avx512::Blocks, avx512::KQuants, avx512::Interleaved {
   static constexpr const char* kName = "avx512vnni";
-  static void Quantize(const float* x, int64_t m, int64_t k, Activations& a) {
-    avx512::Quantize(x, m, k, a);
-  }
-  static void QuantizeSuper(const float* x, int64_t m, int64_t k, SuperActivations& a) {
-    avx512::QuantizeSuper(x, m, k, a);
-  }
-  static void QuantizeBy32(const float* x, int64_t m, int64_t k, PassActivations& a) {
-    avx512::QuantizeBy32(x, m, k, a);
-  }
-  template <int F>
-  static void UnitRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
-                       int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    avx512::BlockRows<F>(w, row_bytes, a, m_dim, k_dim, y, n_dim, begin, end);
-  }
-  template <int F>
-  static void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
-                    int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    avx512::KRows<F>(w, row_bytes, a, m_dim, k_dim, y, n_dim, begin, end);
-  }
-  template <int F>
-  static void X16Group(const uint8_t* group, int64_t units, const PassActivations& a, int64_t k_dim,
-                       int64_t m_dim, float* y, int64_t n_dim, int64_t lane0) {
-    (void)m_dim;
-    for (size_t p = 0; p < a.first.size(); ++p) {
-      const int64_t m0 = a.first[p];
-      const int32_t* words = a.words.data() + m0 * k_dim / 4;
-      const float* d = a.d.data() + m0 * k_dim / 32;
-      const float* dsum = a.dsum.data() + m0 * k_dim / 32;
-      const int32_t* asum = a.asum.data() + m0 * k_dim / 32;
-      const int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
-      ForRowCount<avx512::kMaxMPerX16Pass>(a.rows[p], [&](auto rows) {
-        constexpr int kRows = decltype(rows)::value;
-        if constexpr (F == kQ6_KX16) {
-          avx512::X16Q6Pass<kRows>(group, units, words, d, q6_offset, y, n_dim, m0, lane0);
-        } else if constexpr (F == kQ5_0X16) {
-          avx512::X16Q5Pass<kRows>(group, units, words, d, asum, y, n_dim, m0, lane0);
-        } else {
-          avx512::X16Pass<kRows>(group, units, words, d, dsum, y, n_dim, m0, lane0);
-        }
-      });
-    }
-  }
 };
 
 }  // namespace blocks

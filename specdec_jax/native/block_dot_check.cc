@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "block_dot.h"
@@ -214,24 +215,36 @@ const char* Run(int32_t f, const float* x, const uint8_t* w, float* y, int64_t m
   return Product<P>(f, x, w, y, m, k, n, row_bytes, in_turn);
 }
 
+// Vectors of the reference and of a path, element for element (floats bit for bit).
+void Compare(const std::vector<float>& want, const std::vector<float>& got, const char* what, Counter& c) {
+  CompareFloats(want.data(), got.data(), int64_t(want.size()), what, c);
+}
+template <typename T>
+void Compare(const std::vector<T>& want, const std::vector<T>& got, const char* what, Counter& c) {
+  CompareInts(want.data(), got.data(), int64_t(want.size()), what, c);
+}
+
+// Rows of x quantised into activations A by the reference and by path P.
+template <class P, class A>
+std::pair<A, A> QuantizeBoth(const float* x, int64_t m, int64_t k) {
+  std::pair<A, A> both;
+  Quantize<Reference>(x, m, k, both.first);
+  Quantize<P>(x, m, k, both.second);
+  return both;
+}
+
 // The path's quantised activations against the reference's (layouts aside).
 template <class P>
 void CompareActivations(const float* x, int64_t m, int64_t k, Counter& c) {
-  Activations ra, pa;
-  Reference::Quantize(x, m, k, ra);
-  P::Quantize(x, m, k, pa);
-  CompareInts(ra.q.data(), pa.q.data(), int64_t(ra.q.size()), "codes per 64", c);
-  CompareFloats(ra.d.data(), pa.d.data(), int64_t(ra.d.size()), "scales per 64", c);
-  CompareFloats(ra.sums.data(), pa.sums.data(), int64_t(ra.sums.size()), "lane sums per 64", c);
-  SuperActivations rs, ps;
-  Reference::QuantizeSuper(x, m, k, rs);
-  P::QuantizeSuper(x, m, k, ps);
-  CompareInts(rs.q.data(), ps.q.data(), int64_t(rs.q.size()), "codes per 256", c);
-  CompareFloats(rs.d.data(), ps.d.data(), int64_t(rs.d.size()), "scales per 256", c);
-  CompareInts(rs.sums.data(), ps.sums.data(), int64_t(rs.sums.size()), "group sums per 256", c);
-  PassActivations rp, pp;
-  Reference::QuantizeBy32(x, m, k, rp);
-  P::QuantizeBy32(x, m, k, pp);
+  const auto [ra, pa] = QuantizeBoth<P, Activations>(x, m, k);
+  Compare(ra.q, pa.q, "codes per 64", c);
+  Compare(ra.d, pa.d, "scales per 64", c);
+  Compare(ra.sums, pa.sums, "lane sums per 64", c);
+  const auto [rs, ps] = QuantizeBoth<P, SuperActivations>(x, m, k);
+  Compare(rs.q, ps.q, "codes per 256", c);
+  Compare(rs.d, ps.d, "scales per 256", c);
+  Compare(rs.sums, ps.sums, "group sums per 256", c);
+  const auto [rp, pp] = QuantizeBoth<P, PassActivations>(x, m, k);
   for (int64_t row = 0; row < m; ++row) {
     const PassRow a(rp, k, row), b(pp, k, row);
     for (int64_t i = 0; i < k; ++i) {

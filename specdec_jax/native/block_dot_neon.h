@@ -90,8 +90,6 @@ struct NeonUnit {
   }
 };
 
-constexpr int kMaxMPerBlockPass = 4;
-
 template <int F, int MB>
 void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0, float* y,
              int64_t n_dim, int64_t n) {
@@ -101,7 +99,7 @@ void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t 
   NeonUnit<F> unit;
   const int32x4_t zero = vdupq_n_s32(0);
   for (int64_t c = 0; c < a.chunks; ++c) {
-    unit.Load(w_row + c * UnitSpec<F>::kBytes);
+    unit.Load(w_row + c * FileSpec<F>::kBytes);
     for (int m = 0; m < MB; ++m) {
       const int64_t mc = (m0 + m) * a.chunks + c;
       const int8_t* act = a.q.data() + (m0 + m) * k_dim + c * kChunk;
@@ -119,6 +117,12 @@ void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t 
   for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m]);
 }
 
+// This path's 32-weight formats (block_dot.h: what a path provides).
+struct Blocks {
+  static constexpr int kMaxMPerBlockPass = 4;
+  template <int F, int MB> static constexpr auto RowPass = &neon::RowPass<F, MB>;
+};
+
 // ---------------------------------------------------------------------------
 // The k-quants in their file's layout: per chunk pair h and 128-bit lane k,
 // the int16 pairs [chunk 2h's lanes 4k..4k+3, chunk 2h + 1's] (vpackssdw's,
@@ -135,7 +139,7 @@ void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, in
   int16_t sc[16], mn[16], picks[2][32];
   float d, dmin;
   for (int64_t u = 0; u < a.supers; ++u) {
-    ref::SuperCodes<F>(w_row + u * KSpec<F>::kBytes, codes, d, dmin, sc, mn);
+    ref::SuperCodes<F>(w_row + u * FileSpec<F>::kBytes, codes, d, dmin, sc, mn);
     for (int h = 0; h < 2; ++h) {
       for (int e = 0; e < 32; ++e) {
         const int k = e / 8, j = e % 8;
@@ -180,173 +184,131 @@ void KRowPass(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, in
   for (int m = 0; m < MB; ++m) y[(m0 + m) * n_dim + n] = Sum16(acc[m]);
 }
 
+// This path's k-quants.
+struct KQuants {
+  static constexpr int kMaxMPerKPass = 4;
+  template <int F, int MB> static constexpr auto KRowPass = &neon::KRowPass<F, MB>;
+};
+
 // ---------------------------------------------------------------------------
 // The layouts interleaved by 16 output rows: a lane per output row, a q
 // register per quarter of a group (lanes 4q..4q+3: bytes 16q..16q+15 of each
 // 64-byte line), a pass per quarter.
-constexpr int kMaxMPerX16Pass = 8;
 
+// A super-block of q4_k_x16, one quarter (first: its first lane; d: its float16 d).
 template <int MB>
-void X16Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
-             const float* dsum_act, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int quarter) {
-  float32x4_t acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = vdupq_n_f32(0.0f);
-  const int first = 4 * quarter;
-  for (int64_t u = 0; u < supers; ++u) {
-    const uint8_t* p = group + u * kX16Bytes;
-    const float32x4_t d = Halves4(p + 2 * first), dmin = Halves4(p + 32 + 2 * first);
-    for (int j = 0; j < 8; ++j) {
-      const float32x4_t scale = vmulq_f32(d, Bytes4(p + 64 + 16 * j + first));
-      const float32x4_t offset = vmulq_f32(dmin, Bytes4(p + 192 + 16 * j + first));
-      const int32_t* wj = words + (u * 64 + 8 * j) * MB;
-      int32x4_t isum[MB];
-      for (int m = 0; m < MB; ++m) isum[m] = vdupq_n_s32(0);
-      for (int t = 0; t < 4; ++t) {
-        const uint8x16_t codes = vld1q_u8(p + kX16Codes + (4 * j + t) * 64 + 4 * first);
-        const int8x16_t lo = Signed(vandq_u8(codes, vdupq_n_u8(15))), hi = Signed(vshrq_n_u8(codes, 4));
-        for (int m = 0; m < MB; ++m) {
-          isum[m] = vdotq_s32(isum[m], lo, Word(wj[(2 * t) * MB + m]));
-          isum[m] = vdotq_s32(isum[m], hi, Word(wj[(2 * t + 1) * MB + m]));
-        }
-      }
-      const int64_t b = u * 8 + j;
-      for (int m = 0; m < MB; ++m) {
-        acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(isum[m]), vmulq_f32(scale, vdupq_n_f32(d_act[b * MB + m])));
-        acc[m] = vfmsq_f32(acc[m], offset, vdupq_n_f32(dsum_act[b * MB + m]));
-      }
-    }
-  }
-  for (int m = 0; m < MB; ++m) vst1q_f32(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
-}
-
-template <int MB>
-void X16Q6Pass(const uint8_t* group, int64_t supers, const int32_t* words, const float* d_act,
-               const int32_t* q6_offset, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int quarter) {
-  float32x4_t acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = vdupq_n_f32(0.0f);
-  const int first = 4 * quarter;
-  const uint8x16_t low4 = vdupq_n_u8(15), high2 = vdupq_n_u8(0x30);
-  for (int64_t u = 0; u < supers; ++u) {
-    const uint8_t* p = group + u * kX16Q6Bytes;
-    const float32x4_t d = Halves4(p + 2 * first);
-    for (int jp = 0; jp < 8; ++jp) {
-      int32x4_t block_sum[MB];
-      for (int m = 0; m < MB; ++m) block_sum[m] = vdupq_n_s32(0);
-      for (int sub = 0; sub < 2; ++sub) {
-        const int j = 2 * jp + sub;
-        uint32_t sc_bytes;
-        std::memcpy(&sc_bytes, p + 32 + 16 * j + first, 4);
-        const int32x4_t sc = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(sc_bytes)))));
-        const uint8_t* low = p + kX16Q6Low + 128 * j;
-        const uint8x16_t l0 = vld1q_u8(low + 4 * first), l1 = vld1q_u8(low + 64 + 4 * first);
-        const uint8x16_t h = vld1q_u8(p + kX16Q6High + 64 * j + 4 * first);
-        const int8x16_t codes[4] = {
-            Signed(vorrq_u8(vandq_u8(l0, low4), vandq_u8(vshlq_n_u8(h, 4), high2))),
-            Signed(vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(vshlq_n_u8(h, 2), high2))),
-            Signed(vorrq_u8(vandq_u8(l1, low4), vandq_u8(h, high2))),
-            Signed(vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(h, 2), high2)))};
-        const int32_t* wj = words + (u * 64 + 4 * j) * MB;
-        const int32_t* offset = q6_offset + (u * 16 + j) * MB;
-        for (int m = 0; m < MB; ++m) {
-          int32x4_t isum = vdupq_n_s32(offset[m]);
-          for (int k = 0; k < 4; ++k) isum = vdotq_s32(isum, codes[k], Word(wj[k * MB + m]));
-          block_sum[m] = vaddq_s32(block_sum[m], vmulq_s32(isum, sc));
-        }
-      }
-      const int64_t b = u * 8 + jp;
-      for (int m = 0; m < MB; ++m)
-        acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(block_sum[m]), vmulq_f32(d, vdupq_n_f32(d_act[b * MB + m])));
-    }
-  }
-  for (int m = 0; m < MB; ++m) vst1q_f32(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
-}
-
-template <int MB>
-void X16Q5Pass(const uint8_t* group, int64_t blocks, const int32_t* words, const float* d_act,
-               const int32_t* asum, float* y, int64_t n_dim, int64_t m0, int64_t lane0, int quarter) {
-  float32x4_t acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = vdupq_n_f32(0.0f);
-  const int first = 4 * quarter;
-  const uint8x16_t low4 = vdupq_n_u8(15), fifth = vdupq_n_u8(0x10);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* p = group + b * kX16Q5Bytes;
-    const float32x4_t d = Halves4(p + 2 * first);
-    const uint8x16_t h = vld1q_u8(p + 288 + 4 * first);
-    const uint8x16_t high[8] = {  // bit k of each byte moved to bit 4
-        vandq_u8(vshlq_n_u8(h, 4), fifth), vandq_u8(vshlq_n_u8(h, 3), fifth),
-        vandq_u8(vshlq_n_u8(h, 2), fifth), vandq_u8(vshlq_n_u8(h, 1), fifth),
-        vandq_u8(h, fifth), vandq_u8(vshrq_n_u8(h, 1), fifth),
-        vandq_u8(vshrq_n_u8(h, 2), fifth), vandq_u8(vshrq_n_u8(h, 3), fifth)};
-    int8x16_t codes[8];
+SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass, int first, float32x4_t d,
+                              float32x4_t (&acc)[MB]) {
+  const float32x4_t dmin = Halves4(p + 32 + 2 * first);
+  for (int j = 0; j < 8; ++j) {
+    const float32x4_t scale = vmulq_f32(d, Bytes4(p + 64 + 16 * j + first));
+    const float32x4_t offset = vmulq_f32(dmin, Bytes4(p + 192 + 16 * j + first));
+    const int32_t* wj = pass.words + (u * 64 + 8 * j) * MB;
+    int32x4_t isum[MB];
+    for (int m = 0; m < MB; ++m) isum[m] = vdupq_n_s32(0);
     for (int t = 0; t < 4; ++t) {
-      const uint8x16_t line = vld1q_u8(p + 32 + 64 * t + 4 * first);
-      codes[2 * t] = Signed(vorrq_u8(vandq_u8(line, low4), high[2 * t]));
-      codes[2 * t + 1] = Signed(vorrq_u8(vshrq_n_u8(line, 4), high[2 * t + 1]));
+      const uint8x16_t codes = vld1q_u8(p + kX16Codes + (4 * j + t) * 64 + 4 * first);
+      const int8x16_t lo = Signed(vandq_u8(codes, vdupq_n_u8(15))), hi = Signed(vshrq_n_u8(codes, 4));
+      for (int m = 0; m < MB; ++m) {
+        isum[m] = vdotq_s32(isum[m], lo, Word(wj[(2 * t) * MB + m]));
+        isum[m] = vdotq_s32(isum[m], hi, Word(wj[(2 * t + 1) * MB + m]));
+      }
     }
-    const int32_t* wb = words + 8 * b * MB;
+    const int64_t b = u * 8 + j;
     for (int m = 0; m < MB; ++m) {
-      int32x4_t isum = vdupq_n_s32(WrapMul(-16, asum[b * MB + m]));
-      for (int k = 0; k < 8; ++k) isum = vdotq_s32(isum, codes[k], Word(wb[k * MB + m]));
-      acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(isum), vmulq_f32(d, vdupq_n_f32(d_act[b * MB + m])));
+      acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(isum[m]), vmulq_f32(scale, vdupq_n_f32(pass.da[b * MB + m])));
+      acc[m] = vfmsq_f32(acc[m], offset, vdupq_n_f32(pass.dsum[b * MB + m]));
     }
   }
-  for (int m = 0; m < MB; ++m) vst1q_f32(y + (m0 + m) * n_dim + lane0 + first, acc[m]);
 }
+
+// A super-block of q6_k_x16, one quarter.
+template <int MB>
+SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, int first, float32x4_t d,
+                              float32x4_t (&acc)[MB]) {
+  const uint8x16_t low4 = vdupq_n_u8(15), high2 = vdupq_n_u8(0x30);
+  for (int jp = 0; jp < 8; ++jp) {
+    int32x4_t block_sum[MB];
+    for (int m = 0; m < MB; ++m) block_sum[m] = vdupq_n_s32(0);
+    for (int sub = 0; sub < 2; ++sub) {
+      const int j = 2 * jp + sub;
+      uint32_t sc_bytes;
+      std::memcpy(&sc_bytes, p + 32 + 16 * j + first, 4);
+      const int32x4_t sc = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(sc_bytes)))));
+      const uint8_t* low = p + kX16Q6Low + 128 * j;
+      const uint8x16_t l0 = vld1q_u8(low + 4 * first), l1 = vld1q_u8(low + 64 + 4 * first);
+      const uint8x16_t h = vld1q_u8(p + kX16Q6High + 64 * j + 4 * first);
+      const int8x16_t codes[4] = {
+          Signed(vorrq_u8(vandq_u8(l0, low4), vandq_u8(vshlq_n_u8(h, 4), high2))),
+          Signed(vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(vshlq_n_u8(h, 2), high2))),
+          Signed(vorrq_u8(vandq_u8(l1, low4), vandq_u8(h, high2))),
+          Signed(vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(h, 2), high2)))};
+      const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;
+      const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
+      for (int m = 0; m < MB; ++m) {
+        int32x4_t isum = vdupq_n_s32(offset[m]);
+        for (int k = 0; k < 4; ++k) isum = vdotq_s32(isum, codes[k], Word(wj[k * MB + m]));
+        block_sum[m] = vaddq_s32(block_sum[m], vmulq_s32(isum, sc));
+      }
+    }
+    const int64_t b = u * 8 + jp;
+    for (int m = 0; m < MB; ++m)
+      acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(block_sum[m]), vmulq_f32(d, vdupq_n_f32(pass.da[b * MB + m])));
+  }
+}
+
+// A block of q5_0_x16, one quarter.
+template <int MB>
+SPECDEC_INLINE void X16Q5Unit(const uint8_t* p, int64_t b, const PassView& pass, int first, float32x4_t d,
+                              float32x4_t (&acc)[MB]) {
+  const uint8x16_t low4 = vdupq_n_u8(15), fifth = vdupq_n_u8(0x10);
+  const uint8x16_t h = vld1q_u8(p + 288 + 4 * first);
+  const uint8x16_t high[8] = {  // bit k of each byte moved to bit 4
+      vandq_u8(vshlq_n_u8(h, 4), fifth), vandq_u8(vshlq_n_u8(h, 3), fifth),
+      vandq_u8(vshlq_n_u8(h, 2), fifth), vandq_u8(vshlq_n_u8(h, 1), fifth),
+      vandq_u8(h, fifth), vandq_u8(vshrq_n_u8(h, 1), fifth),
+      vandq_u8(vshrq_n_u8(h, 2), fifth), vandq_u8(vshrq_n_u8(h, 3), fifth)};
+  int8x16_t codes[8];
+  for (int t = 0; t < 4; ++t) {
+    const uint8x16_t line = vld1q_u8(p + 32 + 64 * t + 4 * first);
+    codes[2 * t] = Signed(vorrq_u8(vandq_u8(line, low4), high[2 * t]));
+    codes[2 * t + 1] = Signed(vorrq_u8(vshrq_n_u8(line, 4), high[2 * t + 1]));
+  }
+  const int32_t* wb = pass.words + 8 * b * MB;
+  for (int m = 0; m < MB; ++m) {
+    int32x4_t isum = vdupq_n_s32(WrapMul(-16, pass.asum[b * MB + m]));
+    for (int k = 0; k < 8; ++k) isum = vdotq_s32(isum, codes[k], Word(wb[k * MB + m]));
+    acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(isum), vmulq_f32(d, vdupq_n_f32(pass.da[b * MB + m])));
+  }
+}
+
+template <int F, int MB>
+void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y, int64_t n_dim,
+             int64_t lane0, int quarter) {
+  float32x4_t acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = vdupq_n_f32(0.0f);
+  const int first = 4 * quarter;
+  for (int64_t u = 0; u < units; ++u) {
+    const uint8_t* p = group + u * X16Spec<F>::kBytes;
+    const float32x4_t d = Halves4(p + 2 * first);
+    if constexpr (F == kQ4_KX16) X16Q4Unit<MB>(p, u, pass, first, d, acc);
+    else if constexpr (F == kQ6_KX16) X16Q6Unit<MB>(p, u, pass, first, d, acc);
+    else X16Q5Unit<MB>(p, u, pass, first, d, acc);
+  }
+  for (int m = 0; m < MB; ++m) vst1q_f32(y + (pass.m0 + m) * n_dim + lane0 + first, acc[m]);
+}
+
+// This path's interleaved layouts.
+struct Interleaved {
+  static constexpr int kMaxMPerX16Pass = 8, kX16Parts = 4;
+  template <int F, int MB> static constexpr auto X16Pass = &neon::X16Pass<F, MB>;
+};
 
 }  // namespace neon
 
-struct Neon {
+// Activations quantised by the reference's own code (the header comment).
+struct Neon : ref::Quantizers, neon::Blocks, neon::KQuants, neon::Interleaved {
   static constexpr const char* kName = "neon-dotprod";
-  static void Quantize(const float* x, int64_t m, int64_t k, Activations& a) { ref::Quantize(x, m, k, a); }
-  static void QuantizeSuper(const float* x, int64_t m, int64_t k, SuperActivations& a) {
-    ref::QuantizeSuper(x, m, k, a);
-  }
-  static void QuantizeBy32(const float* x, int64_t m, int64_t k, PassActivations& a) {
-    ref::QuantizeBy32(x, m, k, neon::kMaxMPerX16Pass, a);
-  }
-  template <int F>
-  static void UnitRows(const uint8_t* w, int64_t row_bytes, const Activations& a, int64_t m_dim,
-                       int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t m0 = 0; m0 < m_dim; m0 += neon::kMaxMPerBlockPass)
-        ForRowCount<neon::kMaxMPerBlockPass>(m_dim - m0, [&](auto rows) {
-          neon::RowPass<F, decltype(rows)::value>(w + n * row_bytes, a, k_dim, m0, y, n_dim, n);
-        });
-  }
-  template <int F>
-  static void KRows(const uint8_t* w, int64_t row_bytes, const SuperActivations& a, int64_t m_dim,
-                    int64_t k_dim, float* y, int64_t n_dim, int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t m0 = 0; m0 < m_dim; m0 += neon::kMaxMPerBlockPass)
-        ForRowCount<neon::kMaxMPerBlockPass>(m_dim - m0, [&](auto rows) {
-          neon::KRowPass<F, decltype(rows)::value>(w + n * row_bytes, a, k_dim, m0, y, n_dim, n);
-        });
-  }
-  template <int F>
-  static void X16Group(const uint8_t* group, int64_t units, const PassActivations& a, int64_t k_dim,
-                       int64_t m_dim, float* y, int64_t n_dim, int64_t lane0) {
-    (void)m_dim;
-    for (size_t p = 0; p < a.first.size(); ++p) {
-      const int64_t m0 = a.first[p];
-      const int32_t* words = a.words.data() + m0 * k_dim / 4;
-      const float* d = a.d.data() + m0 * k_dim / 32;
-      const float* dsum = a.dsum.data() + m0 * k_dim / 32;
-      const int32_t* asum = a.asum.data() + m0 * k_dim / 32;
-      const int32_t* q6_offset = a.q6_offset.data() + m0 * k_dim / 16;
-      for (int quarter = 0; quarter < 4; ++quarter) {
-        ForRowCount<neon::kMaxMPerX16Pass>(a.rows[p], [&](auto rows) {
-          constexpr int kRows = decltype(rows)::value;
-          if constexpr (F == kQ6_KX16) {
-            neon::X16Q6Pass<kRows>(group, units, words, d, q6_offset, y, n_dim, m0, lane0, quarter);
-          } else if constexpr (F == kQ5_0X16) {
-            neon::X16Q5Pass<kRows>(group, units, words, d, asum, y, n_dim, m0, lane0, quarter);
-          } else {
-            neon::X16Pass<kRows>(group, units, words, d, dsum, y, n_dim, m0, lane0, quarter);
-          }
-        });
-      }
-    }
-  }
 };
 
 }  // namespace blocks
