@@ -40,6 +40,7 @@ import pytest
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.native import stored_blocks
 from specdec_jax.runtime import cpu_kernels
+from tests import registry_blocks
 
 CHECK = cpu_kernels.NATIVE / "block_dot_check.cc"
 COMMON = ("-std=c++17", "-ffp-contract=off", "-w")
@@ -285,31 +286,20 @@ def test_the_registry_files_tensors_take_the_reference_through_jax(kernel_and_re
     """The real files' blocks (every kept type of every registry GGUF file: 64 rows
     of a tensor, and interleaved as kept on CPU where the loader interleaves it)
     times activations of a real model's scale: the loaded kernel is the reference."""
-    from specdec_jax.checkpoints import gguf as gguf_io  # noqa: PLC0415
-    from specdec_jax.checkpoints import registry  # noqa: PLC0415
-
     rng = np.random.default_rng(7)
     seen = set()
-    for name in registry.MODELS:
-        path = registry.local_path(name)
-        if path.suffix != ".gguf":
-            continue
-        for tensor in gguf_io._reader(path).tensors:
-            fmt = gguf_io.stored_format(tensor)
-            if fmt is None or (name, fmt) in seen:
-                continue
-            seen.add((name, fmt))
-            blocks = np.asarray(tensor.data, np.uint8)[:64].reshape(min(64, len(tensor.data)), -1)
-            layouts = [(fmt, blocks)]
-            if fmt in stored_blocks.INTERLEAVE and len(blocks) % 16 == 0:
-                layout, arrange = stored_blocks.INTERLEAVE[fmt]
-                layouts.append((layout, arrange(blocks)))
-            for layout, b in layouts:
-                k = stored_blocks.StoredMatrix.of_blocks(jnp.asarray(b), layout).in_features
-                x = jnp.asarray(rng.standard_normal((9, k)), jnp.float32)
-                got = np.asarray(native_matmul.block_product(
-                    x, stored_blocks.StoredMatrix(jnp.asarray(b), layout, k)))
-                want = np.asarray(_reference(x, jnp.asarray(b), layout))
-                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
-                                              err_msg=f"{name} {layout}")
-    assert {fmt for _, fmt in seen} >= {"q4_k", "q6_k", "q5_0", "q8_0", "q4_1"}
+    for name, fmt, blocks in registry_blocks.first_rows_of_each_type():
+        seen.add(fmt)
+        layouts = [(fmt, blocks)]
+        if fmt in stored_blocks.INTERLEAVE and len(blocks) % 16 == 0:
+            layout, arrange = stored_blocks.INTERLEAVE[fmt]
+            layouts.append((layout, arrange(blocks)))
+        for layout, b in layouts:
+            k = stored_blocks.StoredMatrix.of_blocks(jnp.asarray(b), layout).in_features
+            x = jnp.asarray(rng.standard_normal((9, k)), jnp.float32)
+            got = np.asarray(native_matmul.block_product(
+                x, stored_blocks.StoredMatrix(jnp.asarray(b), layout, k)))
+            want = np.asarray(_reference(x, jnp.asarray(b), layout))
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                          err_msg=f"{name} {layout}")
+    assert seen >= registry_blocks.KEPT_TYPES

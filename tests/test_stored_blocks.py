@@ -29,7 +29,7 @@ from specdec_jax.models.layers import OUT_IN
 from specdec_jax.native import matmul as native_matmul
 from specdec_jax.native import stored_blocks
 from specdec_jax.runtime import cpu_kernels
-from tests import exactness
+from tests import exactness, registry_blocks
 
 gguf = pytest.importorskip("gguf")
 
@@ -373,29 +373,18 @@ def test_a_stored_target_is_decoded_exactly(block_kernel, verifier, tree):
 
 @pytest.mark.slow
 def test_every_kept_type_of_the_registry_files_equals_gguf():
-    from specdec_jax.checkpoints import gguf as gguf_io
-    from specdec_jax.checkpoints import registry
-
     seen = set()
-    for name in registry.MODELS:
-        path = registry.local_path(name)
-        if path.suffix != ".gguf":
-            continue
-        for tensor in gguf_io._reader(path).tensors:
-            fmt = gguf_io.stored_format(tensor)
-            if fmt is None or (name, fmt) in seen:
-                continue
-            seen.add((name, fmt))
-            blocks = np.asarray(tensor.data, np.uint8)[:64].reshape(min(64, len(tensor.data)), -1)
-            got = np.asarray(stored_blocks.dequantize(stored_blocks.StoredMatrix.of_blocks(
-                jnp.asarray(blocks), fmt)))
-            np.testing.assert_array_equal(got.view(np.uint32),
-                                          gguf_dequantize(blocks, fmt).view(np.uint32))
-            if fmt in stored_blocks.INTERLEAVE and len(blocks) % 16 == 0:  # as kept on CPU
-                layout, arrange = stored_blocks.INTERLEAVE[fmt]
-                x16 = stored_blocks.StoredMatrix.of_blocks(jnp.asarray(arrange(blocks)), layout)
-                np.testing.assert_array_equal(np.asarray(stored_blocks.dequantize(x16)), got)
-    assert {fmt for _, fmt in seen} >= {"q4_k", "q6_k", "q5_0", "q8_0", "q4_1"}
+    for _, fmt, blocks in registry_blocks.first_rows_of_each_type():
+        seen.add(fmt)
+        got = np.asarray(stored_blocks.dequantize(stored_blocks.StoredMatrix.of_blocks(
+            jnp.asarray(blocks), fmt)))
+        np.testing.assert_array_equal(got.view(np.uint32),
+                                      gguf_dequantize(blocks, fmt).view(np.uint32))
+        if fmt in stored_blocks.INTERLEAVE and len(blocks) % 16 == 0:  # as kept on CPU
+            layout, arrange = stored_blocks.INTERLEAVE[fmt]
+            x16 = stored_blocks.StoredMatrix.of_blocks(jnp.asarray(arrange(blocks)), layout)
+            np.testing.assert_array_equal(np.asarray(stored_blocks.dequantize(x16)), got)
+    assert seen >= registry_blocks.KEPT_TYPES
 
 
 def test_gate_and_up_of_one_block_type_are_one_product_of_the_same_bits(block_kernel):
