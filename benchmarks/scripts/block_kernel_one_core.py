@@ -37,7 +37,7 @@ import sys
 import time
 
 from specdec_jax.checkpoints import load, registry
-from specdec_jax.runtime import cpu_kernels, timing
+from specdec_jax.runtime import cpu_kernels, devices, timing
 
 STEPS = 16
 
@@ -49,6 +49,7 @@ def main(argv=None) -> int:
                         help="llama-bench binary (default: llama_cpp_peer's build)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     if args.llama_bench is None:
         import llama_cpp_peer  # noqa: PLC0415 - the sibling script (run as a file)
         args.llama_bench = str(llama_cpp_peer.build() / "llama-bench")

@@ -73,6 +73,7 @@ import llama_cpp_peer  # noqa: E402
 
 from specdec_jax.checkpoints import registry  # noqa: E402
 from specdec_jax.data import humaneval  # noqa: E402
+from specdec_jax.runtime import devices  # noqa: E402
 
 TARGET, DRAFTER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 CONTEXT = 4096  # llama.cpp's -c: prompt + 128 tokens fit; the KV cache it allocates is alike
@@ -333,6 +334,7 @@ def main(argv=None) -> int:
     parser.add_argument("--draft-weights", default="stored")
     parser.add_argument("--out", default="benchmarks/reports/llama_cpp_humaneval_cpu.json")
     args = parser.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     llama_cpp_peer.check_isa(args.isa)
     builds = {peer.label: llama_cpp_peer.build(peer, args.isa) for peer in args.peers}
     # before anything of ours compiles

@@ -58,6 +58,7 @@ import tarfile
 import time
 
 from specdec_jax.checkpoints import fetch, registry
+from specdec_jax.runtime import devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +343,7 @@ def main(argv=None) -> int:
                         help="build the peers and stop (for any --isa, runnable here or not)")
     parser.add_argument("--out", default="benchmarks/reports/llama_cpp_peer_cpu.json")
     args = parser.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     if not args.build_only:
         check_isa(args.isa)
     builds = {peer.label: build(peer, args.isa) for peer in args.peers}
