@@ -317,9 +317,9 @@ class TreeDecoder(RoundDecoder):
                      sp: SamplingParams):
         """The configured tree verifier, or greedy at temperature 0 (module
         docstring): the accepted node and the new token."""
-        greedy = verify_tree.GreedyTreeVerifier()
         if isinstance(self.verifier, verify_tree.GreedyTreeVerifier):
             return self.verifier(key, tree, q_BxN1xV, pi_BxN1xV)
+        greedy = verify_tree.GreedyTreeVerifier()
         return jax.lax.cond(sp.temperature <= 0, lambda: greedy(key, tree, q_BxN1xV, pi_BxN1xV),
                             lambda: self.verifier(key, tree, q_BxN1xV, pi_BxN1xV))
 

@@ -472,14 +472,14 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer, draf
     return drafter, drafter.select_params(named)
 
 
-def stored_by_default(args, name: str, kernel: bool) -> bool:
+def stored_by_default(args, name: str, blocks: bool) -> bool:
     """``auto`` weights: a GGUF model keeps its file's blocks where the block
-    kernel multiplies them (``kernel``: the CPU kernel on with a SIMD block
-    path, ``native.matmul.blocks_active``; float32 activations, the ``out_in``
+    kernel multiplies them (``blocks``: ``native.matmul.blocks_active``, the
+    CPU kernel on with a SIMD block path; float32 activations, the ``out_in``
     layout); elsewhere its float32 copy is the faster and the one every
     layout and dtype supports (a build with only the scalar reference would
     dequantise the blocks before every product)."""
-    return (kernel and is_gguf(name) and args.kernel_layout == OUT_IN
+    return (blocks and is_gguf(name) and args.kernel_layout == OUT_IN
             and precision.resolve_dtype(args.dtype) == "float32")
 
 
