@@ -28,8 +28,7 @@ report records it: llama.cpp is built with ``GGML_NATIVE=ON`` (``-march=native``
 or with that set's ``GGML_*`` switches and ``GGML_NATIVE=OFF``, each in its own
 build directory; ours gets ``SPECDEC_JAX_CPU_MARCH`` (``haswell``,
 ``skylake-avx512``), which its CPU kernel's build uses in place of
-``-march=native`` (``isa.ours.kernel_reads_it`` in the report says whether this
-checkout's kernel reads it). The report also records the CPU's model and flags.
+``-march=native``. The report also records the CPU's model and flags.
 
     python benchmarks/scripts/llama_cpp_peer.py --threads 2 --isa avx2 --rounds 3 \\
         --out benchmarks/reports/llama_cpp_peer_cpu.json
@@ -58,7 +57,7 @@ import tarfile
 import time
 
 from specdec_jax.checkpoints import fetch, registry
-from specdec_jax.runtime import devices
+from specdec_jax.runtime import cpu_kernels, devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +113,7 @@ ISA_FLAGS = {
 ISA_NEEDS = {"native": (), "avx2": ("avx2", "fma", "f16c", "bmi2"),
              "avx512": ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512cd", "avx512vl",
                         "avx512dq", "avx512bw")}  # /proc/cpuinfo flags
-OURS_MARCH_ENV = "SPECDEC_JAX_CPU_MARCH"
+OURS_MARCH_ENV = cpu_kernels.MARCH_ENV
 OURS_MARCH = {"native": None, "avx2": "haswell", "avx512": "skylake-avx512"}
 
 
@@ -229,18 +228,14 @@ def check_isa(isa: str) -> None:
 
 def ours_isa(isa: str) -> dict:
     """Sets our side's instruction set for this process and its children
-    (``SPECDEC_JAX_CPU_MARCH``; unset for ``native``) and says so."""
+    (``SPECDEC_JAX_CPU_MARCH``, read by ``runtime.cpu_kernels`` when it builds
+    the kernel; unset for ``native``) and says so."""
     march = OURS_MARCH[isa]
     if march is None:
         os.environ.pop(OURS_MARCH_ENV, None)
     else:
         os.environ[OURS_MARCH_ENV] = march
-    from specdec_jax.runtime import cpu_kernels
-    reads_it = OURS_MARCH_ENV in pathlib.Path(cpu_kernels.__file__).read_text()
-    if march and not reads_it:
-        print(f"warning: this checkout's CPU kernel does not read ${OURS_MARCH_ENV}: ours "
-              "still builds with -march=native", file=sys.stderr)
-    return {"isa": isa, OURS_MARCH_ENV: march, "kernel_reads_it": reads_it}
+    return {"isa": isa, OURS_MARCH_ENV: march}
 
 
 def machine() -> dict:
@@ -352,7 +347,7 @@ def main(argv=None) -> int:
         return 0
     ours_record = ours_isa(args.isa)  # before our kernel builds or loads
     from specdec_jax.checkpoints import load
-    from specdec_jax.runtime import cpu_kernels, timing
+    from specdec_jax.runtime import timing
     cpu_kernels.enable()
     path = registry.local_path(args.model)
     bandwidth = triad(args.threads) if args.triad else None
