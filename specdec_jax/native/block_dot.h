@@ -542,6 +542,15 @@ inline float X16Q4Row(const uint8_t* group, int64_t supers, const PassRow& x, in
   return acc;
 }
 
+// The code of weight 4k + b of one lane (byte i = 4 lane + b of a 64-byte
+// line) in the x16 layouts whose codes are split in two: its low nibble in
+// line k / 2 of `lines` (the high nibble for odd k), its top `bits` bits at
+// bit bits * k of `high`'s byte (q6_k: 2 bits, q5_0: 1).
+inline int32_t X16Code(const uint8_t* lines, const uint8_t* high, int bits, int k, int i) {
+  const int32_t low = (lines[64 * (k / 2) + i] >> (4 * (k % 2))) & 15;
+  return low | ((high[i] >> (bits * k)) & ((1 << bits) - 1)) << 4;
+}
+
 // q6_k_x16: per block of 32 (sub-blocks j = 2jp, 2jp + 1 of 16), the exact
 // integer sum over j of sc_j * (sum of q a - 32 * sum of a), then
 //   acc = fma(float(sum), d * da, acc).
@@ -557,9 +566,8 @@ inline float X16Q6Row(const uint8_t* group, int64_t supers, const PassRow& x, in
         int32_t isum = x.q6_offset(16 * u + j);
         for (int k = 0; k < 4; ++k) {
           for (int b = 0; b < 4; ++b) {  // weight 16j + 4k + b
-            const uint8_t low = p[kX16Q6Low + 128 * j + 64 * (k / 2) + 4 * lane + b];
-            const uint8_t high = p[kX16Q6High + 64 * j + 4 * lane + b];
-            const int32_t code = ((low >> (4 * (k % 2))) & 15) | ((high >> (2 * k)) & 3) << 4;
+            const int32_t code = X16Code(p + kX16Q6Low + 128 * j, p + kX16Q6High + 64 * j, 2,
+                                         k, 4 * lane + b);
             isum = WrapAdd(isum, code * x.code(256 * u + 16 * j + 4 * k + b));
           }
         }
@@ -580,9 +588,7 @@ inline float X16Q5Row(const uint8_t* group, int64_t blocks, const PassRow& x, in
     int32_t isum = WrapMul(-16, x.asum(blk));
     for (int k = 0; k < 8; ++k) {
       for (int b = 0; b < 4; ++b) {  // weight 4k + b: line k / 2, nibble k % 2; fifth bit k
-        const uint8_t nibbles = p[32 + 64 * (k / 2) + 4 * lane + b];
-        const uint8_t fifth = p[288 + 4 * lane + b];
-        const int32_t code = ((nibbles >> (4 * (k % 2))) & 15) | ((fifth >> k) & 1) << 4;
+        const int32_t code = X16Code(p + 32, p + 288, 1, k, 4 * lane + b);
         isum = WrapAdd(isum, code * x.code(32 * blk + 4 * k + b));
       }
     }
@@ -621,6 +627,26 @@ struct Reference : ref::Quantizers {
     }
   }
 };
+
+// The codes of the x16 layouts that split a code in two, at any x86 vector
+// width (q6_k_x16: 2 lines, 2 high bits, 4 codes; q5_0_x16: 4 lines, 1 bit, 8
+// codes): code k's low nibble is the low (k even) or high (k odd) nibble of
+// line k / 2's bytes, its top kBits bits sit at bit kBits * k of h's. V is
+// __m256i or __m512i, GCC vector types whose & and | are the bitwise
+// operations; the shifts are 16-bit ones (vpsllw / vpsrlw), and the byte
+// masks keep only bits that never crossed a byte.
+template <int kBits, int kLines, class V>
+SPECDEC_INLINE void X16SplitCodes(const V (&lines)[kLines], V h, V (&codes)[2 * kLines]) {
+  typedef uint16_t Words __attribute__((vector_size(sizeof(V))));
+  const V low4 = V{} + 0x0F0F0F0F0F0F0F0FLL;
+  const V top = V{} + 0x0101010101010101LL * (((1 << kBits) - 1) << 4);
+  _Pragma("GCC unroll 8") for (int k = 0; k < 2 * kLines; ++k) {
+    const V low = k % 2 ? V(Words(lines[k / 2]) >> 4) : lines[k / 2];
+    const int shift = 4 - kBits * k;  // moves code k's top bits to bit 4
+    const V high = shift >= 0 ? V(Words(h) << shift) : V(Words(h) >> -shift);
+    codes[k] = (low & low4) | (high & top);
+  }
+}
 
 }  // namespace blocks
 }  // namespace specdec

@@ -438,7 +438,6 @@ template <int MB, bool kVnni>
 SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, int half, __m256 d,
                               __m256 (&acc)[MB]) {
   const int first = 8 * half;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), high2 = _mm256_set1_epi8(0x30);
   for (int jp = 0; jp < 8; ++jp) {
     __m256i block_sum[MB];
     _Pragma("GCC unroll 2") for (int sub = 0; sub < 2; ++sub) {
@@ -452,15 +451,9 @@ SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass,
         _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(high) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
       }
-      const __m256i l0 = Load(low + 4 * first), l1 = Load(low + 64 + 4 * first);
-      const __m256i h = Load(high + 4 * first);
-      const __m256i codes[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), high2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                          _mm256_and_si256(_mm256_slli_epi16(h, 2), high2)),
-          _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(h, high2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                          _mm256_and_si256(_mm256_srli_epi16(h, 2), high2))};
+      const __m256i lines[2] = {Load(low + 4 * first), Load(low + 64 + 4 * first)};
+      __m256i codes[4];
+      X16SplitCodes<2>(lines, Load(high + 4 * first), codes);
       const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
       const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
       _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
@@ -498,22 +491,10 @@ template <int MB, bool kVnni>
 SPECDEC_INLINE void X16Q5Unit(const uint8_t* p, int64_t b, const PassView& pass, int half, __m256 d,
                               __m256 (&acc)[MB]) {
   const int first = 8 * half;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
-  const __m256i h = Load(p + 288 + 4 * first);
-  // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
-  // only ever comes from its own byte for shifts of at most 4)
-  const __m256i high[8] = {
-      _mm256_and_si256(_mm256_slli_epi16(h, 4), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 3), fifth),
-      _mm256_and_si256(_mm256_slli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_slli_epi16(h, 1), fifth),
-      _mm256_and_si256(h, fifth), _mm256_and_si256(_mm256_srli_epi16(h, 1), fifth),
-      _mm256_and_si256(_mm256_srli_epi16(h, 2), fifth), _mm256_and_si256(_mm256_srli_epi16(h, 3), fifth)};
+  const __m256i lines[4] = {Load(p + 32 + 4 * first), Load(p + 96 + 4 * first),
+                            Load(p + 160 + 4 * first), Load(p + 224 + 4 * first)};
   __m256i codes[8];
-  _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-    const __m256i line = Load(p + 32 + 64 * t + 4 * first);
-    codes[2 * t] = _mm256_or_si256(_mm256_and_si256(line, low4), high[2 * t]);
-    codes[2 * t + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(line, 4), low4),
-                                       high[2 * t + 1]);
-  }
+  X16SplitCodes<1>(lines, Load(p + 288 + 4 * first), codes);
   const int32_t* wb = pass.words + 8 * b * MB;
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
     const __m256i offset = _mm256_set1_epi32(WrapMul(-16, pass.asum[b * MB + m]));  // the -16 of every code

@@ -426,7 +426,6 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
 template <int MB>
 SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, __m512 d,
                               __m512 (&acc)[MB]) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
   for (int jp = 0; jp < 8; ++jp) {
     __m512i block_sum[MB];
     _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
@@ -438,15 +437,9 @@ SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass,
       _mm_prefetch(reinterpret_cast<const char*>(low) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(high) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
-      const __m512i l0 = _mm512_loadu_si512(low), l1 = _mm512_loadu_si512(low + 64);
-      const __m512i h = _mm512_loadu_si512(high);
-      const __m512i codes[4] = {
-          _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), high2)),
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
-                          _mm512_and_si512(_mm512_slli_epi16(h, 2), high2)),
-          _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(h, high2)),
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
-                          _mm512_and_si512(_mm512_srli_epi16(h, 2), high2))};
+      const __m512i lines[2] = {_mm512_loadu_si512(low), _mm512_loadu_si512(low + 64)};
+      __m512i codes[4];
+      X16SplitCodes<2>(lines, _mm512_loadu_si512(high), codes);
       const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
       const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
       __m512i isum[MB];
@@ -476,23 +469,10 @@ SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass,
 template <int MB>
 SPECDEC_INLINE void X16Q5Unit(const uint8_t* p, int64_t b, const PassView& pass, __m512 d,
                               __m512 (&acc)[MB]) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
-  const __m512i line[4] = {_mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 96),
-                           _mm512_loadu_si512(p + 160), _mm512_loadu_si512(p + 224)};
-  const __m512i h = _mm512_loadu_si512(p + 288);
-  // bit k of each byte of h moved to bit 4 (16-bit shifts: bit 4 of a byte
-  // only ever comes from its own byte for shifts of at most 4)
-  const __m512i high[8] = {
-      _mm512_and_si512(_mm512_slli_epi16(h, 4), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 3), fifth),
-      _mm512_and_si512(_mm512_slli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_slli_epi16(h, 1), fifth),
-      _mm512_and_si512(h, fifth), _mm512_and_si512(_mm512_srli_epi16(h, 1), fifth),
-      _mm512_and_si512(_mm512_srli_epi16(h, 2), fifth), _mm512_and_si512(_mm512_srli_epi16(h, 3), fifth)};
+  const __m512i lines[4] = {_mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 96),
+                            _mm512_loadu_si512(p + 160), _mm512_loadu_si512(p + 224)};
   __m512i codes[8];
-  _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
-    codes[2 * t] = _mm512_or_si512(_mm512_and_si512(line[t], low4), high[2 * t]);
-    codes[2 * t + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(line[t], 4), low4),
-                                       high[2 * t + 1]);
-  }
+  X16SplitCodes<1>(lines, _mm512_loadu_si512(p + 288), codes);
   __m512i isum[MB];
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
     isum[m] = _mm512_set1_epi32(-16 * pass.asum[b * MB + m]);  // the -16 of every code, up front
