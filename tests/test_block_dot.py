@@ -292,8 +292,7 @@ def test_the_registry_files_tensors_take_the_reference_through_jax(kernel_and_re
         seen.add(fmt)
         layouts = [(fmt, blocks)]
         if fmt in stored_blocks.INTERLEAVE and len(blocks) % 16 == 0:
-            layout, arrange = stored_blocks.INTERLEAVE[fmt]
-            layouts.append((layout, arrange(blocks)))
+            layouts.append((stored_blocks.INTERLEAVE[fmt], stored_blocks.interleave(blocks, fmt)))
         for layout, b in layouts:
             k = stored_blocks.StoredMatrix.of_blocks(jnp.asarray(b), layout).in_features
             x = jnp.asarray(rng.standard_normal((9, k)), jnp.float32)

@@ -45,8 +45,8 @@ def random_blocks(fmt: str, rows: int, k: int, rng, *, scale: float = 0.05) -> n
     drawn around ``scale`` with random signs (a few exact zeros included).
     ``q4_k_x16``: random q4_k blocks, interleaved."""
     if fmt in FILE_FORMAT:
-        _, arrange = stored_blocks.INTERLEAVE[FILE_FORMAT[fmt]]
-        return arrange(random_blocks(FILE_FORMAT[fmt], rows, k, rng, scale=scale))
+        return stored_blocks.interleave(random_blocks(FILE_FORMAT[fmt], rows, k, rng, scale=scale),
+                                        FILE_FORMAT[fmt])
     spec = stored_blocks.FORMATS[fmt]
     blocks = rng.integers(0, 256, (rows, k // spec.block, spec.type_size), dtype=np.uint8)
     for offset in F16_FIELDS[fmt]:
@@ -91,7 +91,7 @@ def deinterleave_q5_0(x16: np.ndarray) -> np.ndarray:
 
 def deinterleave_q4_k(x16: np.ndarray) -> np.ndarray:
     """q4_k file blocks from ``q4_k_x16`` bytes, written from the layout's
-    description (stored_blocks), apart from ``interleave_q4_k``'s code."""
+    description (stored_blocks), apart from ``interleave``'s code."""
     rows, supers = x16.shape[0], x16.shape[1] // 148
     out = np.zeros((rows, supers, 144), np.uint8)
     groups = x16.reshape(rows // 16, supers, 16 * 148)
@@ -140,7 +140,9 @@ def test_stored_matrix_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match="multiple of 16 output rows"):
         stored_blocks.StoredMatrix(jnp.zeros((8, 148), jnp.uint8), "q4_k_x16", 256)
     with pytest.raises(ValueError, match="multiple of 16"):
-        stored_blocks.interleave_q4_k(np.zeros((8, 144), np.uint8))
+        stored_blocks.interleave(np.zeros((8, 144), np.uint8), "q4_k")
+    with pytest.raises(ValueError, match="'q8_0' has no interleaved layout; formats that have"):
+        stored_blocks.interleave(np.zeros((16, 34), np.uint8), "q8_0")
 
 
 def deinterleave_q6_k(x16: np.ndarray) -> np.ndarray:
@@ -167,16 +169,16 @@ def deinterleave_q6_k(x16: np.ndarray) -> np.ndarray:
 
 
 def test_interleaving_keeps_every_byte_of_the_file():
-    """``interleave_q4_k`` against a deinterleaver written from the layout's
+    """``interleave`` against a deinterleaver written from the layout's
     description: the file's blocks come back byte for byte."""
     blocks = random_blocks("q4_k", 32, 512, np.random.default_rng(8))
-    x16 = stored_blocks.interleave_q4_k(blocks)
+    x16 = stored_blocks.interleave(blocks, "q4_k")
     assert x16.shape == (32, 2 * 148)
     np.testing.assert_array_equal(deinterleave_q4_k(x16), blocks)
     blocks = random_blocks("q6_k", 32, 512, np.random.default_rng(9))
-    np.testing.assert_array_equal(deinterleave_q6_k(stored_blocks.interleave_q6_k(blocks)), blocks)
+    np.testing.assert_array_equal(deinterleave_q6_k(stored_blocks.interleave(blocks, "q6_k")), blocks)
     blocks = random_blocks("q5_0", 32, 96, np.random.default_rng(11))
-    np.testing.assert_array_equal(deinterleave_q5_0(stored_blocks.interleave_q5_0(blocks)), blocks)
+    np.testing.assert_array_equal(deinterleave_q5_0(stored_blocks.interleave(blocks, "q5_0")), blocks)
 
 
 @pytest.mark.parametrize("fmt", sorted(stored_blocks.INTERLEAVE))
@@ -184,11 +186,11 @@ def test_interleaving_in_chunks_changes_no_byte(fmt, monkeypatch):
     """The loader interleaves a matrix a chunk of rows at a time (peak memory):
     chunks of 16 rows, a remainder among them, give the whole matrix's bytes."""
     blocks = random_blocks(fmt, 80, 512, np.random.default_rng(10))
-    _, arrange = stored_blocks.INTERLEAVE[fmt]
-    whole = arrange(blocks)
+    whole = stored_blocks.interleave(blocks, fmt)
     monkeypatch.setattr(stored_blocks, "INTERLEAVE_CHUNK_ROWS", 32)
-    np.testing.assert_array_equal(arrange(blocks), whole)
-    np.testing.assert_array_equal(arrange(blocks)[:16], arrange(blocks[:16]))
+    np.testing.assert_array_equal(stored_blocks.interleave(blocks, fmt), whole)
+    np.testing.assert_array_equal(stored_blocks.interleave(blocks, fmt)[:16],
+                                  stored_blocks.interleave(blocks[:16], fmt))
 
 
 @pytest.fixture(scope="module")
@@ -381,8 +383,8 @@ def test_every_kept_type_of_the_registry_files_equals_gguf():
         np.testing.assert_array_equal(got.view(np.uint32),
                                       gguf_dequantize(blocks, fmt).view(np.uint32))
         if fmt in stored_blocks.INTERLEAVE and len(blocks) % 16 == 0:  # as kept on CPU
-            layout, arrange = stored_blocks.INTERLEAVE[fmt]
-            x16 = stored_blocks.StoredMatrix.of_blocks(jnp.asarray(arrange(blocks)), layout)
+            x16 = stored_blocks.StoredMatrix.of_blocks(
+                jnp.asarray(stored_blocks.interleave(blocks, fmt)), stored_blocks.INTERLEAVE[fmt])
             np.testing.assert_array_equal(np.asarray(stored_blocks.dequantize(x16)), got)
     assert seen >= registry_blocks.KEPT_TYPES
 
@@ -429,7 +431,7 @@ def test_a_head_kept_interleaved_is_not_cut_to_a_token_subset():
     stored = dict(model.init_params(jax.random.key(0)))
     head = random_blocks("q6_k", 32, CONFIG.hidden_size, np.random.default_rng(3),
                          scale=HEAD_SCALE["q6_k"])
-    stored["logits_dense"] = {"kernel_q6_k_x16": jnp.asarray(stored_blocks.interleave_q6_k(head))}
+    stored["logits_dense"] = {"kernel_q6_k_x16": jnp.asarray(stored_blocks.interleave(head, "q6_k"))}
     with pytest.raises(ValueError, match="drafter head vocabulary 0"):
         with_head_vocab(model, stored, np.arange(16))
     cut, params = with_head_vocab(model, {**stored, "logits_dense": {

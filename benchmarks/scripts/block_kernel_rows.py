@@ -40,7 +40,7 @@ def random_blocks(fmt: str, out: int, k: int, rng) -> stored_blocks.StoredMatrix
     if fmt == "q4_k_x16":
         file_blocks = random_blocks("q4_k", out, k, rng).blocks
         return stored_blocks.StoredMatrix(
-            jnp.asarray(stored_blocks.interleave_q4_k(np.asarray(file_blocks))), fmt, k)
+            jnp.asarray(stored_blocks.interleave(np.asarray(file_blocks), "q4_k")), fmt, k)
     spec = stored_blocks.block_format(fmt)
     blocks = rng.integers(0, 256, size=(out, k // spec.block, spec.type_size), dtype=np.uint8)
     scale = rng.uniform(0.001, 0.05, size=blocks.shape[:2]).astype(np.float16)

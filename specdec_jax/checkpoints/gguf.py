@@ -233,8 +233,7 @@ def _stored_or_dequantised(tensor, file, name: str, rows_permutation=None, *,
         value = rows_permutation(value)
     if (interleave and fmt in stored_blocks.INTERLEAVE
             and value.shape[0] % stored_blocks.X16_ROWS == 0):
-        layout, arrange = stored_blocks.INTERLEAVE[fmt]
-        return f"{name}_{layout}", arrange(value)
+        return f"{name}_{stored_blocks.INTERLEAVE[fmt]}", stored_blocks.interleave(value, fmt)
     return key, np.ascontiguousarray(value)
 
 

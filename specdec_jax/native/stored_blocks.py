@@ -30,11 +30,11 @@ q6_k     256    210        ``(d * sc_j) * (q - 32)``, 16 sub-blocks of 16 with
 
 Three layouts are not the file's: ``q4_k_x16`` holds a q4_k matrix's codes,
 scales and minimums unchanged but interleaved by 16 output rows
-(``interleave_q4_k``), so that the CPU kernel gives each output row a lane of
+(``interleave``), so that the CPU kernel gives each output row a lane of
 its own (why and the byte layout: ``small_m_matmul.cc``, "q4_k interleaved by
 16 output rows"). It takes 148 bytes per row and 256 weights where the file
 takes 144. ``q6_k_x16`` and ``q5_0_x16`` do the same for q6_k and q5_0
-(``interleave_q6_k``, ``interleave_q5_0``; as many bytes as the file). All
+(``interleave``; as many bytes as the file). All
 dequantise to the file's values, bit for bit. The GGUF loader keeps a model's
 q4_k, q6_k and q5_0 matrices in them on CPU (``INTERLEAVE``); an embedding,
 read by rows, stays in the file's, and an interleaved head cannot be cut to a
@@ -243,9 +243,16 @@ def _dequantize_x16(rows: Array, in_features: int) -> Array:
 INTERLEAVE_CHUNK_ROWS = 1024
 
 
-def _interleave(blocks: np.ndarray, fmt: str, arrange) -> np.ndarray:
-    """``arrange`` (file blocks of 16 k rows -> their interleaved bytes) over
-    ``blocks`` in chunks of ``INTERLEAVE_CHUNK_ROWS`` rows, into one new array."""
+def interleave(blocks: np.ndarray, fmt: str) -> np.ndarray:
+    """uint8 ``[out, row bytes]`` in ``fmt``'s ``_x16`` layout from a ``fmt``
+    matrix's file blocks (``fmt`` in ``INTERLEAVE``, ``out`` a multiple of 16):
+    the same codes, scales and minimums, laid out for the CPU kernel (module
+    docstring; ``small_m_matmul.cc``). Arranged in chunks of
+    ``INTERLEAVE_CHUNK_ROWS`` rows, into one new array."""
+    if fmt not in INTERLEAVE:
+        raise ValueError(f"interleave: {fmt!r} has no interleaved layout; "
+                         f"formats that have one: {', '.join(INTERLEAVE)}.")
+    arrange = _ARRANGE[fmt]
     blocks = np.asarray(blocks, np.uint8)
     out, row_bytes = blocks.shape
     size = FORMATS[fmt].type_size
@@ -258,13 +265,6 @@ def _interleave(blocks: np.ndarray, fmt: str, arrange) -> np.ndarray:
         chunk = blocks[first:first + INTERLEAVE_CHUNK_ROWS]
         packed[first:first + len(chunk)] = arrange(chunk, len(chunk) // X16_ROWS, supers)
     return packed
-
-
-def interleave_q4_k(blocks: np.ndarray) -> np.ndarray:
-    """uint8 ``[out, in / 256 * 148]`` in ``q4_k_x16`` from a q4_k matrix's file
-    blocks ``[out, in / 256 * 144]`` (``out`` a multiple of 16): the same codes,
-    scales and minimums, laid out for the CPU kernel (module docstring)."""
-    return _interleave(blocks, "q4_k", _arrange_q4_k)
 
 
 def _arrange_q4_k(blocks: np.ndarray, groups: int, supers: int) -> np.ndarray:
@@ -295,6 +295,17 @@ def _q6_k_codes(b):
     return (low | (high << 4)).reshape(*lead, 256)
 
 
+def _x16_split_codes(lines: Array, high: Array, bits: int) -> Array:
+    """int32 codes ``[..., k, lane, b]`` of the x16 layouts that split a code in
+    two (q6_k_x16, q5_0_x16): its low nibble in ``lines [..., t, lane, b]``
+    (weights k = 2t, 2t + 1 share a byte, low nibble first), its top ``bits``
+    bits at bit ``bits * k`` of ``high [..., 1, lane, b]``'s byte."""
+    low = jnp.stack([lines & 0x0F, lines >> 4], axis=-3)                     # [.., t, half, lane, b]
+    low = low.reshape(*low.shape[:-4], -1, *low.shape[-2:])                 # [.., k, lane, b]
+    shifts = (bits * jnp.arange(low.shape[-3])).astype(jnp.uint8)[:, None, None]
+    return (low | (((high >> shifts) & ((1 << bits) - 1)) << 4)).astype(jnp.int32)
+
+
 def _dequantize_q6_k_x16(rows: Array, in_features: int) -> Array:
     """``dequantize_blocks`` of ``q6_k_x16``: q6_k's formula on the interleaved bytes."""
     groups, supers = rows.shape[0] // X16_ROWS, in_features // 256
@@ -302,31 +313,27 @@ def _dequantize_q6_k_x16(rows: Array, in_features: int) -> Array:
     d = _f16(b[..., 0:32].reshape(groups, supers, 16, 2))                    # [G, U, lane]
     scales = lax.bitcast_convert_type(b[..., 32:288], jnp.int8).astype(jnp.float32)
     scale = d[:, :, None, :] * scales.reshape(groups, supers, 16, 16)  # [G, U, j, lane]
-    low = b[..., 288:2336].reshape(groups, supers, 16, 2, 16, 4)            # [.., j, t, lane, b]
-    low = jnp.stack([low & 0x0F, low >> 4], axis=4)  # [.., j, t, half, lane, b]
-    low = low.reshape(groups, supers, 16, 4, 16, 4)                         # [.., j, k, lane, b]
-    high = b[..., 2336:].reshape(groups, supers, 16, 1, 16, 4) >> jnp.array(
-        [0, 2, 4, 6], jnp.uint8)[:, None, None]                              # [.., j, k, lane, b]
-    q = (low | ((high & 0x03) << 4)).astype(jnp.int32) - 32
+    q = _x16_split_codes(b[..., 288:2336].reshape(groups, supers, 16, 2, 16, 4),
+                         b[..., 2336:].reshape(groups, supers, 16, 1, 16, 4), 2) - 32
     out = scale[:, :, :, None, :, None] * q.astype(jnp.float32)
     # weight 16 j + 4 k + b of output row 16 g + lane
     return out.transpose(0, 4, 1, 2, 3, 5).reshape(rows.shape[0], in_features)
 
 
-def interleave_q6_k(blocks: np.ndarray) -> np.ndarray:
-    """uint8 ``[out, in / 256 * 210]`` in ``q6_k_x16`` from a q6_k matrix's file
-    blocks (``out`` a multiple of 16): the same codes and scales, laid out for
-    the CPU kernel (``small_m_matmul.cc``, "q6_k interleaved the same way")."""
-    return _interleave(blocks, "q6_k", _arrange_q6_k)
+def _x16_split(codes: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_x16_split_codes``' inverse (numpy): uint8 codes ``[..., k, b]`` as their
+    low nibbles in lines ``[..., k / 2, b]`` (weights 2t, 2t + 1 in one byte, low
+    nibble first) and their top ``bits`` bits at bit ``bits * k`` of ``[..., b]``."""
+    low, high = codes & 0x0F, codes >> 4
+    lines = low[..., 0::2, :] | (low[..., 1::2, :] << 4)
+    shifts = (bits * np.arange(codes.shape[-2])).astype(np.uint8)[:, None]
+    return lines, np.bitwise_or.reduce(high << shifts, axis=-2)
 
 
 def _arrange_q6_k(blocks: np.ndarray, groups: int, supers: int) -> np.ndarray:
     b = blocks.reshape(groups, X16_ROWS, supers, 210).transpose(0, 2, 1, 3)  # [G, U, lane, 210]
     q = _q6_k_codes(b).reshape(groups, supers, X16_ROWS, 16, 4, 4)          # [.., lane, j, k, b]
-    low, high = q & 0x0F, q >> 4
-    low_lines = (low[..., 0::2, :] | (low[..., 1::2, :] << 4))              # [.., lane, j, t, b]
-    high_lines = (high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4)
-                  | (high[..., 3, :] << 6))                                  # [.., lane, j, b]
+    low_lines, high_lines = _x16_split(q, 2)             # [.., lane, j, t, b], [.., lane, j, b]
     packed = np.concatenate([
         b[..., 208:210].reshape(groups, supers, 32),
         b[..., 192:208].transpose(0, 1, 3, 2).reshape(groups, supers, 256),
@@ -348,36 +355,23 @@ def _dequantize_q5_0_x16(rows: Array, in_features: int) -> Array:
     groups, blocks = rows.shape[0] // X16_ROWS, in_features // 32
     b = rows.reshape(groups, blocks, 16 * 22)
     d = _f16(b[..., 0:32].reshape(groups, blocks, 16, 2))                   # [G, B, lane]
-    lines = b[..., 32:288].reshape(groups, blocks, 4, 16, 4)               # [G, B, t, lane, b]
-    low = jnp.stack([lines & 0x0F, lines >> 4], axis=3)                     # [.., t, half, lane, b]
-    low = low.reshape(groups, blocks, 8, 16, 4)                             # [.., k, lane, b]
-    high = b[..., 288:].reshape(groups, blocks, 1, 16, 4) >> jnp.arange(
-        8, dtype=jnp.uint8)[:, None, None]                                  # [.., k, lane, b]
-    q = (low | ((high & 1) << 4)).astype(jnp.int32) - 16
+    q = _x16_split_codes(b[..., 32:288].reshape(groups, blocks, 4, 16, 4),
+                         b[..., 288:].reshape(groups, blocks, 1, 16, 4), 1) - 16   # [.., k, lane, b]
     out = d[:, :, None, :, None] * q.astype(jnp.float32)
     # weight 4 k + b of output row 16 g + lane
     return out.transpose(0, 3, 1, 2, 4).reshape(rows.shape[0], in_features)
 
 
-def interleave_q5_0(blocks: np.ndarray) -> np.ndarray:
-    """uint8 ``[out, in / 32 * 22]`` in ``q5_0_x16`` from a q5_0 matrix's file
-    blocks (``out`` a multiple of 16): the same codes and scales, laid out for
-    the CPU kernel (``small_m_matmul.cc``, "q5_0 interleaved the same way")."""
-    return _interleave(blocks, "q5_0", _arrange_q5_0)
-
-
 def _arrange_q5_0(blocks: np.ndarray, groups: int, nblocks: int) -> np.ndarray:
     b = blocks.reshape(groups, X16_ROWS, nblocks, 22).transpose(0, 2, 1, 3)  # [G, B, lane, 22]
-    q = _q5_0_codes(b).reshape(groups, nblocks, X16_ROWS, 4, 2, 4)          # [.., t, half, b]
-    lines = (q[..., 0, :] & 0x0F) | ((q[..., 1, :] & 0x0F) << 4)            # [.., lane, t, b]
-    fifth = (q.reshape(groups, nblocks, X16_ROWS, 8, 4) >> 4) << np.arange(
-        8, dtype=np.uint8)[:, None]                                          # [.., lane, k, b]
+    q = _q5_0_codes(b).reshape(groups, nblocks, X16_ROWS, 8, 4)             # [.., lane, k, b]
+    lines, fifth = _x16_split(q, 1)                          # [.., lane, t, b], [.., lane, b]
     packed = np.concatenate([
         b[..., 0:2].reshape(groups, nblocks, 32),
         lines.transpose(0, 1, 3, 2, 4).reshape(groups, nblocks, 256),
-        np.bitwise_or.reduce(fifth, axis=3).reshape(groups, nblocks, 64)], axis=-1)
+        fifth.reshape(groups, nblocks, 64)], axis=-1)
     return packed.reshape(groups * X16_ROWS, nblocks * 22)
 
 
-INTERLEAVE = {"q4_k": ("q4_k_x16", interleave_q4_k), "q6_k": ("q6_k_x16", interleave_q6_k),
-              "q5_0": ("q5_0_x16", interleave_q5_0)}
+_ARRANGE = {"q4_k": _arrange_q4_k, "q6_k": _arrange_q6_k, "q5_0": _arrange_q5_0}
+INTERLEAVE = {fmt: f"{fmt}_x16" for fmt in _ARRANGE}  # file format -> its layout for the kernel
