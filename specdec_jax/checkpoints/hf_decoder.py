@@ -17,6 +17,12 @@ from specdec_jax.models.layers import IN_OUT
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
+# DecoderConfig's field -> its config.json key, for the keys every config holds
+# (both directions read it; the fields with fallbacks are written out in each).
+_HF_NAMES = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
+             "intermediate_size": "intermediate_size", "num_layers": "num_hidden_layers",
+             "num_heads": "num_attention_heads"}
+
 # (ours within layers_{i}, HF within model.layers.{i}, transpose)
 _LAYER_MAP = (
     (("attention", "query", "kernel"), "self_attn.q_proj.weight", True),
@@ -48,12 +54,8 @@ def decoder_config_from_hf(hf: Mapping[str, Any], **overrides) -> DecoderConfig:
         raise ValueError(
             f"decoder_config_from_hf: rope_scaling {hf['rope_scaling']} is not supported yet.")
     rope_theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 1e4))
-    fields = dict(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"],
+    fields = {ours: hf[theirs] for ours, theirs in _HF_NAMES.items()}
+    fields.update(
         num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
         rope_theta=float(rope_theta),
@@ -74,9 +76,8 @@ def decoder_config_to_hf(cfg: DecoderConfig, model_type: str = "llama") -> dict:
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "mistral": "MistralForCausalLM"}[model_type]
     return {
-        "architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "architectures": [arch], "model_type": model_type,
+        **{theirs: getattr(cfg, ours) for ours, theirs in _HF_NAMES.items()},
         "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.dims_per_head,
         "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps,
         "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",

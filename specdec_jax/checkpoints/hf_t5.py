@@ -66,6 +66,12 @@ def _tensor_map(cfg: T5Config) -> list[tuple[tuple[str, ...], str, bool]]:
     return mapping
 
 
+# T5Config's field -> its config.json key, for the keys every config holds
+# (both directions read it; the fields with defaults are written out in each).
+_HF_NAMES = {"vocab_size": "vocab_size", "d_model": "d_model", "d_kv": "d_kv", "d_ff": "d_ff",
+             "num_heads": "num_heads", "num_encoder_layers": "num_layers"}
+
+
 def t5_config_from_hf(hf: Mapping[str, Any], **overrides) -> T5Config:
     """Builds a T5Config from a Hugging Face ``config.json`` (or ``to_dict()``) dict.
 
@@ -94,13 +100,8 @@ def t5_config_from_hf(hf: Mapping[str, Any], **overrides) -> T5Config:
     start = hf.get("decoder_start_token_id")
     if start is None:
         start = hf.get("pad_token_id") or 0
-    fields = dict(
-        vocab_size=hf["vocab_size"],
-        d_model=hf["d_model"],
-        d_kv=hf["d_kv"],
-        d_ff=hf["d_ff"],
-        num_heads=hf["num_heads"],
-        num_encoder_layers=hf["num_layers"],
+    fields = {ours: hf[theirs] for ours, theirs in _HF_NAMES.items()}
+    fields.update(
         num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
         relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
@@ -115,8 +116,7 @@ def t5_config_to_hf(cfg: T5Config) -> dict:
     """Keyword arguments that make ``transformers.T5Config`` build the same network."""
     return {
         "model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
-        "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "d_kv": cfg.d_kv,
-        "d_ff": cfg.d_ff, "num_heads": cfg.num_heads, "num_layers": cfg.num_encoder_layers,
+        **{theirs: getattr(cfg, ours) for ours, theirs in _HF_NAMES.items()},
         "num_decoder_layers": cfg.num_decoder_layers,
         "relative_attention_num_buckets": cfg.relative_attention_num_buckets,
         "relative_attention_max_distance": cfg.relative_attention_max_distance,
