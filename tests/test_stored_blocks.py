@@ -176,9 +176,11 @@ def test_interleaving_keeps_every_byte_of_the_file():
     assert x16.shape == (32, 2 * 148)
     np.testing.assert_array_equal(deinterleave_q4_k(x16), blocks)
     blocks = random_blocks("q6_k", 32, 512, np.random.default_rng(9))
-    np.testing.assert_array_equal(deinterleave_q6_k(stored_blocks.interleave(blocks, "q6_k")), blocks)
+    np.testing.assert_array_equal(deinterleave_q6_k(stored_blocks.interleave(blocks, "q6_k")),
+                                  blocks)
     blocks = random_blocks("q5_0", 32, 96, np.random.default_rng(11))
-    np.testing.assert_array_equal(deinterleave_q5_0(stored_blocks.interleave(blocks, "q5_0")), blocks)
+    np.testing.assert_array_equal(deinterleave_q5_0(stored_blocks.interleave(blocks, "q5_0")),
+                                  blocks)
 
 
 @pytest.mark.parametrize("fmt", sorted(stored_blocks.INTERLEAVE))
@@ -431,7 +433,8 @@ def test_a_head_kept_interleaved_is_not_cut_to_a_token_subset():
     stored = dict(model.init_params(jax.random.key(0)))
     head = random_blocks("q6_k", 32, CONFIG.hidden_size, np.random.default_rng(3),
                          scale=HEAD_SCALE["q6_k"])
-    stored["logits_dense"] = {"kernel_q6_k_x16": jnp.asarray(stored_blocks.interleave(head, "q6_k"))}
+    stored["logits_dense"] = {
+        "kernel_q6_k_x16": jnp.asarray(stored_blocks.interleave(head, "q6_k"))}
     with pytest.raises(ValueError, match="drafter head vocabulary 0"):
         with_head_vocab(model, stored, np.arange(16))
     cut, params = with_head_vocab(model, {**stored, "logits_dense": {

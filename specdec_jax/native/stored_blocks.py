@@ -300,7 +300,7 @@ def _x16_split_codes(lines: Array, high: Array, bits: int) -> Array:
     two (q6_k_x16, q5_0_x16): its low nibble in ``lines [..., t, lane, b]``
     (weights k = 2t, 2t + 1 share a byte, low nibble first), its top ``bits``
     bits at bit ``bits * k`` of ``high [..., 1, lane, b]``'s byte."""
-    low = jnp.stack([lines & 0x0F, lines >> 4], axis=-3)                     # [.., t, half, lane, b]
+    low = jnp.stack([lines & 0x0F, lines >> 4], axis=-3)                    # [.., t, half, lane, b]
     low = low.reshape(*low.shape[:-4], -1, *low.shape[-2:])                 # [.., k, lane, b]
     shifts = (bits * jnp.arange(low.shape[-3])).astype(jnp.uint8)[:, None, None]
     return (low | (((high >> shifts) & ((1 << bits) - 1)) << 4)).astype(jnp.int32)
@@ -356,7 +356,7 @@ def _dequantize_q5_0_x16(rows: Array, in_features: int) -> Array:
     b = rows.reshape(groups, blocks, 16 * 22)
     d = _f16(b[..., 0:32].reshape(groups, blocks, 16, 2))                   # [G, B, lane]
     q = _x16_split_codes(b[..., 32:288].reshape(groups, blocks, 4, 16, 4),
-                         b[..., 288:].reshape(groups, blocks, 1, 16, 4), 1) - 16   # [.., k, lane, b]
+                         b[..., 288:].reshape(groups, blocks, 1, 16, 4), 1) - 16  # [.., k, lane, b]
     out = d[:, :, None, :, None] * q.astype(jnp.float32)
     # weight 4 k + b of output row 16 g + lane
     return out.transpose(0, 3, 1, 2, 4).reshape(rows.shape[0], in_features)
