@@ -29,22 +29,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.checkpoints import load
+from specdec_jax.models import layers
 from specdec_jax.native import matmul, stored_blocks
 from specdec_jax.runtime import cpu_kernels, devices, timing
 
 
-def stored_matrices(params, skip=("embedding",)) -> list[tuple[str, stored_blocks.StoredMatrix]]:
-    """Every matrix kept in blocks (a ``..._<format>`` uint8 leaf), by its path."""
-    formats = sorted(stored_blocks.FORMATS, key=len, reverse=True)  # q4_k_x16 before q4_k
+def stored_matrices(params) -> list[tuple[str, stored_blocks.StoredMatrix]]:
+    """Every ``kernel`` kept in blocks (``layers.stored_in``), by its path; the
+    embedding table, a gather in the step, is named otherwise and left out."""
     found = []
 
     def walk(tree, path):
+        matrix = layers.stored_in(tree, "kernel")
+        if matrix is not None:
+            found.append((path, matrix))
         for key, value in tree.items():
-            fmt = next((f for f in formats if key.endswith("_" + f)), None)
             if isinstance(value, dict):
                 walk(value, f"{path}/{key}")
-            elif fmt and value.dtype == jnp.uint8 and not any(s in key for s in skip):
-                found.append((f"{path}/{key}", stored_blocks.StoredMatrix.of_blocks(value, fmt)))
 
     walk(params, "")
     return found
