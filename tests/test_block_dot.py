@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pathlib
 import platform
 import re
 import shutil
@@ -64,20 +65,21 @@ def _cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def _build(compiler: str, flags: tuple[str, ...], *, compile_only: bool = False) -> str:
+def _build(compiler: str, flags: tuple[str, ...], *, compile_only: bool = False,
+           source: pathlib.Path = CHECK) -> str:
     """The harness built with ``flags`` (cached by what went into it); its path."""
     digest = hashlib.sha256()
-    for path in (CHECK, *sorted(cpu_kernels.NATIVE.glob("block_dot*.h"))):
+    for path in (source, *sorted(cpu_kernels.NATIVE.glob("block_dot*.h"))):
         digest.update(path.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest.update(" ".join((compiler, version, *flags, str(compile_only))).encode())
     out_dir = cpu_kernels.default_build_dir() / "block_dot_check"
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"check-{digest.hexdigest()[:16]}{'.o' if compile_only else ''}"
+    target = out_dir / f"{source.stem}-{digest.hexdigest()[:16]}{'.o' if compile_only else ''}"
     if not target.exists():
         partial = target.with_name(target.name + f".{os.getpid()}.partial")
-        command = [compiler, *flags, *COMMON, *(["-c"] if compile_only else []), str(CHECK),
-                   "-o", str(partial)]
+        command = [compiler, *flags, *COMMON, *(["-c"] if compile_only else []),
+                   "-I", str(cpu_kernels.NATIVE), str(source), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
         assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr[-3000:]}"
         os.replace(partial, target)
@@ -164,6 +166,31 @@ def test_the_neon_path_equals_the_reference_under_qemu():
     if X86:
         _run([_build(_compiler(), ("-O2", "-march=x86-64"))], "scalar")
     assert len(set(DIGESTS.values())) == 1, DIGESTS
+
+
+PASS_ROWS = cpu_kernels.NATIVE.parents[1] / "benchmarks" / "scripts" / "x16_pass_rows.cc"
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("fmt, k", [("q4_k_x16", 512), ("q6_k_x16", 512), ("q5_0_x16", 96)])
+def test_the_rows_a_pass_takes_never_change_an_output(fmt, k):
+    """The timing harness that chose the rows per interleaved pass
+    (benchmarks/scripts/x16_pass_rows.cc) builds, runs, and finds this build's
+    widest path giving the same bits under every cap (4, 8, 12, 16 rows a
+    pass and its own) for M = 1..17: a row's sums never depend on the rows
+    beside it in a pass."""
+    if not X86 or not {"avx2", "fma", "f16c"} <= _cpu_flags():
+        pytest.skip("times the native x86-64 SIMD path: needs AVX2, FMA and F16C")
+    if not PASS_ROWS.exists():
+        pytest.skip("benchmarks/ is not in this checkout")
+    binary = _build(_compiler(), ("-O1", "-march=native"), source=PASS_ROWS)
+    result = subprocess.run([binary, fmt, "32", str(k), "--rows", *map(str, range(1, 18)),
+                             "--calls", "1", "--rounds", "1", "--bytes", "0"],
+                            capture_output=True, text=True, timeout=300)
+    print(result.stdout, result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("\nM=") == 17
+    assert "every cap gave the same outputs bit for bit" in result.stdout
 
 
 @pytest.mark.long
