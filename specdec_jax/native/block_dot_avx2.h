@@ -543,13 +543,19 @@ void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y
 
 // This path's interleaved layouts: a pass per half of a group.
 // Rows of x per pass: an integer and a float accumulator per row beside the
-// codes (some spill past 6 rows). Measured on a Zen 3 core ([1536 -> 8960],
-// thread CPU time, minimum of 100 calls), 8 rows a pass against 6: M = 7 and
-// 8 (one pass instead of two) 6-16% faster, M = 16 up to 8%, M = 1, 9, 12 the
-// same (the same passes); 4 rows a pass was 5-13% slower at M = 9.
+// codes, so from 3 rows on some spill; yet each pass loads and unpacks the
+// group's codes once more, and that costs more than the spills. Measured
+// with benchmarks/scripts/x16_pass_rows.cc on a Zen 3 core (the 1.5B's
+// shapes, weights read from memory), up to 12 rows a pass against 8 on the
+// AVX2 path: M = 9 7-16% faster in each format, M = 12 6-12% (one pass
+// instead of two), M = 17 3-10% (two passes instead of three), M = 1..8 the
+// same passes. 16 rows a pass
+// gained 7-9% more at M = 13..16 only, and doubled the library's compile
+// time (g++ 12: 17 s with 8, 25 s with 12, 34 s with 16). The AVX-VNNI path
+// keeps 8 (its passes have not been timed on a CPU that runs them).
 template <bool kVnni>
 struct Interleaved {
-  static constexpr int kMaxMPerX16Pass = 8, kX16Parts = 2;
+  static constexpr int kMaxMPerX16Pass = kVnni ? 8 : 12, kX16Parts = 2;
   static constexpr auto QuantizeBlock32 = &avx2::QuantizeBlock32;
   template <int F, int MB> static constexpr auto X16Pass = &avx2::X16Pass<F, MB, kVnni>;
 };
