@@ -603,7 +603,8 @@ inline float X16Q5Row(const uint8_t* group, int64_t blocks, const PassRow& x, in
 // one row of x at a time, its activations in a pass of their own.
 struct Reference : ref::Quantizers {
   static constexpr const char* kName = "scalar";
-  static constexpr int kMaxMPerBlockPass = 1, kMaxMPerKPass = 1, kMaxMPerX16Pass = 1, kX16Parts = 1;
+  static constexpr int kMaxMPerBlockPass = 1, kMaxMPerKPass = 1, kMaxMPerX16Pass = 1, kX16Parts = 1,
+                       kX16WholeRows = 1;
   template <int F, int MB>
   static void RowPass(const uint8_t* w_row, const Activations& a, int64_t k_dim, int64_t m0, float* y,
                       int64_t n_dim, int64_t n) {
@@ -697,7 +698,8 @@ constexpr bool kBestIsSimd = !std::is_same<Best, Reference>::value;
 //     X16Pass<F, MB>(group, units, pass, y, n_dim, lane0, part)   the x16 layouts
 //   and the most rows of each pass (kMaxMPerBlockPass, kMaxMPerKPass,
 //   kMaxMPerX16Pass) and how many parts a group of 16 rows is read in
-//   (kX16Parts: as many as its registers need for 16 lanes).
+//   (kX16Parts: as many as its registers need for 16 lanes), except passes
+//   of at most kX16WholeRows rows, which read the whole group in one part.
 
 // Per row of x and unit of kPer values: round(x, codes, sums) -> scale.
 template <int kPer, auto Round, class A>
@@ -777,7 +779,8 @@ void X16Groups(const uint8_t* w, int64_t units, const PassActivations& a, int64_
     const uint8_t* group = w + g * units * X16Spec<F>::kBytes;
     for (size_t p = 0; p < a.first.size(); ++p) {
       const PassView pass(a, k_dim, p);
-      for (int part = 0; part < P::kX16Parts; ++part) {
+      const int parts = pass.rows <= P::kX16WholeRows ? 1 : P::kX16Parts;
+      for (int part = 0; part < parts; ++part) {
         ForRowCount<P::kMaxMPerX16Pass>(pass.rows, [&](auto rows) {
           P::template X16Pass<F, decltype(rows)::value>(group, units, pass, y, n_dim, g * kX16Lanes, part);
         });

@@ -521,24 +521,40 @@ SPECDEC_INLINE void X16Q5Unit(const uint8_t* p, int64_t b, const PassView& pass,
   }
 }
 
-// Per unit: its prefetch (X16Spec, the first half only: the second reads the
-// group from cache), its 16 rows' float16 d, its format's sums.
+// The rows of x a pass reads both halves of a group in, this path (the
+// AVX-VNNI one keeps a pass per half: not timed on a CPU that runs it).
+constexpr int WholeRows(bool vnni) { return vnni ? 0 : 2; }
+
+// Per unit: its prefetch (X16Spec, by the first half only: the second reads
+// the group from cache), its 16 rows' float16 d, its format's sums. A pass of
+// at most WholeRows rows reads both halves, unit by unit (part 0 of 1), so
+// the second half's products run while the next unit's lines are on their
+// way from memory; a larger pass reads the half `part` (part 0 or 1 of 2).
 template <int F, int MB, bool kVnni>
 void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y, int64_t n_dim,
-             int64_t lane0, int half) {
-  __m256 acc[MB];
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  const int first = 8 * half;  // this half's first lane
+             int64_t lane0, int part) {
+  constexpr bool kWhole = MB <= WholeRows(kVnni);
+  constexpr int kHalves = kWhole ? 2 : 1;
+  __m256 acc[kHalves][MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+    for (int h = 0; h < kHalves; ++h) acc[h][m] = _mm256_setzero_ps();
+  }
   for (int64_t u = 0; u < units; ++u) {
     const uint8_t* p = group + u * X16Spec<F>::kBytes;
-    if (half == 0) PrefetchX16Ahead<F>(p);
-    const __m256 d = HalvesToFloats(p + 2 * first);
-    if constexpr (F == kQ4_KX16) X16Q4Unit<MB, kVnni>(p, u, pass, half, d, acc);
-    else if constexpr (F == kQ6_KX16) X16Q6Unit<MB, kVnni>(p, u, pass, half, d, acc);
-    else X16Q5Unit<MB, kVnni>(p, u, pass, half, d, acc);
+    if (kWhole || part == 0) PrefetchX16Ahead<F>(p);
+    for (int h = 0; h < kHalves; ++h) {
+      const int half = kWhole ? h : part;
+      const __m256 d = HalvesToFloats(p + 16 * half);
+      if constexpr (F == kQ4_KX16) X16Q4Unit<MB, kVnni>(p, u, pass, half, d, acc[h]);
+      else if constexpr (F == kQ6_KX16) X16Q6Unit<MB, kVnni>(p, u, pass, half, d, acc[h]);
+      else X16Q5Unit<MB, kVnni>(p, u, pass, half, d, acc[h]);
+    }
   }
-  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
-    _mm256_storeu_ps(y + (pass.m0 + m) * n_dim + lane0 + first, acc[m]);
+  for (int h = 0; h < kHalves; ++h) {
+    const int first = 8 * (kWhole ? h : part);  // this half's first lane
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+      _mm256_storeu_ps(y + (pass.m0 + m) * n_dim + lane0 + first, acc[h][m]);
+  }
 }
 
 // This path's interleaved layouts: a pass per half of a group.
@@ -555,7 +571,7 @@ void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y
 // keeps 8 (its passes have not been timed on a CPU that runs them).
 template <bool kVnni>
 struct Interleaved {
-  static constexpr int kMaxMPerX16Pass = kVnni ? 8 : 12, kX16Parts = 2;
+  static constexpr int kMaxMPerX16Pass = kVnni ? 8 : 12, kX16Parts = 2, kX16WholeRows = WholeRows(kVnni);
   static constexpr auto QuantizeBlock32 = &avx2::QuantizeBlock32;
   template <int F, int MB> static constexpr auto X16Pass = &avx2::X16Pass<F, MB, kVnni>;
 };

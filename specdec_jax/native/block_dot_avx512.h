@@ -502,7 +502,7 @@ void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y
 
 // This path's interleaved layouts.
 struct Interleaved {
-  static constexpr int kMaxMPerX16Pass = 12, kX16Parts = 1;
+  static constexpr int kMaxMPerX16Pass = 12, kX16Parts = 1, kX16WholeRows = 12;
   static constexpr auto QuantizeBlock32 = &avx512::QuantizeBlock32;
   template <int F, int MB> static constexpr auto X16Pass = &avx512::X16Pass<F, MB>;
 };

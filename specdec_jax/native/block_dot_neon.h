@@ -300,7 +300,7 @@ void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y
 
 // This path's interleaved layouts.
 struct Interleaved {
-  static constexpr int kMaxMPerX16Pass = 8, kX16Parts = 4;
+  static constexpr int kMaxMPerX16Pass = 8, kX16Parts = 4, kX16WholeRows = 0;
   template <int F, int MB> static constexpr auto X16Pass = &neon::X16Pass<F, MB>;
 };
 
