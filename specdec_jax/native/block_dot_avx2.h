@@ -557,7 +557,9 @@ void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y
   }
 }
 
-// This path's interleaved layouts: a pass per half of a group.
+// This path's interleaved layouts: a pass per half of a group, or over both
+// halves for 1 or 2 rows (X16Pass; on one Zen 3 core M = 1 read 4-20%
+// faster so, M = 2 6-16%, and 3 or 4 rows spilled and read slower).
 // Rows of x per pass: an integer and a float accumulator per row beside the
 // codes, so from 3 rows on some spill; yet each pass loads and unpacks the
 // group's codes once more, and that costs more than the spills. Measured
@@ -565,10 +567,10 @@ void X16Pass(const uint8_t* group, int64_t units, const PassView& pass, float* y
 // shapes, weights read from memory), up to 12 rows a pass against 8 on the
 // AVX2 path: M = 9 7-16% faster in each format, M = 12 6-12% (one pass
 // instead of two), M = 17 3-10% (two passes instead of three), M = 1..8 the
-// same passes. 16 rows a pass
-// gained 7-9% more at M = 13..16 only, and doubled the library's compile
-// time (g++ 12: 17 s with 8, 25 s with 12, 34 s with 16). The AVX-VNNI path
-// keeps 8 (its passes have not been timed on a CPU that runs them).
+// same passes. 16 rows a pass gained 7-9% more at M = 13..16 only, and
+// doubled the library's compile time (g++ 12: 17 s with 8, 25 s with 12,
+// 34 s with 16). The AVX-VNNI path keeps 8 rows and a pass per half (not
+// timed on a CPU that runs it).
 template <bool kVnni>
 struct Interleaved {
   static constexpr int kMaxMPerX16Pass = kVnni ? 8 : 12, kX16Parts = 2, kX16WholeRows = WholeRows(kVnni);
