@@ -71,14 +71,25 @@ uint64_t Next() {  // splitmix64
   return z ^ (z >> 31);
 }
 
+// A unit of the format (X16Spec): the weights of a row it holds, its bytes.
+struct Unit {
+  int64_t weights, bytes;
+};
+Unit UnitOf(int format) {
+  switch (format) {
+    case kQ4_KX16: return {X16Spec<kQ4_KX16>::kWeights, X16Spec<kQ4_KX16>::kBytes};
+    case kQ6_KX16: return {X16Spec<kQ6_KX16>::kWeights, X16Spec<kQ6_KX16>::kBytes};
+    default: return {X16Spec<kQ5_0X16>::kWeights, X16Spec<kQ5_0X16>::kBytes};
+  }
+}
+
 // Random codes and scales; the 16 float16 d (and q4_k_x16's 16 dmin) at the
 // start of every unit set to small normal values, so no product is NaN.
 Setup MakeWeights(int format, int64_t n, int64_t k, int64_t span) {
   Setup s{format, n, k, 0, 0, 1, {}};
-  const int64_t unit_weights = format == kQ5_0X16 ? 32 : kSuper;
-  const int64_t unit_bytes = format == kQ4_KX16 ? kX16Bytes : format == kQ6_KX16 ? kX16Q6Bytes : kX16Q5Bytes;
-  const int64_t units = n / kX16Lanes * (k / unit_weights);
-  s.copy_bytes = units * unit_bytes;
+  const Unit unit = UnitOf(format);
+  const int64_t units = n / kX16Lanes * (k / unit.weights);
+  s.copy_bytes = units * unit.bytes;
   s.row_bytes = s.copy_bytes / n;
   s.copies = int(std::max<int64_t>(1, span / s.copy_bytes));
   s.w.resize(size_t(s.copy_bytes) * s.copies);
@@ -87,7 +98,7 @@ Setup MakeWeights(int format, int64_t n, int64_t k, int64_t span) {
   for (int64_t u = 0; u < units * s.copies; ++u) {
     for (int h = 0; h < halves; ++h) {
       const uint16_t half = uint16_t(0x2000 + (Next() & 0x3FF));  // about 0.008
-      std::memcpy(s.w.data() + u * unit_bytes + 2 * h, &half, 2);
+      std::memcpy(s.w.data() + u * unit.bytes + 2 * h, &half, 2);
     }
   }
   return s;
@@ -146,7 +157,7 @@ int main(int argc, char** argv) {
     }
   }
   if (rows.empty()) rows = {1, 5, 9, 12, 16, 17};
-  const int64_t unit = format == kQ5_0X16 ? 32 : kSuper;
+  const int64_t unit = UnitOf(format).weights;
   if (n <= 0 || n % kX16Lanes != 0 || k <= 0 || k % unit != 0 || calls < 1 || rounds < 1) {
     std::fprintf(stderr, "N must be a positive multiple of 16, K of %lld (%s); calls and rounds >= 1\n",
                  (long long)unit, argv[1]);
