@@ -350,6 +350,52 @@ def test_a_tree_round_is_priced_from_its_calls_before_and_after_the_run(monkeypa
     assert f"would need {priced / 0.100:.2f} tokens per target call" in losing
 
 
+def test_the_cost_model_drafts_a_tree_only_where_it_beats_the_chain(monkeypatch):
+    """``choose_tree`` after ``choose_gamma``: where wider calls cost much more
+    (a 9-token call 2.9 steps, this AVX2 CPU's), no tree is timed and the
+    chain stays, and the output says why; where they cost little (the stubs:
+    2% of a step per token) the best tree is timed for real and kept only if
+    it still beats the best chain on its own calls by the margin."""
+    from specdec_jax.jobs.cli import generate as cli_generate  # noqa: PLC0415
+    from specdec_jax.runtime import calibration  # noqa: PLC0415
+
+    target, drafter = _toy_pair()
+
+    def chosen(timers):
+        timer = calibration.CallTimer()
+        pair = dict(target_name="toy-a", drafter_name="toy-b", target=target,
+                    target_params=None, drafter=drafter, drafter_params=None, timer=timer)
+        gamma_choice = calibration.choose_gamma(**pair)
+        return gamma_choice, calibration.choose_tree(gamma_choice=gamma_choice, **pair)
+
+    class Steep(_StubTimers):
+        def seconds(self, model, k):
+            return (0.054 + 0.0126 * (k - 1)) * (1.0 if model is self.target else 0.3)
+
+    steep = Steep(monkeypatch, target)
+    gamma_choice, choice = chosen(steep)
+    assert choice["tree"] is None and choice["timed"] is None
+    assert not [a for a in steep.asked if a[0] == "tree"]
+    best = choice["screen"][choice["best_nodes"]]
+    assert best["predicted_speedup"] <= choice["chain_speedup"] * (1 + calibration.TREE_MARGIN)
+    assert choice["chain_speedup"] == max(
+        r["predicted_speedup"] for r in gamma_choice["candidates"].values())
+    text = cli_generate.explain_tree_choice(choice)
+    assert text.startswith(f"token trees: the best, {choice['best_nodes']} nodes (")
+    assert "the chain is kept (--tree drafts one)" in text
+
+    flat = _StubTimers(monkeypatch, target)
+    _, choice = chosen(flat)
+    timed = choice["timed"]
+    assert timed is not None and timed["tree"].startswith("parents:")
+    assert [a for a in flat.asked if a[0] == "tree"]
+    beats = timed["predicted_speedup"] > timed["best_chain"]["predicted_speedup"] * 1.05
+    assert (choice["tree"] == timed["tree"]) if beats else choice["tree"] is None
+    text = cli_generate.explain_tree_choice(choice)
+    assert "; timed: token tree parents:" in text
+    assert text.endswith("the tree is kept" if beats else "the chain is kept")
+
+
 def test_a_cascade_tree_scores_its_deepest_depth_and_max_gram_costs_nothing(monkeypatch):
     """A cascade (pi needs the drafter's law at the leaves) scores every depth
     and never catches up; a dynamic tree's depths are its fixed widths; a
@@ -445,6 +491,10 @@ def test_the_output_says_which_drafting_strategy_runs():
                                          "trees)")
     assert "; --gamma;" in said(gamma=5)
     assert said(tree="3,2,1,1").startswith("a token tree 3,2,1,1 a round from small")
+    args = argparse.Namespace(method="specdecode", gamma=None, draft_weights="stored")
+    assert cli_generate.drafting_strategy(
+        args, "small", 4, "parents:-1,-1,0", None, tree_by_cost_model=True).endswith(
+            "(stored weights; chosen by the cost model over a chain; --gamma keeps a chain)")
     assert said(spec="small+mag").startswith("the strategy small+mag, 5 drafts a round")
     assert said(method="token-cascade", g=10).startswith("small token by token until the "
                                                          "token-cascade rule defers, at most 10")

@@ -295,6 +295,98 @@ def test_expected_dynamic_tree_grows_the_most_reached_nodes():
     assert cost.expected_dynamic_tree(3, 2, 2, 0.4)[-4:] == (2, 2, 3, 3)
 
 
+def _best_tree_by_search(alpha, num_nodes, max_depth):
+    """Every tree of ``num_nodes`` nodes at most ``max_depth`` deep, grown a
+    node at a time onto any node (a node's rank: its elder siblings), and
+    the most tokens per round of any."""
+    best = 0.0
+
+    def grow(nodes):  # nodes: (parent, depth, reach)
+        nonlocal best
+        if len(nodes) == num_nodes:
+            best = max(best, 1.0 + sum(n[2] for n in nodes))
+            return
+        for parent in range(-1, len(nodes)):
+            depth = 0 if parent < 0 else nodes[parent][1]
+            if depth < max_depth:
+                rank = sum(n[0] == parent for n in nodes)
+                reach = (1.0 if parent < 0 else nodes[parent][2]) * alpha * (1 - alpha) ** rank
+                grow(nodes + [(parent, depth + 1, reach)])
+
+    grow([])
+    return best
+
+
+def test_greedy_tree_earns_the_most_of_any_tree_of_its_size():
+    """The worked example by hand; against a search over every tree of up to 5
+    nodes (depth caps 2 and 5, three acceptance rates) the greedy tree earns
+    the most; at a high rate it is a chain until the depth cap; its order is
+    TreeShape's. A known-wrong tree of the same size (all nodes under the
+    root, widths (N,)) earns less."""
+    assert cost.greedy_tree(0.5, 4, 2) == (-1, -1, -1, 0)
+    for alpha in (0.3, 0.6, 0.9):
+        for max_depth in (2, 5):
+            for n in range(1, 6):
+                parents = cost.greedy_tree(alpha, n, max_depth)
+                assert TreeShape(parents).parents == parents  # depth by depth, contiguous
+                assert max(TreeShape(parents).depths) <= max_depth  # depths from 1
+                assert cost.tree_tokens_per_round(parents, alpha) == pytest.approx(
+                    _best_tree_by_search(alpha, n, max_depth))
+    flat = (-1,) * 5
+    assert cost.tree_tokens_per_round(flat, 0.6) < cost.tree_tokens_per_round(
+        cost.greedy_tree(0.6, 5, 5), 0.6) - 0.2
+    assert cost.greedy_tree(0.9, 8, 8) == (-1, 0, 1, 2, 3, 4, 5, 6)
+    assert cost.greedy_tree(0.9, 9, 8) == (-1, -1, 0, 2, 3, 4, 5, 6, 7)
+    with pytest.raises(ValueError, match="at least one node"):
+        cost.greedy_tree(0.5, 0, 3)
+
+
+def test_calls_by_width_lie_on_the_line_through_the_timed_ones():
+    steps = {1: 0.10, 5: 0.14, 9: 0.30}
+    assert cost.call_on_line(steps, 5) == 0.14
+    assert cost.call_on_line(steps, 3) == pytest.approx(0.12)
+    assert cost.call_on_line(steps, 7) == pytest.approx(0.22)
+    assert cost.call_on_line(steps, 13) == pytest.approx(0.46)  # past the widest: its slope
+    with pytest.raises(ValueError, match="1-token step"):
+        cost.call_on_line({9: 0.3}, 4)
+
+
+def test_best_tree_prices_greedy_trees_on_a_chains_calls():
+    """At a high acceptance and calls that grow fast with width every winning
+    shape is a chain: nothing to price below 9 nodes, and no tree beats the
+    chain. Where wide calls cost little and drafts are often rejected a tree
+    wins, priced by hand: the target over N + 1 tokens on the line, the
+    drafter's root step, a call per depth but the deepest (its step times the
+    target's growth), the catch-up after a whole path."""
+    steep = {1: 0.054, 9: 0.155}
+    count, table = cost.best_tree(target_steps=steep, drafter_step_s=0.015, alpha=0.9,
+                                  node_counts=range(2, 9), max_depth=8)
+    assert (count, table) == (None, {})
+    count, table = cost.best_tree(target_steps=steep, drafter_step_s=0.015, alpha=0.9,
+                                  node_counts=range(2, 17), max_depth=8)
+    _, chains = cost.best_gamma(target_steps=steep, drafter_step_s=0.015, alpha=0.9)
+    assert min(table) == 9
+    assert table[count]["predicted_speedup"] < max(r["predicted_speedup"] for r in chains.values())
+    flat = {1: 0.100, 9: 0.116}
+    count, table = cost.best_tree(target_steps=flat, drafter_step_s=0.010, alpha=0.6,
+                                  node_counts=range(2, 17), max_depth=8)
+    _, chains = cost.best_gamma(target_steps=flat, drafter_step_s=0.010, alpha=0.6)
+    assert table[count]["predicted_speedup"] > max(r["predicted_speedup"] for r in chains.values())
+    row = table[4]
+    assert row["parents"] == cost.greedy_tree(0.6, 4, 8) == (-1, -1, 0, 2)
+    assert row["level_widths"] == [2, 1, 1]
+
+    def grows(width):
+        return (0.100 + (width - 1) * 0.002) / 0.100
+
+    full_path = 0.6 ** 3  # the depth-3 node
+    expected = (0.100 + 4 * 0.002 + (1 - full_path) * 0.010 + full_path * 0.010 * grows(4)
+                + 0.010 * grows(2) + 0.010 * grows(1))
+    assert row["round_s"] == pytest.approx(expected)
+    assert row["predicted_speedup"] == pytest.approx(
+        cost.tree_tokens_per_round(row["parents"], 0.6) * 0.100 / expected)
+
+
 def test_a_tree_round_is_its_calls():
     round_s = cost.tree_round_seconds(target_call_s=0.2, drafter_root_s=0.02,
                                       drafter_level_s=(0.03, 0.04), catch_up_s=0.05,

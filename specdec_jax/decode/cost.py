@@ -95,6 +95,25 @@ def predicted_speedup(*, tokens_per_round: float, round_s: float, target_step_s:
     return tokens_per_round * target_step_s / round_s
 
 
+def call_on_line(steps: Mapping[int, float], width: int) -> float:
+    """Seconds of a ``width``-token call from calls timed at some widths (``steps``:
+    at least the 1-token step and one wider call): the straight line through the
+    nearest timed widths on either side, and past the widest the line through
+    the two widest (a few-row call is bound by the weight read plus a per-row
+    share of the products)."""
+    widths = sorted(int(k) for k in steps)
+    if widths[0] != 1 or len(widths) < 2:
+        raise ValueError(f"pricing a call by width needs the target's 1-token step and one "
+                         f"wider call; got widths {widths}.")
+    if width in steps:
+        return float(steps[width])
+    high = next((w for w in widths if w > width), widths[-1])
+    low = max(w for w in widths if w < high) if width > widths[-1] else max(
+        w for w in widths if w < width)
+    share = (width - low) / (high - low)
+    return float(steps[low] + share * (steps[high] - steps[low]))
+
+
 def best_gamma(*, target_steps: dict, drafter_step_s: float, alpha: float,
                gammas=range(1, 9)) -> tuple[int, dict]:
     """The draft length ``G`` with the highest predicted speedup at batch 1, and
@@ -107,19 +126,10 @@ def best_gamma(*, target_steps: dict, drafter_step_s: float, alpha: float,
     scoring call of ``G + 1`` tokens and ``G + alpha^G`` drafter steps (the
     draft steps, and a catch-up step after a round that kept all ``G``).
     """
-    widths = sorted(int(k) for k in target_steps)
-    if widths[0] != 1 or len(widths) < 2:
-        raise ValueError(f"best_gamma needs the target's 1-token step and one wider call; "
-                         f"got widths {widths}.")
-
     def call_s(width: int) -> float:
-        high = next((w for w in widths if w >= width), widths[-1])
-        low = max(w for w in widths if w <= min(width, high))
-        if high == low:
-            return float(target_steps[low])
-        share = (width - low) / (high - low)
-        return float(target_steps[low] + share * (target_steps[high] - target_steps[low]))
+        return call_on_line(target_steps, width)
 
+    call_s(1)  # the widths' check
     table = {}
     for gamma in gammas:
         round_s = round_seconds(target_call_s=call_s(gamma + 1),
@@ -222,6 +232,101 @@ def tree_parents(tree, alpha: float) -> tuple[int, ...]:
     if spec.dynamic is not None:
         return expected_dynamic_tree(*spec.dynamic, alpha=alpha)
     return spec.shape.parents
+
+
+def greedy_tree(alpha: float, num_nodes: int, max_depth: int) -> tuple[int, ...]:
+    """The parents of the ``num_nodes``-node token tree, at most ``max_depth``
+    deep, with the most tokens per round under the positional acceptance model
+    (``tree_reach``), the tree Sequoia (Chen et al., 2024) builds for it: grown
+    a node at a time, each time the next child of highest reach (a node's child
+    of rank ``r`` reaches its parent's reach times ``alpha (1 - alpha)^r``). No
+    child out-reaches its parent or its elder sibling, so the greedy nodes are
+    the ``num_nodes`` highest reaches of any tree: no tree of that size earns
+    more. Returned depth by depth, siblings contiguous in rank order
+    (``TreeShape``'s order). At a high ``alpha`` it is a chain until the chain
+    reaches ``max_depth``: an elder sibling's alternative is worth ``alpha (1 -
+    alpha)`` of its parent, a chain's next node ``alpha``.
+
+    Worked example (alpha 0.5, 4 nodes, depth 2 at most): the root's first
+    child (reach 0.5), then its first child and the root's second child (0.25
+    each, the shallower first), then the root's third child (0.125) over the
+    second child's child (0.125, deeper): parents (-1, -1, -1, 0)."""
+    if num_nodes < 1 or max_depth < 1:
+        raise ValueError(f"a tree needs at least one node and depth 1; got {num_nodes} "
+                         f"nodes, depth {max_depth}.")
+    # grown[i] = (parent, depth, reach, rank); the root is parent -1 at depth 0.
+    grown: list[tuple[int, int, float, int]] = []
+    children = {-1: 0}
+
+    def next_child(node: int) -> tuple[float, int, int]:
+        depth = grown[node][1] if node >= 0 else 0
+        reach = grown[node][2] if node >= 0 else 1.0
+        return reach * alpha * (1.0 - alpha) ** children[node], depth + 1, node
+
+    for _ in range(num_nodes):
+        frontier = [next_child(n) for n in children
+                    if (grown[n][1] if n >= 0 else 0) < max_depth]
+        reach, depth, parent = max(frontier, key=lambda c: (c[0], -c[1], -c[2]))
+        grown.append((parent, depth, reach, children[parent]))
+        children[parent] += 1
+        children[len(grown) - 1] = 0
+    # Depth by depth; within a depth, by the parent's new index, then by rank.
+    index: dict[int, int] = {-1: -1}
+    order = []
+    for depth in range(1, max_depth + 1):
+        level = sorted((i for i, g in enumerate(grown) if g[1] == depth),
+                       key=lambda i: (index[grown[i][0]], grown[i][3]))
+        for i in level:
+            index[i] = len(order)
+            order.append(i)
+    return tuple(index[grown[i][0]] for i in order)
+
+
+def best_tree(*, target_steps: Mapping[int, float], drafter_step_s: float, alpha: float,
+              node_counts, max_depth: int, with_next: bool = False) -> tuple[int | None, dict]:
+    """The node count whose ``greedy_tree`` is predicted fastest at batch 1 from
+    the calls a chain's choice timed (``best_gamma``'s ``target_steps`` and
+    drafter step), and the prediction for every count whose tree is not a
+    chain (a chain is ``best_gamma``'s to price). ``(None, {})`` when every
+    count gives a chain.
+
+    A tree round (``tree_round_seconds``): the target's call over the root
+    and N nodes, priced on the line through the timed widths
+    (``call_on_line``); the drafter's 1-token step, one call per depth it
+    scores (each depth's nodes; the deepest only ``with_next``) and, after a
+    round that accepted a path to the deepest level, a ``depth + 1``-token
+    catch-up. The drafter's wider calls are untimed here: each is its step
+    times the target's cost of that width over its step (the same kernel
+    multiplies both). A shape that wins here is worth timing for real
+    (``runtime.calibration.predict_tree``) before a run uses it."""
+    def grows(width: int) -> float:
+        return call_on_line(target_steps, width) / call_on_line(target_steps, 1)
+
+    table = {}
+    for count in node_counts:
+        parents = greedy_tree(alpha, count, max_depth)
+        depths = np.zeros(len(parents), np.int64)
+        for i, parent in enumerate(parents):
+            depths[i] = 1 if parent < 0 else depths[parent] + 1
+        widths = np.bincount(depths)[1:].tolist()
+        if max(widths) == 1:
+            continue
+        scored = widths if with_next else widths[:-1]
+        full_path = float(tree_reach(parents, alpha)[depths == len(widths)].sum())
+        round_s = tree_round_seconds(
+            target_call_s=call_on_line(target_steps, count + 1), drafter_root_s=drafter_step_s,
+            drafter_level_s=[drafter_step_s * grows(w) for w in scored],
+            catch_up_s=drafter_step_s * grows(len(widths) + 1),
+            catch_ups=0.0 if with_next else full_path)
+        tokens = tree_tokens_per_round(parents, alpha)
+        table[count] = {"parents": parents, "depth": len(widths), "level_widths": widths,
+                        "tokens_per_round": tokens, "round_s": round_s,
+                        "predicted_speedup": predicted_speedup(
+                            tokens_per_round=tokens, round_s=round_s,
+                            target_step_s=call_on_line(target_steps, 1))}
+    if not table:
+        return None, {}
+    return max(table, key=lambda n: table[n]["predicted_speedup"]), table
 
 
 def tree_scores_leaves(method: str) -> bool:

@@ -28,6 +28,7 @@ from specdec_jax.decode.cost import (
     CallCost,
     CostModel,
     best_gamma,
+    best_tree,
     expected_acceptance,
     predicted_speedup,
     tree_parents,
@@ -340,6 +341,44 @@ def predict_tree(*, tree: str, target_name: str, drafter_name: str, target, targ
             "predicted_speedup": predicted_speedup(tokens_per_round=tokens, round_s=round_s,
                                                    target_step_s=calls["target_step_s"]),
             "best_chain": {"gamma": gamma, **chains[gamma]}}
+
+
+# Token trees the first command prices beside its chain: the best tree of each
+# size up to 16 nodes, at most as deep as the longest chain. A tree must be
+# predicted TREE_MARGIN faster than the chain, on the chain's calls and again on
+# its own timed ones: its tokens per round rest on a model of acceptance by a
+# draft's rank among its siblings, which a chain's do not need.
+TREE_NODE_COUNTS = tuple(range(2, 17))
+TREE_MARGIN = 0.05
+
+
+def choose_tree(*, gamma_choice: dict, target_name: str, drafter_name: str, target,
+                target_params, drafter, drafter_params, timer: CallTimer,
+                with_next: bool = False) -> dict:
+    """Whether a token tree should replace the chain ``choose_gamma`` chose.
+    The screen times nothing: the best tree of each size (``best_tree``) priced
+    on the chain's timed calls. Only where the best of them beats the chain by
+    ``TREE_MARGIN`` are its calls timed (``predict_tree``; a compilation per
+    model), and the tree is kept only if it still beats the best chain priced
+    on those same calls. ``tree``: its spec (``parents:...``), or None for
+    the chain."""
+    chain = gamma_choice["candidates"][gamma_choice["gamma"]]["predicted_speedup"]
+    count, table = best_tree(
+        target_steps=gamma_choice["target_steps_s"], drafter_step_s=gamma_choice["drafter_step_s"],
+        alpha=gamma_choice["alpha"], node_counts=TREE_NODE_COUNTS,
+        max_depth=max(GAMMA_CANDIDATES), with_next=with_next)
+    choice = {"tree": None, "chain_gamma": gamma_choice["gamma"], "chain_speedup": chain,
+              "margin": TREE_MARGIN, "best_nodes": count, "screen": table, "timed": None}
+    if count is None or table[count]["predicted_speedup"] <= chain * (1 + TREE_MARGIN):
+        return choice
+    spec = "parents:" + ",".join(str(p) for p in table[count]["parents"])
+    timed = predict_tree(tree=spec, target_name=target_name, drafter_name=drafter_name,
+                         target=target, target_params=target_params, drafter=drafter,
+                         drafter_params=drafter_params, timer=timer, with_next=with_next)
+    choice["timed"] = timed
+    if timed["predicted_speedup"] > timed["best_chain"]["predicted_speedup"] * (1 + TREE_MARGIN):
+        choice["tree"] = spec
+    return choice
 
 
 def price_tree_run(*, tree: str, target, target_params, drafter, drafter_params, run: dict,

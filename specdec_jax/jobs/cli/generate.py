@@ -212,17 +212,21 @@ def _more_repeats(repeats: int, done: int, runs_s: dict) -> bool:
     return done < AUTO_MAX_REPEATS and least < AUTO_TIMED_S
 
 
-def drafting_strategy(args, spec: str, gamma: int, tree, gamma_choice) -> str:
+def drafting_strategy(args, spec: str, gamma: int, tree, gamma_choice,
+                      tree_by_cost_model: bool = False) -> str:
     """What drafts each round, in words (printed before the run, kept in the
     report): the target alone, a chain of G drafts from one model (G chosen
-    by the cost model or given), a token tree, or a strategy of several
-    drafters (``--draft``), with the flag that changes it."""
+    by the cost model or given), a token tree (given, or chosen by the cost
+    model over the chain), or a strategy of several drafters (``--draft``),
+    with the flag that changes it."""
     kind = methods.get_method(args.method).kind
     if kind == methods.AUTOREGRESSIVE:
         return "none: the target alone, a token a step"
     weights = f"{args.draft_weights} weights"
     if tree is not None:
-        return f"a token tree {tree} a round from {spec} ({weights}; --tree)"
+        how = ("chosen by the cost model over a chain; --gamma keeps a chain"
+               if tree_by_cost_model else "--tree")
+        return f"a token tree {tree} a round from {spec} ({weights}; {how})"
     if kind == methods.DRAFT_UNTIL:
         return (f"{spec} token by token until the {args.method} rule defers, at most "
                 f"{gamma} a round ({weights})")
@@ -244,6 +248,25 @@ def explain_gamma(choice: dict) -> str:
             f"{1e3 * steps[widest]:.0f} ms, drafter step {1e3 * choice['drafter_step_s']:.0f} "
             f"ms, acceptance {choice['alpha']:.2f} per draft ({choice['alpha_source']}); "
             f"predicted {by_gamma}")
+
+
+def explain_tree_choice(choice: dict) -> str:
+    """Why the run drafts a chain or a tree (``calibration.choose_tree``)."""
+    chain = f"the chain of G = {choice['chain_gamma']}'s {choice['chain_speedup']:.2f}x"
+    if choice["best_nodes"] is None:
+        return (f"token trees: at this acceptance every tree of up to "
+                f"{max(calibration.TREE_NODE_COUNTS)} nodes that earns the most is a chain; "
+                "the chain is kept (--tree drafts one)")
+    best = choice["screen"][choice["best_nodes"]]
+    widths = ",".join(str(w) for w in best["level_widths"])
+    screened = (f"token trees: the best, {choice['best_nodes']} nodes ({widths} a depth), "
+                f"predicted {best['predicted_speedup']:.2f}x on the calls timed above, against "
+                f"{chain}")
+    if choice["timed"] is None:
+        return (f"{screened}: not {1 + choice['margin']:.2f}x it, the chain is kept (--tree "
+                "drafts one)")
+    kept = "the tree is kept" if choice["tree"] else "the chain is kept"
+    return f"{screened}; timed: {explain_tree_prediction(choice['timed'])}: {kept}"
 
 
 def explain_tree_prediction(choice: dict) -> str:
@@ -472,6 +495,18 @@ def _load_drafter(args, spec: str, names, target, target_params, tokenizer, draf
     return drafter, drafter.select_params(named)
 
 
+def takes_trees(args, spec: str) -> bool:
+    """Whether the method and drafter of this run could draft a token tree in
+    place of their chain (what the cost model may choose)."""
+    try:
+        api.decoder_spec(args.method, drafter=draft_facts(spec, args.k_matrix), gamma=None,
+                         tree="2,1", temperature=args.temperature, alpha=args.alpha,
+                         beta=args.beta, names=api.CLI_NAMES)
+    except ValueError:
+        return False
+    return True
+
+
 def stored_by_default(args, name: str, blocks: bool) -> bool:
     """``auto`` weights: a GGUF model keeps its file's blocks where the block
     kernel multiplies them (``blocks``: ``native.matmul.blocks_active``, the
@@ -588,9 +623,22 @@ def run(args) -> int:
         args.gamma = gamma_choice["gamma"]
         if not args.json:
             print(explain_gamma(gamma_choice), flush=True)
+    tree_auto = None
+    if gamma_choice is not None and args.verifier is None and args.batch_size == 1 \
+            and takes_trees(args, spec):
+        tree_auto = calibration.choose_tree(
+            gamma_choice=gamma_choice, target_name=args.target, drafter_name=names[0],
+            target=target, target_params=target_params, drafter=drafter,
+            drafter_params=drafter_params, timer=timer,
+            with_next=cost.tree_scores_leaves(args.method))
+        if not args.json:
+            print(explain_tree_choice(tree_auto), flush=True)
     gamma = api.resolve_gamma(drafter, args.gamma) if drafter is not None else 0
     tree = tree_choice = None
-    if args.tree is not None and args.method != "autoregressive":
+    if tree_auto is not None and tree_auto["tree"] is not None:
+        tree, tree_choice = tree_auto["tree"], tree_auto["timed"]
+        gamma = TreeSpec.parse(tree).depth
+    elif args.tree is not None and args.method != "autoregressive":
         # A tree's accepted path is at most its depth: the histograms' G.
         tree, gamma = args.tree, TreeSpec.parse(args.tree).depth
         if hasattr(drafter, "extend") and not args.no_cost_model:
@@ -600,7 +648,8 @@ def run(args) -> int:
                 timer=timer, with_next=cost.tree_scores_leaves(args.method))
             if not args.json:
                 print(explain_tree_prediction(tree_choice), flush=True)
-    strategy = drafting_strategy(args, spec, gamma, tree, gamma_choice)
+    strategy = drafting_strategy(args, spec, gamma, tree, gamma_choice,
+                                 tree_by_cost_model=tree_choice is not None and args.tree is None)
     if not args.json:
         print(f"drafting: {strategy}", flush=True)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat
@@ -676,6 +725,8 @@ def run(args) -> int:
     report["drafting"] = strategy
     if gamma_choice is not None:
         report["gamma_choice"] = gamma_choice
+    if tree_auto is not None:
+        report["tree_choice"] = {k: v for k, v in tree_auto.items() if k != "timed"}
     if tree_choice is not None:
         report["tree_prediction"] = tree_choice
     if args.json:
