@@ -23,6 +23,21 @@ def test_fixed_shape_batches_share_one_shape():
     assert shapes == {(2, 9)}
 
 
+def test_fixed_shape_batches_pad_to_their_bucket_never_past_the_longest():
+    """In the prompts' order, each batch to its longest prompt rounded up to
+    the bucket, at most the longest prompt of all: 5 -> 8, 9 -> 9 (not 16),
+    2 -> 8; a bucket of 1 is each batch's own longest; the real rows kept."""
+    prompts = [[1] * n for n in (5, 9, 2)]
+    batches = list(batching.fixed_shape_batches(prompts, 1, width_bucket=8))
+    assert [p.tokens.shape for _, p, _ in batches] == [(1, 8), (1, 9), (1, 8)]
+    assert [rows for *_, rows in batches] == [[p] for p in prompts]
+    np.testing.assert_array_equal(np.asarray(batches[1][1].lengths), [9])
+    shapes = [p.tokens.shape for _, p, _ in batching.fixed_shape_batches(prompts, 2, 1)]
+    assert shapes == [(2, 9), (2, 2)]
+    with pytest.raises(ValueError, match="width_bucket must be >= 1"):
+        list(batching.fixed_shape_batches(prompts, 2, width_bucket=0))
+
+
 @pytest.mark.parametrize("prompts, batch_size, bucket, match", [
     ([], 2, 8, "at least one prompt"), ([[1], []], 2, 8, "at least one token"),
     ([[1]], 0, 8, "batch_size must be >= 1"), ([[1]], 2, 0, "width_bucket must be >= 1")])

@@ -3,8 +3,10 @@
 A jitted decoding loop compiles once per (batch, width) shape, and every row
 pays for the batch's widest prompt. Two ways to cut a prompt list:
 
-* ``fixed_shape_batches``: one shape for all (every batch padded to the
-  longest prompt of the whole list): one compilation, most padding;
+* ``fixed_shape_batches``: the prompts' order; one shape for all (every
+  batch padded to the longest prompt of the whole list: one compilation,
+  most padding) or, with ``width_bucket``, each batch padded to its own
+  longest prompt rounded up to it (at most the longest of the list);
 * ``length_sorted_batches``: prompts sorted by length, each batch padded only
   to its own longest prompt rounded up to ``width_bucket`` (a few compiled
   shapes, little padding when lengths vary widely).
@@ -35,15 +37,24 @@ def _check(prompts: Sequence[Sequence[int]], batch_size: int) -> None:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
 
 
-def fixed_shape_batches(prompts: Sequence[Sequence[int]], batch_size: int
+def fixed_shape_batches(prompts: Sequence[Sequence[int]], batch_size: int,
+                        width_bucket: int | None = None
                         ) -> Iterator[tuple[int, Prompt, list[list[int]]]]:
     """Yields (start, Prompt, real rows) in the prompts' order, every batch of
-    one shape."""
+    ``batch_size`` rows. Without ``width_bucket`` every batch is padded to the
+    longest prompt (one shape: one compiled program); with it, each batch to
+    its own longest prompt rounded up to a multiple of ``width_bucket``, never
+    past the longest prompt (a shape per bucket: a short prompt does not pay
+    for the longest one's prefill)."""
     _check(prompts, batch_size)
-    width = max(len(p) for p in prompts)
+    longest = max(len(p) for p in prompts)
+    if width_bucket is not None:
+        bucketed_width(1, width_bucket)  # validates the bucket
     for start in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[start:start + batch_size]]
         padded = chunk + [chunk[0]] * (batch_size - len(chunk))
+        width = longest if width_bucket is None else min(
+            longest, bucketed_width(max(len(p) for p in chunk), width_bucket))
         yield start, make_prompt(padded, pad_to=width), chunk
 
 

@@ -107,6 +107,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompts-file", help="one prompt per line, or a .jsonl with 'prompt'")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--width-bucket", type=int, default=64,
+                   help="pad each batch's prompts to a multiple of this many tokens, at most "
+                        "the longest prompt (one compiled program per width; a short prompt "
+                        "does not pay for the longest one's prefill); 0 pads every batch to "
+                        "the longest prompt (one program)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=0,
                    help="times each method runs every batch, in turn, for the median; 0 "
@@ -548,7 +553,8 @@ def check_args(args) -> None:
     """Every argument that can be checked without weights, checked before any
     model is fetched or compiled (a bad flag must not cost a 1.6 GB download)."""
     for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
-                             ("--batch-size", args.batch_size, 1), ("--top-k", args.top_k, 0)):
+                             ("--batch-size", args.batch_size, 1), ("--top-k", args.top_k, 0),
+                             ("--width-bucket", args.width_bucket, 0)):
         if value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}.")
     if args.repeats < 0:
@@ -665,13 +671,21 @@ def run(args) -> int:
         runs["autoregressive"] = api.make_generate_fn(method="autoregressive", **common)
 
     results, texts = {}, {name: [] for name in runs}
-    # One shape for every batch: one compiled program per method.
+    # A shape per width bucket: one compiled program per method and width.
     batches, real_rows = [], []
-    for _, prompt, rows in batching.fixed_shape_batches(token_lists, args.batch_size):
+    for _, prompt, rows in batching.fixed_shape_batches(token_lists, args.batch_size,
+                                                        args.width_bucket or None):
         batches.append(prompt)
         real_rows.append(len(rows))
-    compiled = {name: timing.Compiled(fn, target_params, drafter_params, batches[0],
-                                      jax.random.PRNGKey(0), sp) for name, fn in runs.items()}
+    programs = {}
+
+    def compiled(name: str, prompt):
+        key = (name, prompt.tokens.shape)
+        if key not in programs:
+            programs[key] = timing.Compiled(runs[name], target_params, drafter_params, prompt,
+                                            jax.random.PRNGKey(0), sp)
+        return programs[key]
+
     outputs = {name: [] for name in runs}
     runs_s = {name: [[] for _ in batches] for name in runs}  # [batch][repeat]
     # Interleaved, batch by batch and repeat by repeat: a drift of this
@@ -681,8 +695,9 @@ def run(args) -> int:
     while repeat == 0 or _more_repeats(args.repeats, repeat, runs_s):
         for batch_index, prompt in enumerate(batches):
             key = jax.random.PRNGKey(args.seed + batch_index)
-            for name, executable in compiled.items():
-                timed = executable.time(target_params, drafter_params, prompt, key, sp)
+            for name in runs:
+                timed = compiled(name, prompt).time(target_params, drafter_params, prompt, key,
+                                                    sp)
                 runs_s[name][batch_index].append(timed.median_s)
                 if repeat == 0:  # the same key: every repeat decodes the same tokens
                     outputs[name].append(timed.output)
