@@ -305,14 +305,13 @@ def best_tree(*, target_steps: Mapping[int, float], drafter_step_s: float, alpha
     table = {}
     for count in node_counts:
         parents = greedy_tree(alpha, count, max_depth)
-        depths = np.zeros(len(parents), np.int64)
-        for i, parent in enumerate(parents):
-            depths[i] = 1 if parent < 0 else depths[parent] + 1
-        widths = np.bincount(depths)[1:].tolist()
+        shape = TreeSpec(parents=parents).shape
+        widths = [stop - start for start, stop in shape.levels]
         if max(widths) == 1:
             continue
         scored = widths if with_next else widths[:-1]
-        full_path = float(tree_reach(parents, alpha)[depths == len(widths)].sum())
+        depths = np.asarray(shape.depths)
+        full_path = float(tree_reach(parents, alpha)[depths == shape.depth].sum())
         round_s = tree_round_seconds(
             target_call_s=call_on_line(target_steps, count + 1), drafter_root_s=drafter_step_s,
             drafter_level_s=[drafter_step_s * grows(w) for w in scored],
