@@ -39,6 +39,7 @@ target, issue 55). A block's cut is a plain slice of the stored kernel.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -64,6 +65,7 @@ from specdec_jax.models.layers import (
     stored_matrix,
     transpose_kernels,
 )
+from specdec_jax.native import attention as native_attention
 from specdec_jax.native import stored_blocks
 
 Array = jax.Array
@@ -92,6 +94,19 @@ def blocked_attention(q_BxKxHxGxD: Array, keys_BxHxSxD: Array, values_BxHxSxD: A
     block's scores instead of all of them, the same result per query. With
     ``by_query``, one query per block: each query's result is the same bits
     as a one-query call's (``DecoderConfig.row_independent``)."""
+    if by_query:
+        return native_attention.attend_each_query(
+            q_BxKxHxGxD, keys_BxHxSxD, values_BxHxSxD, mask_BxKxS, scale,
+            fallback=functools.partial(_attention_in_blocks, scale=scale, precision=precision,
+                                       limit=limit, by_query=True))
+    return _attention_in_blocks(q_BxKxHxGxD, keys_BxHxSxD, values_BxHxSxD, mask_BxKxS, scale,
+                                precision=precision, limit=limit, by_query=False)
+
+
+def _attention_in_blocks(q_BxKxHxGxD: Array, keys_BxHxSxD: Array, values_BxHxSxD: Array,
+                         mask_BxKxS: Array, scale: float, *, precision: str | None,
+                         limit: int | None, by_query: bool) -> Array:
+    """``blocked_attention`` through XLA."""
     batch, k, heads, groups, _ = q_BxKxHxGxD.shape
     scores_bytes = 4 * batch * heads * groups * k * keys_BxHxSxD.shape[2]
     blocks = k if by_query else query_blocks(k, scores_bytes,
@@ -152,7 +167,9 @@ class DecoderConfig:
     # logits in a G + 1 scoring call are then the same bits as in a step: the
     # target is one function of each row. Without it XLA sums K rows in
     # another order than one; int8 activations turn those 1e-7 differences
-    # into flipped codes. Costs K reads of the KV cache per layer instead of one.
+    # into flipped codes. On one CPU device with the kernel loaded the queries'
+    # attention is one call that sums each query alone (``native.attention``);
+    # elsewhere it is K reads of the KV cache per layer instead of one.
     row_independent: bool = False
     # > 0: a prompt is fed in chunks of this many tokens, in a loop that stops
     # after the longest row's last chunk, so a prefill costs what its prompt

@@ -15,6 +15,9 @@
 // so no task ever waits for a thread that may be busy elsewhere (the caller
 // alone can finish every chunk).
 //
+// The same library holds the attention of a step or scoring call over the cache,
+// each query alone (CacheAttention below, cache_attention.h).
+//
 // Built and loaded at run time by specdec_jax/runtime/cpu_kernels.py.
 
 #include <algorithm>
@@ -34,6 +37,7 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "block_dot.h"
+#include "cache_attention.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>  // _mm_getcsr; the AVX-512 float kernels
@@ -373,6 +377,51 @@ ffi::Error BlockMatmulI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   return error ? ffi::Error::InvalidArgument(error) : ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------
+// Attention of a step or scoring call's queries over the cache, each query
+// alone (cache_attention.h): q [B, K, H, G, D], keys and values [B, H, S, D]
+// (heads-major), visible [B, K, S]; out [B, K, H, G, D]. One task per
+// (row, query, key/value head), over the caller and the helper threads.
+ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                          ffi::Buffer<ffi::F32> keys, ffi::Buffer<ffi::F32> values,
+                          ffi::Buffer<ffi::PRED> visible, ffi::ResultBuffer<ffi::F32> out,
+                          float scale) {
+  const auto dq = q.dimensions(), dk = keys.dimensions(), dv = values.dimensions(),
+             dm = visible.dimensions(), dout = out->dimensions();
+  const bool shapes_ok =
+      dq.size() == 5 && dk.size() == 4 && dv.size() == 4 && dm.size() == 3 &&
+      dout.size() == 5 && dk[0] == dq[0] && dk[1] == dq[2] && dk[3] == dq[4] &&
+      dv[0] == dk[0] && dv[1] == dk[1] && dv[2] == dk[2] && dv[3] == dk[3] &&
+      dm[0] == dq[0] && dm[1] == dq[1] && dm[2] == dk[2] &&
+      std::equal(dq.begin(), dq.end(), dout.begin());
+  if (!shapes_ok)
+    return ffi::Error::InvalidArgument(
+        "cache_attention: expected q [B, K, H, G, D], keys and values [B, H, S, D], "
+        "visible [B, K, S], out [B, K, H, G, D]");
+  const int64_t batch = dq[0], queries = dq[1], heads = dq[2], groups = dq[3], dims = dq[4];
+  const int64_t positions = dk[2];
+  if (groups > specdec::attention::kMaxGroups)
+    return ffi::Error::InvalidArgument("cache_attention: more than 64 query heads per kv head");
+  const float* q_data = q.typed_data();
+  const float* k_data = keys.typed_data();
+  const float* v_data = values.typed_data();
+  const bool* m_data = visible.typed_data();
+  float* o_data = out->typed_data();
+  ParallelRows(pool, batch * queries * heads, 1, [=](int64_t begin, int64_t end) {
+    std::vector<float> scores(groups * positions);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task % heads, bk = task / heads, b = bk / queries;
+      const int64_t head_offset = (b * heads + h) * positions * dims;
+      const int64_t query_offset = task * groups * dims;  // [B, K, H] flattened, then G, D
+      specdec::attention::AttendHead(q_data + query_offset, k_data + head_offset,
+                                     v_data + head_offset, m_data + bk * positions, groups,
+                                     positions, dims, scale, scores.data(),
+                                     o_data + query_offset);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmallMMatmulF32, Matmul<ffi::F32>,
@@ -414,3 +463,13 @@ extern "C" int SpecdecHasBlockKernel() { return specdec::blocks::kBestIsSimd ? 1
 // The block kernel's path in this build: "avx512vnni", "avxvnni", "avx2",
 // "neon-dotprod" or "scalar".
 extern "C" const char* SpecdecBlockKernelIsa() { return specdec::blocks::Best::kName; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecCacheAttention, CacheAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale"));

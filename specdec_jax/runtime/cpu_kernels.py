@@ -1,4 +1,5 @@
-"""Builds, loads and registers the project's CPU kernel (``native/small_m_matmul.cc``).
+"""Builds, loads and registers the project's CPU kernel (``native/small_m_matmul.cc``:
+few-row products, block products and each query's attention, ``native/cache_attention.h``).
 
 The kernel is compiled on the machine that runs it (``-march=native``: the
 vector instructions of this CPU), once, into the cache; the library's name
@@ -41,6 +42,7 @@ import warnings
 
 import jax
 
+from specdec_jax.native import attention as native_attention
 from specdec_jax.native import matmul as native_matmul
 
 NATIVE = pathlib.Path(__file__).resolve().parent.parent / "native"
@@ -134,7 +136,7 @@ def register(path: pathlib.Path) -> None:
     if str(path) in _LOADED:
         return
     library = ctypes.cdll.LoadLibrary(str(path))
-    for symbol in native_matmul.SYMBOLS.values():
+    for symbol in (*native_matmul.SYMBOLS.values(), native_attention.SYMBOL):
         jax.ffi.register_ffi_target(native_matmul.TARGET_PREFIX + symbol,
                                     jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     blocks = bool(library.SpecdecHasBlockKernel())
