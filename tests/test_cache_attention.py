@@ -12,16 +12,6 @@ import pytest
 from specdec_jax.models import decoder_only
 from specdec_jax.native import attention as native_attention
 from specdec_jax.native import matmul as native_matmul
-from specdec_jax.runtime import cpu_kernels
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    was_enabled = native_matmul._STATE.enabled
-    if not cpu_kernels.enable():
-        pytest.skip("the CPU kernel could not be built here (no C++ compiler?)")
-    yield
-    native_matmul.set_enabled(was_enabled)
 
 
 def _operands(seed, batch, k, heads, groups, dims, positions):
@@ -52,7 +42,7 @@ def _kernel_call(q, keys, values, visible):
 @pytest.mark.parametrize("batch,k,heads,groups,dims,positions",
                          [(1, 1, 2, 6, 128, 300), (1, 9, 2, 7, 64, 41), (3, 5, 1, 1, 24, 17),
                           (2, 17, 4, 2, 130, 64), (1, 3, 2, 64, 16, 8)])
-def test_the_kernel_is_xlas_attention(kernel, batch, k, heads, groups, dims, positions):
+def test_the_kernel_is_xlas_attention(cpu_kernel, batch, k, heads, groups, dims, positions):
     operands = _operands(k * 100 + dims, batch, k, heads, groups, dims, positions)
     text = jax.jit(_kernel_call).lower(*operands).as_text()
     assert native_attention.SYMBOL in text
@@ -60,7 +50,7 @@ def test_the_kernel_is_xlas_attention(kernel, batch, k, heads, groups, dims, pos
     np.testing.assert_allclose(got, np.asarray(jax.jit(_xla)(*operands)), rtol=0, atol=3e-6)
 
 
-def test_a_query_that_sees_nothing_gets_the_mean_of_the_values(kernel):
+def test_a_query_that_sees_nothing_gets_the_mean_of_the_values(cpu_kernel):
     # XLA's formulation gives such a query (a padding row) equal scores everywhere.
     q, keys, values, visible = _operands(1, 2, 3, 2, 3, 32, 10)
     visible = visible.at[1, 2].set(False)
@@ -72,7 +62,7 @@ def test_a_query_that_sees_nothing_gets_the_mean_of_the_values(kernel):
 
 
 @pytest.mark.parametrize("k", [2, 9, 17])
-def test_each_query_is_the_same_bits_alone(kernel, k):
+def test_each_query_is_the_same_bits_alone(cpu_kernel, k):
     q, keys, values, visible = _operands(k, 2, k, 2, 6, 128, 96)
     together = np.asarray(jax.jit(_kernel_call)(q, keys, values, visible))
     for i in range(k):
@@ -81,7 +71,7 @@ def test_each_query_is_the_same_bits_alone(kernel, k):
         np.testing.assert_array_equal(alone[:, 0], together[:, i])
 
 
-def test_positions_the_mask_hides_are_never_read(kernel):
+def test_positions_the_mask_hides_are_never_read(cpu_kernel):
     # Garbage (NaN) where no query looks must not reach any output.
     q, keys, values, visible = _operands(3, 1, 4, 2, 2, 16, 20)
     hidden = ~np.asarray(visible).any(axis=1)[:, None, :, None]  # [B, 1, S, 1]
@@ -90,7 +80,7 @@ def test_positions_the_mask_hides_are_never_read(kernel):
     assert np.isfinite(got).all()
 
 
-def test_gradients_go_through_xla(kernel):
+def test_gradients_go_through_xla(cpu_kernel):
     q, keys, values, visible = _operands(4, 1, 2, 2, 3, 16, 12)
 
     def loss(fn, q, keys, values):
@@ -103,7 +93,7 @@ def test_gradients_go_through_xla(kernel):
 
 
 @pytest.mark.parametrize("switch", [native_matmul.set_enabled, native_attention.set_enabled])
-def test_without_the_kernel_xla_runs(kernel, switch):
+def test_without_the_kernel_xla_runs(cpu_kernel, switch):
     operands = _operands(5, 1, 2, 2, 2, 16, 8)
     fn = jax.jit(_kernel_call)
     assert native_attention.SYMBOL in fn.lower(*operands).as_text()
@@ -115,7 +105,7 @@ def test_without_the_kernel_xla_runs(kernel, switch):
     assert native_attention.SYMBOL not in text
 
 
-def test_a_row_independent_decoder_takes_the_kernel_outside_its_prefill(kernel):
+def test_a_row_independent_decoder_takes_the_kernel_outside_its_prefill(cpu_kernel):
     """A step and a scoring call of a ``row_independent`` decoder run the
     kernel; its prefill (queries scored together) and a decoder that is not
     row independent keep XLA's attention."""
