@@ -50,6 +50,14 @@ def test_the_kernel_is_xlas_attention(cpu_kernel, batch, k, heads, groups, dims,
     np.testing.assert_allclose(got, np.asarray(jax.jit(_xla)(*operands)), rtol=0, atol=3e-6)
 
 
+def test_a_call_of_no_query_gives_an_empty_output(cpu_kernel):
+    q, keys, values, visible = _operands(6, 2, 3, 2, 2, 16, 8)
+    for fn in (_kernel_call, _xla, functools.partial(
+            decoder_only.blocked_attention, scale=0.25)):  # queries together, XLA
+        got = jax.jit(fn)(q[:, :0], keys, values, visible[:, :0])
+        assert got.shape == (2, 0, 2, 2, 16)
+
+
 def test_a_query_that_sees_nothing_gets_the_mean_of_the_values(cpu_kernel):
     # XLA's formulation gives such a query (a padding row) equal scores everywhere.
     q, keys, values, visible = _operands(1, 2, 3, 2, 3, 32, 10)

@@ -82,7 +82,7 @@ def query_blocks(k: int, scores_bytes: int, limit: int) -> int:
     fit ``limit``: the smallest divisor of ``k`` that is enough (1 when the
     whole call fits). E.g. 512 queries with 3.5 GiB of scores, limit 1 GiB: 4."""
     needed = min(-(-scores_bytes // limit), k)  # k blocks of one query: the most there is
-    return next(n for n in range(max(needed, 1), k + 1) if k % n == 0)
+    return next((n for n in range(max(needed, 1), k + 1) if k % n == 0), 1)  # k = 0: 1
 
 
 def blocked_attention(q_BxKxHxGxD: Array, keys_BxHxSxD: Array, values_BxHxSxD: Array,
@@ -109,8 +109,8 @@ def _attention_in_blocks(q_BxKxHxGxD: Array, keys_BxHxSxD: Array, values_BxHxSxD
     """``blocked_attention`` through XLA."""
     batch, k, heads, groups, _ = q_BxKxHxGxD.shape
     scores_bytes = 4 * batch * heads * groups * k * keys_BxHxSxD.shape[2]
-    blocks = k if by_query else query_blocks(k, scores_bytes,
-                                             limit or ATTENTION_SCORES_LIMIT_BYTES)
+    blocks = max(k, 1) if by_query else query_blocks(k, scores_bytes,
+                                                     limit or ATTENTION_SCORES_LIMIT_BYTES)
     if blocks == 1:
         return masked_softmax_attention(q_BxKxHxGxD, keys_BxHxSxD, values_BxHxSxD, mask_BxKxS,
                                         scale, precision=precision, heads_major=True)

@@ -108,8 +108,6 @@ inline void AttendHead(const float* q, const float* keys, const float* values,
   }
 }
 
-constexpr int64_t kMaxGroups = 64;
-
 }  // namespace attention
 }  // namespace specdec
 

@@ -400,13 +400,12 @@ ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
         "visible [B, K, S], out [B, K, H, G, D]");
   const int64_t batch = dq[0], queries = dq[1], heads = dq[2], groups = dq[3], dims = dq[4];
   const int64_t positions = dk[2];
-  if (groups > specdec::attention::kMaxGroups)
-    return ffi::Error::InvalidArgument("cache_attention: more than 64 query heads per kv head");
   const float* q_data = q.typed_data();
   const float* k_data = keys.typed_data();
   const float* v_data = values.typed_data();
   const bool* m_data = visible.typed_data();
   float* o_data = out->typed_data();
+  if (batch * queries * heads == 0) return ffi::Error::Success();  // nothing to score (K = 0)
   ParallelRows(pool, batch * queries * heads, 1, [=](int64_t begin, int64_t end) {
     std::vector<float> scores(groups * positions);
     for (int64_t task = begin; task < end; ++task) {
