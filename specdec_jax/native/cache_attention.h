@@ -46,7 +46,9 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 }
 
 // out[0, n) = sum over the visible j of weights[j] * rows[j * stride + (0, n)],
-// in order of j, for n <= kChunk: the sums stay in registers across j.
+// in order of j, for n <= kChunk: the sums stay in registers across j. A full
+// chunk takes the loop of constant trip count (unrolled into vector registers),
+// the last, shorter chunk of a head the general one; both add in the same order.
 constexpr int64_t kChunk = 32;
 inline void WeightedRows(const float* weights, const float* rows, const bool* visible,
                          int64_t count, int64_t stride, int64_t n, float* out) {
@@ -71,14 +73,15 @@ inline void WeightedRows(const float* weights, const float* rows, const bool* vi
 
 // The `groups` queries q[groups, dims] that share one key/value head, against
 // that head's keys and values [positions, dims] where visible[j]; writes
-// out[groups, dims]. `scores` is scratch of groups x positions floats.
+// out[groups, dims]. `weights` is scratch of `positions` floats (one query
+// head's at a time).
 inline void AttendHead(const float* q, const float* keys, const float* values,
                        const bool* visible, int64_t groups, int64_t positions, int64_t dims,
-                       float scale, float* scores, float* out) {
+                       float scale, float* weights, float* out) {
   bool any = false;
   for (int64_t j = 0; j < positions; ++j) any = any || visible[j];
-  for (int64_t i = 0; i < groups * dims; ++i) out[i] = 0.0f;
   if (!any) {  // every score equal: uniform weights
+    for (int64_t i = 0; i < groups * dims; ++i) out[i] = 0.0f;
     for (int64_t j = 0; j < positions; ++j)
       for (int64_t g = 0; g < groups; ++g)
         for (int64_t d = 0; d < dims; ++d) out[g * dims + d] += values[j * dims + d];
@@ -87,7 +90,6 @@ inline void AttendHead(const float* q, const float* keys, const float* values,
   }
   for (int64_t g = 0; g < groups; ++g) {
     const float* query = q + g * dims;
-    float* weights = scores + g * positions;
     float top = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < positions; ++j) {
       if (!visible[j]) continue;
