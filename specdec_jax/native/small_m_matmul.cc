@@ -407,14 +407,14 @@ ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   float* o_data = out->typed_data();
   if (batch * queries * heads == 0) return ffi::Error::Success();  // nothing to score (K = 0)
   ParallelRows(pool, batch * queries * heads, 1, [=](int64_t begin, int64_t end) {
-    std::vector<float> weights(positions);
+    std::vector<float> scratch(specdec::attention::ScratchFloats(groups, positions));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task % heads, bk = task / heads, b = bk / queries;
       const int64_t head_offset = (b * heads + h) * positions * dims;
       const int64_t query_offset = task * groups * dims;  // [B, K, H] flattened, then G, D
       specdec::attention::AttendHead(q_data + query_offset, k_data + head_offset,
                                      v_data + head_offset, m_data + bk * positions, groups,
-                                     positions, dims, scale, weights.data(),
+                                     positions, dims, scale, scratch.data(),
                                      o_data + query_offset);
     }
   });
