@@ -15,6 +15,12 @@ slightly faster than inside the model.
     python benchmarks/scripts/call_products.py \\
         --out benchmarks/reports/call_products_1.5b_cpu.json
 
+``--by-kind`` adds, from the same weights, the products of each kind of
+matrix (its place in a layer, format, input width and shape; all layers'
+matrices of the kind in one call) at 1 and K rows: milliseconds, bytes read
+and the bandwidth that makes, so a slow kind (a small matrix's fixed costs, a
+format's unpacking) stands out from the ones that stream at the machine's rate.
+
 A few minutes on 2 CPU cores; run it with nothing else on the machine.
 """
 
@@ -51,6 +57,29 @@ def stored_matrices(params) -> list[tuple[str, stored_blocks.StoredMatrix]]:
     return found
 
 
+def by_kind(matrices) -> dict[str, list[stored_blocks.StoredMatrix]]:
+    """``matrices`` grouped by their place in a layer (the path's last two
+    parts), format, input width and blocks' shape."""
+    kinds: dict[str, list[stored_blocks.StoredMatrix]] = {}
+    for path, w in matrices:
+        place = "/".join(path.strip("/").split("/")[-2:])
+        key = f"{place} {w.format} K={w.in_features} blocks={tuple(w.blocks.shape)}"
+        kinds.setdefault(key, []).append(w)
+    return kinds
+
+
+def kind_rows(matrices, rows: int) -> list[dict]:
+    """Per kind (``by_kind``): the median milliseconds of all its matrices times
+    a ``rows``-row input in one call, their bytes and that bandwidth."""
+    table = []
+    for key, ws in by_kind(matrices).items():
+        seconds = products_seconds([("", w) for w in ws], rows)
+        nbytes = sum(int(w.blocks.nbytes) for w in ws)
+        table.append({"kind": key, "matrices": len(ws), "rows": rows, "ms": round(seconds * 1e3, 3),
+                      "mb": round(nbytes / 1e6, 1), "gb_per_s": round(nbytes / seconds / 1e9, 1)})
+    return sorted(table, key=lambda r: -r["ms"])
+
+
 def products_seconds(matrices, rows: int, repeats: int = 9) -> float:
     """Median seconds of all ``matrices`` times a ``rows``-row input, one call."""
     inputs = [jnp.full((rows, w.in_features), 0.01, jnp.float32) for _, w in matrices]
@@ -77,6 +106,8 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=9, help="tokens of the scoring call (G + 1)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/reports/call_products_cpu.json")
+    parser.add_argument("--by-kind", action="store_true",
+                        help="also time each kind of matrix alone (see the module's docstring)")
     args = parser.parse_args(argv)
     if args.k < 2 or args.rounds < 1:
         parser.error("--k must be at least 2 and --rounds at least 1")
@@ -102,6 +133,11 @@ def main(argv=None) -> int:
                                  for k in (1, args.k)},
         "call_over_step": round(med[f"extend_k{args.k}"] / med["extend_k1"], 3),
         "products_call_over_step": round(med[f"products_k{args.k}"] / med["products_k1"], 3)}
+    if args.by_kind:
+        report["by_kind"] = kind_rows(matrices, 1) + kind_rows(matrices, args.k)
+        for row in report["by_kind"]:
+            print(f"{row['rows']:2d} rows  {row['ms']:7.2f} ms  {row['mb']:6.1f} MB  "
+                  f"{row['gb_per_s']:5.1f} GB/s  x{row['matrices']:<3d} {row['kind']}")
     timing.write_report(report, args.out)
     print(report)
     return 0
