@@ -79,7 +79,7 @@ def test_each_query_is_the_same_bits_alone(cpu_kernel, k):
         np.testing.assert_array_equal(alone[:, 0], together[:, i])
 
 
-def test_positions_the_mask_hides_are_never_read(cpu_kernel):
+def test_positions_the_mask_hides_reach_no_output(cpu_kernel):
     # Garbage (NaN) where no query looks must not reach any output, also where
     # the kernel scores it beside visible positions (four keys at a time).
     q, keys, values, visible = _operands(3, 1, 4, 2, 2, 16, 150)

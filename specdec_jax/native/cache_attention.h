@@ -10,7 +10,8 @@
 // 28 layers: 4.3 ms a step at 320 positions, 9.4 ms at 640, on 2 cores). Here
 // each query's sums run in one fixed order whatever the other queries of the
 // call, so the row independence is the code's, not a loop's; positions the mask
-// hides are skipped, not scored and zeroed; the positions go in blocks that
+// hides take no part in any sum (a hidden key beside visible ones in a group of
+// four is scored and dropped, never weighted); the positions go in blocks that
 // stay in the level-1 cache across the query heads, four keys at a time; and
 // the weighted sum of the values stays in registers, 32 dimensions at a time,
 // across the positions.
@@ -54,8 +55,8 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 // The scores of four positions (key rows k, k + n, k + 2n, k + 3n) with one
 // query, n a multiple of 8: 8 running sums a position (a vector register each;
 // the query's 8 values loaded once for the four keys), added pairwise. A
-// position's sum never depends on the other three, so a group's hidden
-// positions (skipped nowhere else) reach no score that is kept.
+// position's sum never depends on the other three, so a hidden position of the
+// group (read here only) reaches no score that is kept.
 inline void Dot4(const float* a, const float* k, int64_t n, float out[4]) {
 #if defined(__AVX__)
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -111,8 +112,9 @@ inline void AddWeightedRows(const float* weights, const float* rows, const bool*
 // Positions are visited in blocks of kBlock: a block's key or value rows (32 KiB
 // at 128 dimensions) stay in the level-1 cache while every query head, and every
 // chunk of dimensions, reads them, where a pass per query head and chunk over
-// the whole cache read each row from further away each time (28 layers, one
-// thread, Zen 3: 6.6-7.0 ms against 8.9-12.6 at 640 positions). Which
+// the whole cache read each row from further away each time (with Dot4, 28
+// layers, one query, one thread, Zen 3: 7.0-9.1 ms against 9.3-13.1 at 640
+// positions). Which
 // positions go four at a time depends on the position and the cache length
 // only, never on the other queries of the call.
 constexpr int64_t kBlock = 64;
