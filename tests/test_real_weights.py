@@ -188,6 +188,18 @@ def test_recorded_architecture_is_the_gguf_architecture(name):
     assert dataclasses.replace(recorded, **same) == from_file
 
 
+@pytest.mark.parametrize("name", sorted(registry.MODELS))
+def test_the_header_reads_as_the_gguf_package_reads_it(name):
+    """``gguf_file``'s one pass over a real file (tokenizer arrays of ~150,000
+    strings, every block type kept) gives ``gguf.GGUFReader``'s values."""
+    from tests.test_gguf_file import assert_same_as_reader  # noqa: PLC0415
+
+    path = fetched(name)
+    if path.suffix != ".gguf":
+        pytest.skip(f"{name} is not a GGUF file")
+    assert_same_as_reader(path)
+
+
 @pytest.mark.parametrize("verifier", ["token", "block-seed"])
 def test_greedy_feature_head_equals_greedy_target(verifier):
     """A feature head (random weights: its drafts are mostly rejected) on the

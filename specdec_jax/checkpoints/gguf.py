@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from specdec_jax.checkpoints import gguf_file
 from specdec_jax.checkpoints.hf_decoder import (
     decoder_config_from_hf,
     decoder_entry_from_hf,
@@ -49,25 +50,16 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
-def _reader(path: os.PathLike):
-    import gguf  # noqa: PLC0415 (heavy import, only when loading)
-
-    try:
-        return gguf.GGUFReader(os.fspath(path))
-    except Exception as err:  # the gguf package raises bare ValueError/IndexError
-        raise ValueError(f"{path} is not a readable GGUF file ({err}); it may be truncated: "
-                         "delete it and fetch again.") from err
+def _reader(path: os.PathLike) -> gguf_file.GGUFHeader:
+    """The file's key/values and tensor descriptions (``gguf_file``: one pass
+    over the header, ~0.5 s for a Qwen2.5 file where ``gguf.GGUFReader`` took
+    ~10 s); a file that is not GGUF, or is cut short, raises ValueError naming it."""
+    return gguf_file.read_header(path)
 
 
-def read_metadata(reader) -> dict[str, Any]:
+def read_metadata(reader: gguf_file.GGUFHeader) -> dict[str, Any]:
     """All GGUF key/values as Python values (token lists included)."""
-    meta = {}
-    for key, field in reader.fields.items():
-        try:
-            meta[key] = field.contents()
-        except Exception:  # noqa: BLE001 (fields of exotic types are not needed)
-            continue
-    return meta
+    return dict(reader.metadata)
 
 
 def config_from_metadata(meta: dict[str, Any], has_output: bool, **overrides) -> DecoderConfig:
