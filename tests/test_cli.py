@@ -226,6 +226,32 @@ def test_every_bad_argument_is_refused_before_anything_is_fetched(argv, message,
     assert not cache.exists() or not any(cache.iterdir())
 
 
+def test_missing_models_are_fetched_on_a_thread_while_the_kernel_builds(monkeypatch, tmp_path):
+    """``generate.fetch_in_background`` fetches each registry model that is not
+    in the cache once, off the calling thread; waiting raises what it raised."""
+    import threading  # noqa: PLC0415
+
+    from specdec_jax.checkpoints import registry  # noqa: PLC0415
+    from specdec_jax.jobs.cli import generate  # noqa: PLC0415
+
+    monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / registry.get_spec("qwen2.5-coder-0.5b").filename).write_bytes(b"")
+    calls = []
+
+    def local_path(name):
+        calls.append((name, threading.current_thread() is threading.main_thread()))
+        if name == "smollm2-135m":
+            raise ConnectionError("offline")
+
+    monkeypatch.setattr(registry, "local_path", local_path)
+    generate.fetch_in_background(["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "toy-bytes-small",
+                                  "qwen2.5-coder-1.5b"])()
+    assert calls == [("qwen2.5-coder-1.5b", False)]
+    with pytest.raises(ConnectionError, match="offline"):
+        generate.fetch_in_background(["smollm2-135m"])()
+
+
 def test_a_feature_head_for_another_target_is_refused_before_anything_is_fetched(
         capsys, monkeypatch, tmp_path):
     """From the head's metadata alone: the target it was trained for, and a
