@@ -190,9 +190,9 @@ def test_recorded_architecture_is_the_gguf_architecture(name):
 
 @pytest.mark.parametrize("name", sorted(registry.MODELS))
 def test_the_header_reads_as_the_gguf_package_reads_it(name):
-    """``gguf_file``'s one pass over a real file (tokenizer arrays of ~150,000
+    """``file_header``'s one pass over a real file (tokenizer arrays of ~150,000
     strings, every block type kept) gives ``gguf.GGUFReader``'s values."""
-    from tests.test_gguf_file import assert_same_as_reader  # noqa: PLC0415
+    from tests.test_file_header import assert_same_as_reader  # noqa: PLC0415
 
     path = fetched(name)
     if path.suffix != ".gguf":

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_jax.checkpoints import gguf_file
+from specdec_jax.checkpoints import file_header
 from specdec_jax.checkpoints.hf_decoder import (
     decoder_config_from_hf,
     decoder_entry_from_hf,
@@ -50,14 +50,14 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
-def _reader(path: os.PathLike) -> gguf_file.GGUFHeader:
-    """The file's key/values and tensor descriptions (``gguf_file``: one pass
+def _reader(path: os.PathLike) -> file_header.GGUFHeader:
+    """The file's key/values and tensor descriptions (``file_header``: one pass
     over the header, ~0.5 s for a Qwen2.5 file where ``gguf.GGUFReader`` took
     ~10 s); a file that is not GGUF, or is cut short, raises ValueError naming it."""
-    return gguf_file.read_header(path)
+    return file_header.read_header(path)
 
 
-def read_metadata(reader: gguf_file.GGUFHeader) -> dict[str, Any]:
+def read_metadata(reader: file_header.GGUFHeader) -> dict[str, Any]:
     """All GGUF key/values as Python values (token lists included)."""
     return dict(reader.metadata)
 

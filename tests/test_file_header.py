@@ -1,4 +1,4 @@
-"""``checkpoints.gguf_file``: the GGUF header read in one pass gives what
+"""``checkpoints.file_header``: the GGUF header read in one pass gives what
 ``gguf.GGUFReader`` gives (key/values, tensors' descriptions and data), and a
 file that is not GGUF or is cut short is refused with its name and the fix."""
 
@@ -8,7 +8,7 @@ import gguf as gg
 import numpy as np
 import pytest
 
-from specdec_jax.checkpoints import gguf_file
+from specdec_jax.checkpoints import file_header
 
 ALIGNMENT = 64  # not the default 32: the data section's start must follow the key
 
@@ -50,7 +50,7 @@ def write_every_kind(path) -> None:
 
 def assert_same_as_reader(path) -> None:
     reader = gg.GGUFReader(str(path))
-    header = gguf_file.read_header(path)
+    header = file_header.read_header(path)
     assert header.metadata == {key: field.contents() for key, field in reader.fields.items()}
     assert [t.name for t in header.tensors] == [t.name for t in reader.tensors]
     for ours, theirs in zip(header.tensors, reader.tensors, strict=True):
@@ -65,7 +65,7 @@ def test_every_kind_of_value_and_tensor_reads_as_the_gguf_reader_reads_it(tmp_pa
     path = tmp_path / "every.gguf"
     write_every_kind(path)
     assert_same_as_reader(path)
-    header = gguf_file.read_header(path)
+    header = file_header.read_header(path)
     assert header.version == 3 and header.metadata["t.string"] == "héllo ✓"
     assert header.metadata["t.strings"] == ["a", "", "Ġdef", "日本"]
     assert all(t.data_offset % ALIGNMENT == 0 for t in header.tensors)
@@ -81,7 +81,7 @@ def test_a_file_that_is_not_a_gguf_file_of_a_known_version_is_named(tmp_path, co
     path = tmp_path / "bad.gguf"
     path.write_bytes(content)
     with pytest.raises(ValueError, match=f"bad.gguf: .*{message}"):
-        gguf_file.read_header(path)
+        file_header.read_header(path)
 
 
 @pytest.mark.parametrize("where,message", [
@@ -91,9 +91,9 @@ def test_a_file_that_is_not_a_gguf_file_of_a_known_version_is_named(tmp_path, co
 def test_a_file_cut_short_is_named_with_the_fix(tmp_path, where, message):
     path = tmp_path / "cut.gguf"
     write_every_kind(path)
-    last = gguf_file.read_header(path).tensors[-1]
+    last = file_header.read_header(path).tensors[-1]
     keep = 40 if where == "key/values" else last.data_offset + last.n_bytes - 1
     path.write_bytes(path.read_bytes()[:keep])
     with pytest.raises(ValueError, match=f"cut.gguf: .*({message})") as raised:
-        gguf_file.read_header(path)
+        file_header.read_header(path)
     assert "truncated" in str(raised.value)

@@ -7,7 +7,7 @@ twice in the first command (the drafter and the target). This walks the same
 bytes with ``struct`` and keeps Python values, offsets and sizes; tensor data
 stay on disk, read by offset (``gguf._file_bytes``) or through a memory map
 made for a tensor when its ``data`` is asked for. Same values as the reader
-(``tests/test_gguf_file.py`` compares them on written and real files).
+(``tests/test_file_header.py`` compares them on written and real files).
 
 The format (llama.cpp's ``docs/gguf.md``, versions 2 and 3, little-endian):
 ``GGUF``, version u32, tensor count u64, key/value count u64; each key/value
