@@ -177,9 +177,9 @@ def read_header(path: os.PathLike) -> GGUFHeader:
         block, type_size = GGML_QUANT_SIZES[tensor_type]
         n_elements = math.prod(shape)
         n_bytes = n_elements * type_size // block
-        tensors.append(TensorInfo(path, name, tensor_type, shape, n_elements, n_bytes,
-                                  data_start + offset))
         if data_start + offset + n_bytes > len(buffer):
             raise ValueError(f"{path}: tensor {name!r} runs past the end of the file; it is "
                              "truncated: delete it and fetch again.")
+        tensors.append(TensorInfo(path, name, tensor_type, shape, n_elements, n_bytes,
+                                  data_start + offset))
     return GGUFHeader(path, version, metadata, tensors)

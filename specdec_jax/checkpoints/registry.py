@@ -105,14 +105,18 @@ def get_spec(name: str) -> ModelSpec:
     return MODELS[name]
 
 
+def cached_path(name: str) -> pathlib.Path:
+    """Where the model's GGUF file lies in the cache once fetched (it may not yet)."""
+    return fetch.cache_dir() / "models" / get_spec(name).filename
+
+
 def local_path(name: str, verify: bool = False) -> pathlib.Path:
     """The model's GGUF file in the cache, fetched on first use.
 
     A cached file of the wrong size is reported (truncated download or edited
     file); ``verify=True`` also re-checks its sha256.
     """
-    spec = get_spec(name)
-    path = fetch.cache_dir() / "models" / spec.filename
+    spec, path = get_spec(name), cached_path(name)
     if path.is_file():
         size = path.stat().st_size
         if size != spec.size:

@@ -599,8 +599,8 @@ def fetch_in_background(names) -> Callable[[], None]:
     and raises what it raised. The CPU kernel's first build (~20 s of a
     compiler on 2 cores) then runs while the first command's pair downloads
     (~35 s), not before it."""
-    missing = [n for n in dict.fromkeys(names) if n in registry.MODELS
-               and not (fetch.cache_dir() / "models" / registry.get_spec(n).filename).is_file()]
+    missing = [n for n in dict.fromkeys(names)
+               if n in registry.MODELS and not registry.cached_path(n).is_file()]
     if not missing:
         return lambda: None
     errors: list[BaseException] = []
