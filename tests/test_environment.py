@@ -73,3 +73,17 @@ def test_the_command_line_prints_no_tpu_runtime_noise_without_chips():
          "--no-baseline"], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "TPU" not in result.stderr and "hostname" not in result.stderr, result.stderr[-2000:]
+
+
+def test_every_script_that_imports_jax_keeps_libtpu_quiet_without_chips():
+    """A benchmark or tool script run on a CPU machine with the tpu extra would
+    start libtpu's runtime and print its hostname errors before its output;
+    each script that imports jax turns that off first, as the command line
+    does (``devices.run_on_cpu_without_chips``)."""
+    imports_jax = re.compile(r"^\s*(import jax\b|from jax\b)", re.MULTILINE)
+    scripts = sorted(p for folder in ("benchmarks", "tools") for p in (ROOT / folder).rglob("*.py")
+                     if "__main__" in p.read_text(encoding="utf-8"))
+    noisy = [str(p.relative_to(ROOT)) for p in scripts
+             if imports_jax.search(p.read_text(encoding="utf-8"))
+             and "run_on_cpu_without_chips()" not in p.read_text(encoding="utf-8")]
+    assert scripts and not noisy, f"call devices.run_on_cpu_without_chips() in main(): {noisy}"

@@ -46,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     import jax  # noqa: PLC0415
 
     from benchmarks import accelerator  # noqa: PLC0415
-    from specdec_jax.runtime import timing  # noqa: PLC0415
+    from specdec_jax.runtime import devices, timing  # noqa: PLC0415
 
+    devices.run_on_cpu_without_chips()  # --tiny on a CPU with libtpu: no runtime noise
     report = {"environment": timing.environment(), "backend": jax.default_backend(),
               "settings": {"target": args.target, "drafter": args.drafter,
                            "batch": args.batch, "gamma": args.gamma,

@@ -23,7 +23,7 @@ from specdec_jax.drafting.model_drafter import start_token_and_prefill
 from specdec_jax.jobs.resolver import resolve
 from specdec_jax.models import weight_storage
 from specdec_jax.native import matmul as native_matmul
-from specdec_jax.runtime import cpu_kernels, timing
+from specdec_jax.runtime import cpu_kernels, devices, timing
 
 
 def main(argv=None) -> int:
@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", nargs="+", default=["int8", "bf16"])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     if not cpu_kernels.enable():
         raise SystemExit("the CPU kernel could not be built here; nothing to compare.")
     model, params, tok = resolve(args.model)

@@ -25,7 +25,7 @@ import numpy as np
 
 from specdec_jax.jobs import tables
 from specdec_jax.native import matmul, stored_blocks
-from specdec_jax.runtime import cpu_kernels, timing
+from specdec_jax.runtime import cpu_kernels, devices, timing
 
 # (name, format, out, in): the 1.5B target's matrices.
 SHAPES = tuple((name, fmt, out, k)
@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 9, 16])
     parser.add_argument("--calls", type=int, default=150)
     args = parser.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     if not cpu_kernels.enable() or not matmul.blocks_active():
         print("the block kernel needs a C++ compiler and a CPU with a SIMD path for it "
               "(AVX2, AVX-VNNI, AVX-512 VNNI or NEON dotprod)",

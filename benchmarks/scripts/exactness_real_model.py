@@ -44,7 +44,7 @@ from scipy import stats
 import specdec_jax as sj
 from specdec_jax.drafting.tree import StaticTreeDrafter, TreeShape
 from specdec_jax.jobs import resolver
-from specdec_jax.runtime import timing
+from specdec_jax.runtime import devices, timing
 from specdec_jax.sampling import WITH_REPLACEMENT
 
 PROMPT = "def fibonacci(n):\n    "
@@ -212,6 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", help="run the pairings whose label holds one of these")
     p.add_argument("--out", default=None, help="JSON report path")
     args = p.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     if args.rows % args.batch:
         p.error("--rows must be a multiple of --batch")
     report = run(args)

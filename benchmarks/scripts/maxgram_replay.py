@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from benchmarks import tree_replay, trees
 from specdec_jax.data import bigram, metrics
+from specdec_jax.runtime import devices
 
 
 def per_call(items) -> float:
@@ -52,6 +53,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--json", help="write the per-tree figures here")
     args = parser.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
 
     ref = tree_replay.load_reference(args.reference)
     prompts = ref["prompts"][:args.num_prompts]

@@ -24,6 +24,7 @@ from specdec_jax import precision
 from specdec_jax.jobs import tables
 from specdec_jax.jobs.tpu import hlo_stats
 from specdec_jax.jobs.tpu import programs as tpu_programs
+from specdec_jax.runtime import devices
 
 
 def counts(architecture: str, dtype: str, fused: bool, k: int, cache_length: int,
@@ -56,6 +57,7 @@ def main() -> None:
     parser.add_argument("--cache-length", type=int, default=2048)
     parser.add_argument("--out", help="JSON of the counts")
     args = parser.parse_args()
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     if args.platform == "cpu":
         device = jax.devices("cpu")[0]
     else:

@@ -43,7 +43,7 @@ from specdec_jax.checkpoints import load
 from specdec_jax.data import humaneval
 from specdec_jax.models import weight_storage
 from specdec_jax.models.decoder_only import DecoderOnlyLM
-from specdec_jax.runtime import cpu_kernels, timing
+from specdec_jax.runtime import cpu_kernels, devices, timing
 
 
 def agreement(models: dict, prompts: list[list[int]], length: int = 256) -> dict:
@@ -136,6 +136,7 @@ def main(argv=None) -> int:
                         help="sections to leave out")
     parser.add_argument("--out", default="benchmarks/reports/stored_weights_cpu.json")
     args = parser.parse_args(argv)
+    devices.run_on_cpu_without_chips()  # libtpu installed, no TPU: no runtime noise
     if not cpu_kernels.enable():
         print("the CPU kernel could not be built: nothing to compare", file=sys.stderr)
         return 1
