@@ -164,6 +164,9 @@ struct PassActivations {
   // sub-blocks of 16, whose weights are q - 32)
   std::vector<int32_t> q6_offset;
   std::vector<int32_t> asum;  // per pass: [K / 32][rows]: the integer sum of each 32 codes
+  // per pass: [K / 32][rows]: the sums of each 32 codes' two halves of 16 as
+  // int16 (low half first; |sum| <= 16 * 128), for one vpmaddwd with a pair of scales
+  std::vector<int32_t> half_sums;
   std::vector<int64_t> first, rows;  // per pass: its first row of x and row count
 };
 
@@ -190,6 +193,7 @@ inline void ResizePass(int64_t m_dim, int64_t k_dim, PassActivations& a) {
   a.dsum.resize(m_dim * k_dim / 32);
   a.q6_offset.resize(m_dim * k_dim / 16);
   a.asum.resize(m_dim * k_dim / 32);
+  a.half_sums.resize(m_dim * k_dim / 32);
 }
 
 // Pass p of PassActivations as the interleaved passes read it: rows
@@ -199,11 +203,12 @@ struct PassView {
   int64_t m0, rows;
   const int32_t* words;
   const float *da, *dsum;
-  const int32_t *asum, *q6_offset;
+  const int32_t *asum, *q6_offset, *half_sums;
   PassView(const PassActivations& a, int64_t k_dim, size_t p)
       : m0(a.first[p]), rows(a.rows[p]), words(a.words.data() + m0 * k_dim / 4),
         da(a.d.data() + m0 * k_dim / 32), dsum(a.dsum.data() + m0 * k_dim / 32),
-        asum(a.asum.data() + m0 * k_dim / 32), q6_offset(a.q6_offset.data() + m0 * k_dim / 16) {}
+        asum(a.asum.data() + m0 * k_dim / 32), q6_offset(a.q6_offset.data() + m0 * k_dim / 16),
+        half_sums(a.half_sums.data() + m0 * k_dim / 32) {}
 };
 
 // Row r of a pass, or row m of x whatever the pass layout (the reference and
@@ -228,6 +233,7 @@ struct PassRow {
   float dsum(int64_t b) const { return v.dsum[b * v.rows + r]; }
   int32_t asum(int64_t b) const { return v.asum[b * v.rows + r]; }
   int32_t q6_offset(int64_t j) const { return v.q6_offset[j * v.rows + r]; }
+  int32_t half_sums(int64_t b) const { return v.half_sums[b * v.rows + r]; }
 };
 
 // Calls f(std::integral_constant<int, n>) for 1 <= n <= Max (larger n: Max):
@@ -739,6 +745,7 @@ void Quantize(const float* x, int64_t m_dim, int64_t k_dim, PassActivations& a) 
         const int64_t at = m0 * k_dim / 32 + b * rows + i;
         a.d[at] = da;
         a.asum[at] = asum;
+        a.half_sums[at] = int32_t(uint32_t(uint16_t(low)) | uint32_t(uint16_t(high)) << 16);
         a.dsum[at] = da * float(asum);
         a.q6_offset[m0 * k_dim / 16 + 2 * b * rows + i] = WrapMul(-32, low);
         a.q6_offset[m0 * k_dim / 16 + (2 * b + 1) * rows + i] = WrapMul(-32, high);

@@ -254,9 +254,9 @@ void CompareActivations(const float* x, int64_t m, int64_t k, Counter& c) {
     for (int64_t blk = 0; blk < k / 32; ++blk) {
       const float fa[2] = {a.d(blk), a.dsum(blk)}, fb[2] = {b.d(blk), b.dsum(blk)};
       CompareFloats(fa, fb, 2, "scale, scaled sum per 32", c);
-      const int32_t ia[3] = {a.asum(blk), a.q6_offset(2 * blk), a.q6_offset(2 * blk + 1)};
-      const int32_t ib[3] = {b.asum(blk), b.q6_offset(2 * blk), b.q6_offset(2 * blk + 1)};
-      CompareInts(ia, ib, 3, "sums per 32", c);
+      const int32_t ia[4] = {a.asum(blk), a.q6_offset(2 * blk), a.q6_offset(2 * blk + 1), a.half_sums(blk)};
+      const int32_t ib[4] = {b.asum(blk), b.q6_offset(2 * blk), b.q6_offset(2 * blk + 1), b.half_sums(blk)};
+      CompareInts(ia, ib, 4, "sums per 32", c);
     }
   }
 }
