@@ -81,9 +81,9 @@ def test_every_script_that_imports_jax_keeps_libtpu_quiet_without_chips():
     each script that imports jax turns that off first, as the command line
     does (``devices.run_on_cpu_without_chips``)."""
     imports_jax = re.compile(r"^\s*(import jax\b|from jax\b)", re.MULTILINE)
-    scripts = sorted(p for folder in ("benchmarks", "tools") for p in (ROOT / folder).rglob("*.py")
-                     if "__main__" in p.read_text(encoding="utf-8"))
-    noisy = [str(p.relative_to(ROOT)) for p in scripts
-             if imports_jax.search(p.read_text(encoding="utf-8"))
-             and "run_on_cpu_without_chips()" not in p.read_text(encoding="utf-8")]
+    sources = {p: p.read_text(encoding="utf-8")
+               for folder in ("benchmarks", "tools") for p in sorted((ROOT / folder).rglob("*.py"))}
+    scripts = {p: text for p, text in sources.items() if "__main__" in text}
+    noisy = [str(p.relative_to(ROOT)) for p, text in scripts.items()
+             if imports_jax.search(text) and "run_on_cpu_without_chips()" not in text]
     assert scripts and not noisy, f"call devices.run_on_cpu_without_chips() in main(): {noisy}"

@@ -447,8 +447,9 @@ inline __m256i Int16Pairs(__m256i a, __m256i b) { return _mm256_blend_epi16(a, _
 // one vpmaddwd. The integers are the reference's (|a pair sum| <= 32256 and
 // |sc| <= 128; |half sum| <= 2048 and |-32 sc| <= 4096: no product or sum of
 // a block of 32 leaves int32): two vpmulld and an addition fewer a row and
-// block of 32, one vpmaddwd more. On a Zen 3 core (x16_pass_rows.cc, 1,536 x 8,960 and the
-// 151,936-row head) 9 rows 1-8% faster and 16 rows 5-8%, 1 row the same.
+// block of 32, one vpmaddwd more. On a Zen 3 core (x16_pass_rows.cc, 1,536 x
+// 8,960 and the 151,936-row head) 9 rows 1-8% faster and 16 rows 5-8%, 1 row
+// the same.
 template <int MB, bool kVnni>
 SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, int half, __m256 d,
                               __m256 (&acc)[MB]) {
@@ -456,15 +457,13 @@ SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass,
   for (int jp = 0; jp < 8; ++jp) {
     const int64_t b = u * 8 + jp;
     __m256i block_sum[MB];
-    __m256i minus32_scales;  // (-32 sc of block 2jp, of 2jp + 1) per lane
-    if constexpr (!kVnni) {
-      const __m256i m0 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(Q6Scales(p, 2 * jp, first), 5));
-      const __m256i m1 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(Q6Scales(p, 2 * jp + 1, first), 5));
-      minus32_scales = Int16Pairs(m0, m1);
-    }
+    const __m256i scales[2] = {Q6Scales(p, 2 * jp, first), Q6Scales(p, 2 * jp + 1, first)};
+    // (-32 sc of block 2jp, of 2jp + 1) per lane (|-32 sc| <= 4096: int16)
+    const __m256i minus32_scales =
+        _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(Int16Pairs(scales[0], scales[1]), 5));
     _Pragma("GCC unroll 2") for (int sub = 0; sub < 2; ++sub) {
       const int j = 2 * jp + sub;
-      const __m256i sc = Q6Scales(p, j, first);
+      const __m256i sc = scales[sub];
       const uint8_t* low = p + kX16Q6Low + 128 * j;
       const uint8_t* high = p + kX16Q6High + 64 * j;
       if (half == 0) {
