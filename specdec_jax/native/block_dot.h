@@ -154,12 +154,18 @@ struct SuperActivations {
   int64_t supers = 0;
 };
 
-// Per row and 32 (interleaved layouts), grouped in passes of rows: codes as
-// int32 words of 4 (word k of row r of a pass at k * rows + r), so a
-// broadcast of one row's 4 codes is one load.
+// Per row and unit of `unit` values (interleaved layouts: a super-block of
+// 256 for the k-quants, rounded as QuantizeSuper rounds, llama.cpp's Q8_K; a
+// block of 32 for q5_0), grouped in passes of rows: codes as int32 words of 4
+// (word k of row r of a pass at k * rows + r), so a broadcast of one row's 4
+// codes is one load. One scale per 256 lets a k-quant pass keep a row's sum an
+// exact integer through the whole super-block: one float step per 256
+// weights, where a scale per 32 needed one per 32 (at 6-16 rows the float
+// steps were a third of an AVX-512 pass's instructions).
 struct PassActivations {
+  int64_t unit = 32;
   std::vector<int32_t> words;  // per pass: [K / 4][rows]
-  std::vector<float> d, dsum;  // per pass: [K / 32][rows]: da, da * asum
+  std::vector<float> d;        // per pass: [K / unit][rows]: da
   // per pass: [K / 16][rows]: -32 times the integer sum of each 16 codes (q6_k's
   // sub-blocks of 16, whose weights are q - 32)
   std::vector<int32_t> q6_offset;
@@ -167,6 +173,9 @@ struct PassActivations {
   // per pass: [K / 32][rows]: the sums of each 32 codes' two halves of 16 as
   // int16 (low half first; |sum| <= 16 * 128), for one vpmaddwd with a pair of scales
   std::vector<int32_t> half_sums;
+  // per pass: [K / 64][rows]: asum of blocks 2i and 2i + 1 as an int16 pair
+  // (|asum| <= 32 * 128), for one vpmaddwd / vpdpwssd with q4_k's minimums
+  std::vector<int32_t> pair_sums;
   std::vector<int64_t> first, rows;  // per pass: its first row of x and row count
 };
 
@@ -189,11 +198,11 @@ inline void PlanPasses(int64_t m_dim, int64_t max_rows, PassActivations& a) {
 
 inline void ResizePass(int64_t m_dim, int64_t k_dim, PassActivations& a) {
   a.words.resize(m_dim * k_dim / 4);
-  a.d.resize(m_dim * k_dim / 32);
-  a.dsum.resize(m_dim * k_dim / 32);
+  a.d.resize(m_dim * k_dim / a.unit);
   a.q6_offset.resize(m_dim * k_dim / 16);
   a.asum.resize(m_dim * k_dim / 32);
   a.half_sums.resize(m_dim * k_dim / 32);
+  a.pair_sums.resize(m_dim * k_dim / 64);
 }
 
 // Pass p of PassActivations as the interleaved passes read it: rows
@@ -202,13 +211,13 @@ inline void ResizePass(int64_t m_dim, int64_t k_dim, PassActivations& a) {
 struct PassView {
   int64_t m0, rows;
   const int32_t* words;
-  const float *da, *dsum;
-  const int32_t *asum, *q6_offset, *half_sums;
+  const float* da;
+  const int32_t *asum, *q6_offset, *half_sums, *pair_sums;
   PassView(const PassActivations& a, int64_t k_dim, size_t p)
       : m0(a.first[p]), rows(a.rows[p]), words(a.words.data() + m0 * k_dim / 4),
-        da(a.d.data() + m0 * k_dim / 32), dsum(a.dsum.data() + m0 * k_dim / 32),
-        asum(a.asum.data() + m0 * k_dim / 32), q6_offset(a.q6_offset.data() + m0 * k_dim / 16),
-        half_sums(a.half_sums.data() + m0 * k_dim / 32) {}
+        da(a.d.data() + m0 * k_dim / a.unit), asum(a.asum.data() + m0 * k_dim / 32),
+        q6_offset(a.q6_offset.data() + m0 * k_dim / 16), half_sums(a.half_sums.data() + m0 * k_dim / 32),
+        pair_sums(a.pair_sums.data() + m0 * k_dim / 64) {}
 };
 
 // Row r of a pass, or row m of x whatever the pass layout (the reference and
@@ -229,11 +238,11 @@ struct PassRow {
     std::memcpy(b, &w, 4);
     return b[k % 4];
   }
-  float d(int64_t b) const { return v.da[b * v.rows + r]; }
-  float dsum(int64_t b) const { return v.dsum[b * v.rows + r]; }
+  float d(int64_t u) const { return v.da[u * v.rows + r]; }  // of unit u
   int32_t asum(int64_t b) const { return v.asum[b * v.rows + r]; }
   int32_t q6_offset(int64_t j) const { return v.q6_offset[j * v.rows + r]; }
   int32_t half_sums(int64_t b) const { return v.half_sums[b * v.rows + r]; }
+  int32_t pair_sums(int64_t i) const { return v.pair_sums[i * v.rows + r]; }
 };
 
 // Calls f(std::integral_constant<int, n>) for 1 <= n <= Max (larger n: Max):
@@ -521,17 +530,18 @@ float KRow(const uint8_t* w_row, const SuperActivations& a, int64_t k_dim, int64
   return Sum16(acc);
 }
 
-// One output (lane `lane` of a group of 16 rows) of q4_k_x16: per sub-block j
-// of 32, with scale = d * sc_j and offset = dmin * mn_j,
-//   acc = fma(float(isum), scale * da, acc); acc = fma(-offset, da * asum, acc).
+// One output (lane `lane` of a group of 16 rows) of q4_k_x16: per
+// super-block u, with activations of one scale da, the exact integers
+//   total = sum over sub-blocks j of sc_j * isum_j,  mins = sum over j of mn_j * asum_j,
+// (|total| <= 8 * 63 * 32 * 15 * 128, |mins| <= 8 * 63 * 32 * 128: int32), then
+//   acc = fma(float(total), d * da, acc); acc = fma(-float(mins), dmin * da, acc).
 inline float X16Q4Row(const uint8_t* group, int64_t supers, const PassRow& x, int lane) {
   float acc = 0.0f;
   for (int64_t u = 0; u < supers; ++u) {
     const uint8_t* p = group + u * kX16Bytes;
     const float d = HalfAt(p + 2 * lane), dmin = HalfAt(p + 32 + 2 * lane);
+    int32_t total = 0, mins = 0;
     for (int j = 0; j < 8; ++j) {
-      const float scale = d * float(p[64 + 16 * j + lane]);
-      const float offset = dmin * float(p[192 + 16 * j + lane]);
       int32_t isum = 0;
       for (int t = 0; t < 4; ++t) {
         for (int b = 0; b < 4; ++b) {  // low nibble: weight 32j + 8t + b; high: + 4
@@ -540,10 +550,11 @@ inline float X16Q4Row(const uint8_t* group, int64_t supers, const PassRow& x, in
           isum += int32_t(byte & 15) * x.code(k) + int32_t(byte >> 4) * x.code(k + 4);
         }
       }
-      const int64_t blk = 8 * u + j;
-      acc = std::fma(float(isum), scale * x.d(blk), acc);
-      acc = std::fma(-offset, x.dsum(blk), acc);
+      total += int32_t(p[64 + 16 * j + lane]) * isum;
+      mins += int32_t(p[192 + 16 * j + lane]) * x.asum(8 * u + j);
     }
+    acc = std::fma(float(total), d * x.d(u), acc);
+    acc = std::fma(-float(mins), dmin * x.d(u), acc);
   }
   return acc;
 }
@@ -557,30 +568,29 @@ inline int32_t X16Code(const uint8_t* lines, const uint8_t* high, int bits, int 
   return low | ((high[i] >> (bits * k)) & ((1 << bits) - 1)) << 4;
 }
 
-// q6_k_x16: per block of 32 (sub-blocks j = 2jp, 2jp + 1 of 16), the exact
-// integer sum over j of sc_j * (sum of q a - 32 * sum of a), then
+// q6_k_x16: per super-block u (activations of one scale da), the exact
+// integer sum over its sub-blocks j of 16 of sc_j * (sum of q a - 32 * sum of
+// a) (|sum| <= 16 * 128 * 16 * 127 * (63 + 32): int32), then
 //   acc = fma(float(sum), d * da, acc).
 inline float X16Q6Row(const uint8_t* group, int64_t supers, const PassRow& x, int lane) {
   float acc = 0.0f;
   for (int64_t u = 0; u < supers; ++u) {
     const uint8_t* p = group + u * kX16Q6Bytes;
     const float d = HalfAt(p + 2 * lane);
-    for (int jp = 0; jp < 8; ++jp) {
-      int32_t block_sum = 0;
-      for (int j = 2 * jp; j < 2 * jp + 2; ++j) {
-        const int32_t sc = int8_t(p[32 + 16 * j + lane]);
-        int32_t isum = x.q6_offset(16 * u + j);
-        for (int k = 0; k < 4; ++k) {
-          for (int b = 0; b < 4; ++b) {  // weight 16j + 4k + b
-            const int32_t code = X16Code(p + kX16Q6Low + 128 * j, p + kX16Q6High + 64 * j, 2,
-                                         k, 4 * lane + b);
-            isum = WrapAdd(isum, code * x.code(256 * u + 16 * j + 4 * k + b));
-          }
+    int32_t total = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int32_t sc = int8_t(p[32 + 16 * j + lane]);
+      int32_t isum = x.q6_offset(16 * u + j);
+      for (int k = 0; k < 4; ++k) {
+        for (int b = 0; b < 4; ++b) {  // weight 16j + 4k + b
+          const int32_t code = X16Code(p + kX16Q6Low + 128 * j, p + kX16Q6High + 64 * j, 2,
+                                       k, 4 * lane + b);
+          isum = WrapAdd(isum, code * x.code(256 * u + 16 * j + 4 * k + b));
         }
-        block_sum = WrapAdd(block_sum, WrapMul(isum, sc));
       }
-      acc = std::fma(float(block_sum), d * x.d(8 * u + jp), acc);
+      total = WrapAdd(total, WrapMul(isum, sc));
     }
+    acc = std::fma(float(total), d * x.d(u), acc);
   }
   return acc;
 }
@@ -729,28 +739,42 @@ template <class P>
 void Quantize(const float* x, int64_t m_dim, int64_t k_dim, SuperActivations& a) {
   QuantizeUnits<kSuper, P::QuantizeSuper>(x, m_dim, k_dim, a.supers, a);
 }
-// The interleaved layouts' activations, in the path's passes of rows.
+// The interleaved layouts' activations, in the path's passes of rows, a
+// scale per `unit` values (X16Spec<F>::kWeights: 256 or 32).
 template <class P>
-void Quantize(const float* x, int64_t m_dim, int64_t k_dim, PassActivations& a) {
+void Quantize(const float* x, int64_t m_dim, int64_t k_dim, int64_t unit, PassActivations& a) {
   PlanPasses(m_dim, P::kMaxMPerX16Pass, a);
+  a.unit = unit;
   ResizePass(m_dim, k_dim, a);
   for (size_t p = 0; p < a.first.size(); ++p) {
     const int64_t m0 = a.first[p], rows = a.rows[p];
     for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t b = 0; b < k_dim / 32; ++b) {
-        alignas(64) int8_t codes[32];
-        int32_t low, high;
-        const float da = P::QuantizeBlock32(x + (m0 + i) * k_dim + 32 * b, codes, low, high);
-        const int32_t asum = WrapAdd(low, high);
-        const int64_t at = m0 * k_dim / 32 + b * rows + i;
-        a.d[at] = da;
-        a.asum[at] = asum;
-        a.half_sums[at] = int32_t(uint32_t(uint16_t(low)) | uint32_t(uint16_t(high)) << 16);
-        a.dsum[at] = da * float(asum);
-        a.q6_offset[m0 * k_dim / 16 + 2 * b * rows + i] = WrapMul(-32, low);
-        a.q6_offset[m0 * k_dim / 16 + (2 * b + 1) * rows + i] = WrapMul(-32, high);
-        for (int w = 0; w < 8; ++w)
-          std::memcpy(&a.words[m0 * k_dim / 4 + (8 * b + w) * rows + i], codes + 4 * w, 4);
+      for (int64_t u = 0; u < k_dim / unit; ++u) {
+        alignas(64) int8_t codes[kSuper];
+        int32_t sums[16];  // of each 16 codes
+        const float* xu = x + (m0 + i) * k_dim + unit * u;
+        if (unit == kSuper) {
+          int16_t s16[16];
+          a.d[m0 * k_dim / unit + u * rows + i] = P::QuantizeSuper(xu, codes, s16);
+          for (int g = 0; g < 16; ++g) sums[g] = s16[g];
+        } else {
+          a.d[m0 * k_dim / unit + u * rows + i] = P::QuantizeBlock32(xu, codes, sums[0], sums[1]);
+        }
+        for (int64_t g = 0; g < unit / 16; ++g)
+          a.q6_offset[m0 * k_dim / 16 + (unit / 16 * u + g) * rows + i] = WrapMul(-32, sums[g]);
+        for (int64_t c = 0; c < unit / 32; ++c) {
+          const int64_t at = m0 * k_dim / 32 + (unit / 32 * u + c) * rows + i;
+          const int32_t low = sums[2 * c], high = sums[2 * c + 1];
+          a.asum[at] = WrapAdd(low, high);
+          a.half_sums[at] = int32_t(uint32_t(uint16_t(low)) | uint32_t(uint16_t(high)) << 16);
+        }
+        for (int64_t c = 0; c < unit / 64; ++c) {
+          const int32_t even = WrapAdd(sums[4 * c], sums[4 * c + 1]), odd = WrapAdd(sums[4 * c + 2], sums[4 * c + 3]);
+          a.pair_sums[m0 * k_dim / 64 + (unit / 64 * u + c) * rows + i] =
+              int32_t(uint32_t(uint16_t(even)) | uint32_t(uint16_t(odd)) << 16);
+        }
+        for (int64_t w = 0; w < unit / 4; ++w)
+          std::memcpy(&a.words[m0 * k_dim / 4 + (unit / 4 * u + w) * rows + i], codes + 4 * w, 4);
       }
     }
   }
@@ -825,7 +849,7 @@ const char* RunX16(const float* x, const uint8_t* w, float* y, int64_t m_dim, in
     return "block_matmul: w is not a format interleaved by 16 rows of K weights "
            "(stored_blocks.interleave)";
   PassActivations a;
-  Quantize<P>(x, m_dim, k_dim, a);
+  Quantize<P>(x, m_dim, k_dim, Spec::kWeights, a);
   parallel(n_dim / kX16Lanes, 1, [&](int64_t begin, int64_t end) {
     X16Groups<P, F>(w, units, a, k_dim, y, n_dim, begin, end);
   });

@@ -116,8 +116,8 @@ inline float Round(const float* x, __m256i r[N]) {
 inline __m256 HalvesToFloats(const uint8_t* p) {  // 8 float16
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-inline __m256 BytesToFloats(const uint8_t* p) {  // 8 unsigned bytes
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+inline __m256i BytesToInts(const uint8_t* p) {  // 8 unsigned bytes
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 inline __m256i Load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256i Load(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -392,16 +392,24 @@ inline float QuantizeBlock32(const float* x, int8_t q[32], int32_t& low, int32_t
   return da;
 }
 
-// A super-block of q4_k_x16, one half (d: its float16 d).
+// int32 lanes a and b (each within int16) -> int16 pairs (a, b) per lane.
+inline __m256i Int16Pairs(__m256i a, __m256i b) { return _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xAA); }
+
+// A super-block of q4_k_x16, one half (d: its float16 d). Without VNNI a
+// sub-block's scale multiplies its int16 pair sums in the vpmaddwd that
+// widens them (sc in both halves of a lane: |pair sum| <= 30720, sc <= 63).
+// A row's minimums term: per pair of sub-blocks one vpmaddwd of the lanes'
+// (mn_2i, mn_2i+1) with the row's (asum_2i, asum_2i+1).
 template <int MB, bool kVnni>
 SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass, int half, __m256 d,
                               __m256 (&acc)[MB]) {
   const int first = 8 * half;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256 dmin = HalvesToFloats(p + 32 + 2 * first);
+  __m256i total[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) total[m] = _mm256_setzero_si256();
   for (int j = 0; j < 8; ++j) {
-    const __m256 scale = _mm256_mul_ps(d, BytesToFloats(p + 64 + 16 * j + first));
-    const __m256 offset = _mm256_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j + first));
+    const __m256i sc = BytesToInts(p + 64 + 16 * j + first);
+    const __m256i sc_pairs = Int16Pairs(sc, sc);
     const int32_t* wj = pass.words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
     __m256i isum[MB];
     _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
@@ -423,13 +431,25 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
         }
       }
     }
-    const int64_t b = u * 8 + j;
     _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-      const __m256i sum = kVnni ? isum[m] : _mm256_madd_epi16(isum[m], Ones16());
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
-                               _mm256_mul_ps(scale, _mm256_set1_ps(pass.da[b * MB + m])), acc[m]);
-      acc[m] = _mm256_fnmadd_ps(offset, _mm256_set1_ps(pass.dsum[b * MB + m]), acc[m]);
+      const __m256i scaled = kVnni ? _mm256_mullo_epi32(isum[m], sc) : _mm256_madd_epi16(isum[m], sc_pairs);
+      total[m] = _mm256_add_epi32(total[m], scaled);
     }
+  }
+  const __m256 dmin = HalvesToFloats(p + 32 + 2 * first);
+  __m256i mn_pairs[4];
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i)
+    mn_pairs[i] = Int16Pairs(BytesToInts(p + 192 + 32 * i + first), BytesToInts(p + 208 + 32 * i + first));
+  const int32_t* pairs = pass.pair_sums + u * 4 * MB;
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+    const __m256 da = _mm256_set1_ps(pass.da[u * MB + m]);
+    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[m]), _mm256_mul_ps(d, da), acc[m]);
+    const __m256i mins = _mm256_add_epi32(
+        _mm256_add_epi32(_mm256_madd_epi16(mn_pairs[0], _mm256_set1_epi32(pairs[m])),
+                         _mm256_madd_epi16(mn_pairs[1], _mm256_set1_epi32(pairs[MB + m]))),
+        _mm256_add_epi32(_mm256_madd_epi16(mn_pairs[2], _mm256_set1_epi32(pairs[2 * MB + m])),
+                         _mm256_madd_epi16(mn_pairs[3], _mm256_set1_epi32(pairs[3 * MB + m]))));
+    acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, da), acc[m]);
   }
 }
 
@@ -437,16 +457,15 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
 inline __m256i Q6Scales(const uint8_t* p, int j, int first) {
   return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 16 * j + first)));
 }
-// int32 lanes a and b (each within int16) -> int16 pairs (a, b) per lane.
-inline __m256i Int16Pairs(__m256i a, __m256i b) { return _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xAA); }
 
-// A super-block of q6_k_x16, one half. Without VNNI, a block of 16's scale
-// multiplies its int16 pair sums in the vpmaddwd that widens them (the scale
-// in both halves of a lane), and the -32 of every code is paid once a block
-// of 32: its two halves' code sums (half_sums) times -32 sc of their blocks,
-// one vpmaddwd. The integers are the reference's (|a pair sum| <= 32256 and
-// |sc| <= 128; |half sum| <= 2048 and |-32 sc| <= 4096: no product or sum of
-// a block of 32 leaves int32): two vpmulld and an addition fewer a row and
+// A super-block of q6_k_x16, one half: a row's sum stays an integer through
+// the super-block (ref::X16Q6Row), one float step at its end. Without VNNI,
+// a block of 16's scale multiplies its int16 pair sums in the vpmaddwd that
+// widens them (the scale in both halves of a lane), and the -32 of every code
+// is paid once a block of 32: its two halves' code sums (half_sums) times
+// -32 sc of their blocks, one vpmaddwd. The integers are the reference's (|a pair sum| <= 32256 and
+// |sc| <= 128; |half sum| <= 2048 and |-32 sc| <= 4096; the super-block's sum
+// within ref::X16Q6Row's bound): two vpmulld and an addition fewer a row and
 // block of 32, one vpmaddwd more. On a Zen 3 core (x16_pass_rows.cc, 1,536 x
 // 8,960 and the 151,936-row head) 9 rows 1-8% faster and 16 rows 5-8%, 1 row
 // the same.
@@ -454,9 +473,10 @@ template <int MB, bool kVnni>
 SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, int half, __m256 d,
                               __m256 (&acc)[MB]) {
   const int first = 8 * half;
+  __m256i total[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) total[m] = _mm256_setzero_si256();
   for (int jp = 0; jp < 8; ++jp) {
     const int64_t b = u * 8 + jp;
-    __m256i block_sum[MB];
     const __m256i scales[2] = {Q6Scales(p, 2 * jp, first), Q6Scales(p, 2 * jp + 1, first)};
     // (-32 sc of block 2jp, of 2jp + 1) per lane (|-32 sc| <= 4096: int16)
     const __m256i minus32_scales =
@@ -481,8 +501,7 @@ SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass,
           __m256i isum = _mm256_set1_epi32(offset[m]);  // the -32 of every code, paid up front
           _Pragma("GCC unroll 4") for (int k = 0; k < 4; ++k)
             isum = Dpbusd(isum, codes[k], _mm256_set1_epi32(wj[k * MB + m]));
-          const __m256i scaled = _mm256_mullo_epi32(isum, sc);
-          block_sum[m] = sub ? _mm256_add_epi32(block_sum[m], scaled) : scaled;
+          total[m] = _mm256_add_epi32(total[m], _mm256_mullo_epi32(isum, sc));
         }
       } else {
         const __m256i sc_pairs = Int16Pairs(sc, sc);
@@ -494,18 +513,17 @@ SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass,
           const __m256i s23 = _mm256_add_epi16(
               _mm256_maddubs_epi16(codes[2], _mm256_set1_epi32(wj[2 * MB + m])),
               _mm256_maddubs_epi16(codes[3], _mm256_set1_epi32(wj[3 * MB + m])));
-          const __m256i scaled = _mm256_add_epi32(_mm256_madd_epi16(s01, sc_pairs), _mm256_madd_epi16(s23, sc_pairs));
-          block_sum[m] = sub ? _mm256_add_epi32(block_sum[m], scaled)
-                             : _mm256_add_epi32(scaled, _mm256_madd_epi16(_mm256_set1_epi32(pass.half_sums[b * MB + m]),
-                                                                         minus32_scales));
+          __m256i scaled = _mm256_add_epi32(_mm256_madd_epi16(s01, sc_pairs), _mm256_madd_epi16(s23, sc_pairs));
+          if (sub == 0)
+            scaled = _mm256_add_epi32(
+                scaled, _mm256_madd_epi16(_mm256_set1_epi32(pass.half_sums[b * MB + m]), minus32_scales));
+          total[m] = _mm256_add_epi32(total[m], scaled);
         }
       }
     }
-    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[m]),
-                               _mm256_mul_ps(d, _mm256_set1_ps(pass.da[b * MB + m])), acc[m]);
-    }
   }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[m]), _mm256_mul_ps(d, _mm256_set1_ps(pass.da[u * MB + m])), acc[m]);
 }
 
 // A block of q5_0_x16, one half.

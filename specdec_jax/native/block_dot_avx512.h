@@ -326,11 +326,14 @@ struct KQuants {
 // a byte each), then per sub-block j and group t of 8 weights one line of 64
 // bytes: byte 4 * lane + b holds the code of weight 32j + 8t + b in its low
 // nibble and of weight 32j + 8t + 4 + b in its high nibble.
-// Activations are quantised per row and 32 (the sub-block): int8 codes, scale
-// da, and da times the codes' sum; per output lane
-//   x . w ~= sum over sub-blocks of da * (d sc) * isum - (da * asum) * (dmin mn)
-// with isum the sub-block's integer sum: exact integers to each sub-block's
-// end, then one float order per row, whatever rows share the call.
+// Activations are quantised per row and super-block (int8 codes, one scale
+// da, the codes' sum asum_j per sub-block); per output lane
+//   x . w ~= (d da) * sum over j of sc_j isum_j - (dmin da) * sum over j of mn_j asum_j
+// with isum_j the sub-block's integer sum: exact integers to the super-block's
+// end (ref::X16Q4Row), then two float steps per row, whatever rows share the
+// call. With a scale per 32 instead, those float steps came once a sub-block
+// and were about a third of the pass's instructions; one scale per 256 made 6,
+// 9 and 16 rows ~10% faster (x16_pass_rows.cc, one Zen 4 core).
 // A block of 32 (ref::Quantizers::QuantizeBlock32).
 inline float QuantizeBlock32(const float* x, int8_t q[32], int32_t& low, int32_t& high) {
   const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
@@ -343,10 +346,6 @@ inline float QuantizeBlock32(const float* x, int8_t q[32], int32_t& low, int32_t
   low = _mm512_reduce_add_epi32(r0);
   high = _mm512_reduce_add_epi32(r1);
   return top / 127.0f;
-}
-
-inline __m512 BytesToFloats(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // A pass (X16Pass, below) is rows [m0, m0 + MB) of x times the
@@ -375,15 +374,17 @@ SPECDEC_INLINE void AddWordProducts(const __m512i (&codes)[K], const int32_t* wo
     isum[m] = kTwoChains<MB> ? _mm512_add_epi32(isum[m], isum_odd[m]) : isum[m];
 }
 
-// A super-block of q4_k_x16 (d: its 16 rows' float16 d).
+// A super-block of q4_k_x16 (d: its 16 rows' float16 d). A row's minimums
+// term: per pair of sub-blocks one vpdpwssd of the lanes' (mn_2i, mn_2i+1)
+// with the row's (asum_2i, asum_2i+1).
 template <int MB>
 SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass, __m512 d,
                               __m512 (&acc)[MB]) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+  __m512i total[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) total[m] = _mm512_setzero_si512();
   for (int j = 0; j < 8; ++j) {
-    const __m512 scale = _mm512_mul_ps(d, BytesToFloats(p + 64 + 16 * j));
-    const __m512 offset = _mm512_mul_ps(dmin, BytesToFloats(p + 192 + 16 * j));
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * j)));
     __m512i isum[MB], isum_high[MB];
     _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = isum_high[m] = _mm512_setzero_si512();
     const int32_t* wj = pass.words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
@@ -399,13 +400,25 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
         high = _mm512_dpbusd_epi32(high, hi, _mm512_set1_epi32(wj[(2 * t + 1) * MB + m]));
       }
     }
-    const int64_t b = u * 8 + j;
     _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
       const __m512i sum = kTwoChains<MB> ? _mm512_add_epi32(isum[m], isum_high[m]) : isum[m];
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
-                               _mm512_mul_ps(scale, _mm512_set1_ps(pass.da[b * MB + m])), acc[m]);
-      acc[m] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(pass.dsum[b * MB + m]), acc[m]);
+      total[m] = _mm512_add_epi32(total[m], _mm512_mullo_epi32(sum, sc));
     }
+  }
+  __m512i mins[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) mins[m] = _mm512_setzero_si512();
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+    const __m512i even = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * i)));
+    const __m512i odd = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 208 + 32 * i)));
+    const __m512i mn_pairs = _mm512_or_si512(even, _mm512_slli_epi32(odd, 16));
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+      mins[m] = _mm512_dpwssd_epi32(mins[m], mn_pairs, _mm512_set1_epi32(pass.pair_sums[(u * 4 + i) * MB + m]));
+  }
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+    const __m512 da = _mm512_set1_ps(pass.da[u * MB + m]);
+    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[m]), _mm512_mul_ps(d, da), acc[m]);
+    acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[m]), _mm512_mul_ps(dmin, da), acc[m]);
   }
 }
 
@@ -415,47 +428,40 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
 // (line t: byte 4 * lane + b holds weight 16j + 8t + b's in its low nibble and
 // 16j + 8t + 4 + b's in its high nibble), then per sub-block one line of their
 // high 2 bits (byte 4 * lane + b: bits 2k, 2k + 1 of weight 16j + 4k + b's).
-// w = d sc (q - 32). Per output lane and block b of 32 weights (one activation
-// scale da), the sum stays an exact integer through both sub-blocks j of b:
-//   x . w ~= sum over b of (d da) * sum over j in b of sc_j (isum_j - 32 asum_j)
-// so a row's bits do not depend on the rows beside it, and one float fma per 32
-// weights and row is all the epilogue (a sub-block's float epilogue, as q4_k's
-// pass has per 32, made one row ~1.2x slower than the file's layout).
-// |isum_j - 32 asum_j| <= 16 * 127 * (63 + 32) and |sc| <= 128: far from overflow.
+// w = d sc (q - 32). Per output lane and super-block (one activation scale
+// da), the sum stays an exact integer through its 16 sub-blocks j:
+//   x . w ~= (d da) * sum over j of sc_j (isum_j - 32 asum_j)
+// so a row's bits do not depend on the rows beside it, and one float fma per
+// 256 weights and row is all the epilogue (a sub-block's float epilogue made
+// one row ~1.2x slower than the file's layout).
 
 template <int MB>
 SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, __m512 d,
                               __m512 (&acc)[MB]) {
-  for (int jp = 0; jp < 8; ++jp) {
-    __m512i block_sum[MB];
-    _Pragma("GCC unroll 2") for (int half = 0; half < 2; ++half) {
-      const int j = 2 * jp + half;
-      const __m512i sc = _mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * j)));
-      const uint8_t* low = p + kX16Q6Low + 128 * j;
-      const uint8_t* high = p + kX16Q6High + 64 * j;
-      _mm_prefetch(reinterpret_cast<const char*>(low) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(high) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
-      const __m512i lines[2] = {_mm512_loadu_si512(low), _mm512_loadu_si512(low + 64)};
-      __m512i codes[4];
-      X16SplitCodes<2>(lines, _mm512_loadu_si512(high), codes);
-      const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
-      const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
-      __m512i isum[MB];
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
-        isum[m] = _mm512_set1_epi32(offset[m]);  // the -32 of every code, paid up front
-      AddWordProducts<MB>(codes, wj, isum);
-      _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-        const __m512i scaled = _mm512_mullo_epi32(isum[m], sc);
-        block_sum[m] = half ? _mm512_add_epi32(block_sum[m], scaled) : scaled;
-      }
-    }
-    const int64_t b = u * 8 + jp;
-    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[m]),
-                               _mm512_mul_ps(d, _mm512_set1_ps(pass.da[b * MB + m])), acc[m]);
-    }
+  __m512i total[MB];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) total[m] = _mm512_setzero_si512();
+  _Pragma("GCC unroll 2") for (int j = 0; j < 16; ++j) {
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * j)));
+    const uint8_t* low = p + kX16Q6Low + 128 * j;
+    const uint8_t* high = p + kX16Q6High + 64 * j;
+    _mm_prefetch(reinterpret_cast<const char*>(low) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(low) + 64 + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(high) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
+    const __m512i lines[2] = {_mm512_loadu_si512(low), _mm512_loadu_si512(low + 64)};
+    __m512i codes[4];
+    X16SplitCodes<2>(lines, _mm512_loadu_si512(high), codes);
+    const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;  // this sub-block's 4 words per row
+    const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
+    __m512i isum[MB];
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+      isum[m] = _mm512_set1_epi32(offset[m]);  // the -32 of every code, paid up front
+    AddWordProducts<MB>(codes, wj, isum);
+    _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
+      total[m] = _mm512_add_epi32(total[m], _mm512_mullo_epi32(isum[m], sc));
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) {
+    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[m]),
+                             _mm512_mul_ps(d, _mm512_set1_ps(pass.da[u * MB + m])), acc[m]);
   }
 }
 

@@ -244,19 +244,27 @@ void CompareActivations(const float* x, int64_t m, int64_t k, Counter& c) {
   Compare(rs.q, ps.q, "codes per 256", c);
   Compare(rs.d, ps.d, "scales per 256", c);
   Compare(rs.sums, ps.sums, "group sums per 256", c);
-  const auto [rp, pp] = QuantizeBoth<P, PassActivations>(x, m, k);
-  for (int64_t row = 0; row < m; ++row) {
-    const PassRow a(rp, k, row), b(pp, k, row);
-    for (int64_t i = 0; i < k; ++i) {
-      const int8_t want = a.code(i), got = b.code(i);
-      CompareInts(&want, &got, 1, "codes per 32", c);
-    }
-    for (int64_t blk = 0; blk < k / 32; ++blk) {
-      const float fa[2] = {a.d(blk), a.dsum(blk)}, fb[2] = {b.d(blk), b.dsum(blk)};
-      CompareFloats(fa, fb, 2, "scale, scaled sum per 32", c);
-      const int32_t ia[4] = {a.asum(blk), a.q6_offset(2 * blk), a.q6_offset(2 * blk + 1), a.half_sums(blk)};
-      const int32_t ib[4] = {b.asum(blk), b.q6_offset(2 * blk), b.q6_offset(2 * blk + 1), b.half_sums(blk)};
-      CompareInts(ia, ib, 4, "sums per 32", c);
+  for (const int64_t unit : {int64_t(32), int64_t(kSuper)}) {  // q5_0_x16's, the k-quants' x16
+    PassActivations rp, pp;
+    Quantize<Reference>(x, m, k, unit, rp);
+    Quantize<P>(x, m, k, unit, pp);
+    for (int64_t row = 0; row < m; ++row) {
+      const PassRow a(rp, k, row), b(pp, k, row);
+      for (int64_t i = 0; i < k; ++i) {
+        const int8_t want = a.code(i), got = b.code(i);
+        CompareInts(&want, &got, 1, "interleaved codes", c);
+      }
+      for (int64_t u = 0; u < k / unit; ++u) {
+        const float da = a.d(u), db = b.d(u);
+        CompareFloats(&da, &db, 1, "interleaved scales", c);
+      }
+      for (int64_t blk = 0; blk < k / 32; ++blk) {
+        const int32_t ia[5] = {a.asum(blk), a.q6_offset(2 * blk), a.q6_offset(2 * blk + 1), a.half_sums(blk),
+                               blk % 2 || blk / 2 >= k / 64 ? 0 : a.pair_sums(blk / 2)};
+        const int32_t ib[5] = {b.asum(blk), b.q6_offset(2 * blk), b.q6_offset(2 * blk + 1), b.half_sums(blk),
+                               blk % 2 || blk / 2 >= k / 64 ? 0 : b.pair_sums(blk / 2)};
+        CompareInts(ia, ib, 5, "interleaved sums per 32", c);
+      }
     }
   }
 }

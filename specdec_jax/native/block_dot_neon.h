@@ -38,11 +38,11 @@ inline int8x16_t Word(int32_t w) { return vreinterpretq_s8_s32(vdupq_n_s32(w)); 
 inline float32x4_t Halves4(const uint8_t* p) {  // 4 float16, exactly
   return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p)));
 }
-inline float32x4_t Bytes4(const uint8_t* p) {  // 4 unsigned bytes
+inline int32x4_t Ints4(const uint8_t* p) {  // 4 unsigned bytes
   uint32_t w;
   std::memcpy(&w, p, 4);
   const uint16x4_t h = vget_low_u16(vmovl_u8(vcreate_u8(w)));
-  return vcvtq_f32_u32(vmovl_u16(h));
+  return vreinterpretq_s32_u32(vmovl_u16(h));
 }
 
 // ---------------------------------------------------------------------------
@@ -199,10 +199,10 @@ struct KQuants {
 template <int MB>
 SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass, int first, float32x4_t d,
                               float32x4_t (&acc)[MB]) {
-  const float32x4_t dmin = Halves4(p + 32 + 2 * first);
+  int32x4_t total[MB], mins[MB];
+  for (int m = 0; m < MB; ++m) total[m] = mins[m] = vdupq_n_s32(0);
   for (int j = 0; j < 8; ++j) {
-    const float32x4_t scale = vmulq_f32(d, Bytes4(p + 64 + 16 * j + first));
-    const float32x4_t offset = vmulq_f32(dmin, Bytes4(p + 192 + 16 * j + first));
+    const int32x4_t sc = Ints4(p + 64 + 16 * j + first), mn = Ints4(p + 192 + 16 * j + first);
     const int32_t* wj = pass.words + (u * 64 + 8 * j) * MB;
     int32x4_t isum[MB];
     for (int m = 0; m < MB; ++m) isum[m] = vdupq_n_s32(0);
@@ -214,11 +214,16 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
         isum[m] = vdotq_s32(isum[m], hi, Word(wj[(2 * t + 1) * MB + m]));
       }
     }
-    const int64_t b = u * 8 + j;
     for (int m = 0; m < MB; ++m) {
-      acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(isum[m]), vmulq_f32(scale, vdupq_n_f32(pass.da[b * MB + m])));
-      acc[m] = vfmsq_f32(acc[m], offset, vdupq_n_f32(pass.dsum[b * MB + m]));
+      total[m] = vmlaq_s32(total[m], isum[m], sc);
+      mins[m] = vmlaq_s32(mins[m], mn, vdupq_n_s32(pass.asum[(u * 8 + j) * MB + m]));
     }
+  }
+  const float32x4_t dmin = Halves4(p + 32 + 2 * first);
+  for (int m = 0; m < MB; ++m) {
+    const float32x4_t da = vdupq_n_f32(pass.da[u * MB + m]);
+    acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(total[m]), vmulq_f32(d, da));
+    acc[m] = vfmsq_f32(acc[m], vcvtq_f32_s32(mins[m]), vmulq_f32(dmin, da));
   }
 }
 
@@ -227,34 +232,30 @@ template <int MB>
 SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass, int first, float32x4_t d,
                               float32x4_t (&acc)[MB]) {
   const uint8x16_t low4 = vdupq_n_u8(15), high2 = vdupq_n_u8(0x30);
-  for (int jp = 0; jp < 8; ++jp) {
-    int32x4_t block_sum[MB];
-    for (int m = 0; m < MB; ++m) block_sum[m] = vdupq_n_s32(0);
-    for (int sub = 0; sub < 2; ++sub) {
-      const int j = 2 * jp + sub;
-      uint32_t sc_bytes;
-      std::memcpy(&sc_bytes, p + 32 + 16 * j + first, 4);
-      const int32x4_t sc = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(sc_bytes)))));
-      const uint8_t* low = p + kX16Q6Low + 128 * j;
-      const uint8x16_t l0 = vld1q_u8(low + 4 * first), l1 = vld1q_u8(low + 64 + 4 * first);
-      const uint8x16_t h = vld1q_u8(p + kX16Q6High + 64 * j + 4 * first);
-      const int8x16_t codes[4] = {
-          Signed(vorrq_u8(vandq_u8(l0, low4), vandq_u8(vshlq_n_u8(h, 4), high2))),
-          Signed(vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(vshlq_n_u8(h, 2), high2))),
-          Signed(vorrq_u8(vandq_u8(l1, low4), vandq_u8(h, high2))),
-          Signed(vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(h, 2), high2)))};
-      const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;
-      const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
-      for (int m = 0; m < MB; ++m) {
-        int32x4_t isum = vdupq_n_s32(offset[m]);
-        for (int k = 0; k < 4; ++k) isum = vdotq_s32(isum, codes[k], Word(wj[k * MB + m]));
-        block_sum[m] = vaddq_s32(block_sum[m], vmulq_s32(isum, sc));
-      }
+  int32x4_t total[MB];
+  for (int m = 0; m < MB; ++m) total[m] = vdupq_n_s32(0);
+  for (int j = 0; j < 16; ++j) {
+    uint32_t sc_bytes;
+    std::memcpy(&sc_bytes, p + 32 + 16 * j + first, 4);
+    const int32x4_t sc = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(sc_bytes)))));
+    const uint8_t* low = p + kX16Q6Low + 128 * j;
+    const uint8x16_t l0 = vld1q_u8(low + 4 * first), l1 = vld1q_u8(low + 64 + 4 * first);
+    const uint8x16_t h = vld1q_u8(p + kX16Q6High + 64 * j + 4 * first);
+    const int8x16_t codes[4] = {
+        Signed(vorrq_u8(vandq_u8(l0, low4), vandq_u8(vshlq_n_u8(h, 4), high2))),
+        Signed(vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(vshlq_n_u8(h, 2), high2))),
+        Signed(vorrq_u8(vandq_u8(l1, low4), vandq_u8(h, high2))),
+        Signed(vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(h, 2), high2)))};
+    const int32_t* wj = pass.words + (u * 64 + 4 * j) * MB;
+    const int32_t* offset = pass.q6_offset + (u * 16 + j) * MB;
+    for (int m = 0; m < MB; ++m) {
+      int32x4_t isum = vdupq_n_s32(offset[m]);
+      for (int k = 0; k < 4; ++k) isum = vdotq_s32(isum, codes[k], Word(wj[k * MB + m]));
+      total[m] = vmlaq_s32(total[m], isum, sc);
     }
-    const int64_t b = u * 8 + jp;
-    for (int m = 0; m < MB; ++m)
-      acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(block_sum[m]), vmulq_f32(d, vdupq_n_f32(pass.da[b * MB + m])));
   }
+  for (int m = 0; m < MB; ++m)
+    acc[m] = vfmaq_f32(acc[m], vcvtq_f32_s32(total[m]), vmulq_f32(d, vdupq_n_f32(pass.da[u * MB + m])));
 }
 
 // A block of q5_0_x16, one quarter.
