@@ -159,9 +159,9 @@ struct SuperActivations {
 // block of 32 for q5_0), grouped in passes of rows: codes as int32 words of 4
 // (word k of row r of a pass at k * rows + r), so a broadcast of one row's 4
 // codes is one load. One scale per 256 lets a k-quant pass keep a row's sum an
-// exact integer through the whole super-block: one float step per 256
-// weights, where a scale per 32 needed one per 32 (at 6-16 rows the float
-// steps were a third of an AVX-512 pass's instructions).
+// exact integer through the whole super-block: its float steps come once per
+// 256 weights, where a scale per 32 needed them once per 32 (at 6-16 rows the
+// float steps were a third of an AVX-512 q4_k pass's instructions).
 struct PassActivations {
   int64_t unit = 32;
   std::vector<int32_t> words;  // per pass: [K / 4][rows]
@@ -194,6 +194,12 @@ inline void PlanPasses(int64_t m_dim, int64_t max_rows, PassActivations& a) {
     a.first.push_back(m0);
     a.rows.push_back(std::min(per_pass, m_dim - m0));
   }
+}
+
+// Two int16 values in one int32 word, `low` in its low half (one operand of
+// vpmaddwd / vpdpwssd broadcast per row).
+inline int32_t Int16Pair(int32_t low, int32_t high) {
+  return int32_t(uint32_t(uint16_t(low)) | uint32_t(uint16_t(high)) << 16);
 }
 
 inline void ResizePass(int64_t m_dim, int64_t k_dim, PassActivations& a) {
@@ -766,13 +772,11 @@ void Quantize(const float* x, int64_t m_dim, int64_t k_dim, int64_t unit, PassAc
           const int64_t at = m0 * k_dim / 32 + (unit / 32 * u + c) * rows + i;
           const int32_t low = sums[2 * c], high = sums[2 * c + 1];
           a.asum[at] = WrapAdd(low, high);
-          a.half_sums[at] = int32_t(uint32_t(uint16_t(low)) | uint32_t(uint16_t(high)) << 16);
+          a.half_sums[at] = Int16Pair(low, high);
         }
-        for (int64_t c = 0; c < unit / 64; ++c) {
-          const int32_t even = WrapAdd(sums[4 * c], sums[4 * c + 1]), odd = WrapAdd(sums[4 * c + 2], sums[4 * c + 3]);
+        for (int64_t c = 0; c < unit / 64; ++c)
           a.pair_sums[m0 * k_dim / 64 + (unit / 64 * u + c) * rows + i] =
-              int32_t(uint32_t(uint16_t(even)) | uint32_t(uint16_t(odd)) << 16);
-        }
+              Int16Pair(WrapAdd(sums[4 * c], sums[4 * c + 1]), WrapAdd(sums[4 * c + 2], sums[4 * c + 3]));
         for (int64_t w = 0; w < unit / 4; ++w)
           std::memcpy(&a.words[m0 * k_dim / 4 + (unit / 4 * u + w) * rows + i], codes + 4 * w, 4);
       }

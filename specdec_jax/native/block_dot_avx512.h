@@ -374,6 +374,14 @@ SPECDEC_INLINE void AddWordProducts(const __m512i (&codes)[K], const int32_t* wo
     isum[m] = kTwoChains<MB> ? _mm512_add_epi32(isum[m], isum_odd[m]) : isum[m];
 }
 
+// 16 bytes (a scale or minimum per lane) as int32, zero- or sign-extended.
+inline __m512i UnsignedBytes(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m512i SignedBytes(const uint8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // A super-block of q4_k_x16 (d: its 16 rows' float16 d). A row's minimums
 // term: per pair of sub-blocks one vpdpwssd of the lanes' (mn_2i, mn_2i+1)
 // with the row's (asum_2i, asum_2i+1).
@@ -384,7 +392,7 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
   __m512i total[MB];
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) total[m] = _mm512_setzero_si512();
   for (int j = 0; j < 8; ++j) {
-    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * j)));
+    const __m512i sc = UnsignedBytes(p + 64 + 16 * j);
     __m512i isum[MB], isum_high[MB];
     _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) isum[m] = isum_high[m] = _mm512_setzero_si512();
     const int32_t* wj = pass.words + (u * 64 + 8 * j) * MB;  // this sub-block's 8 words per row
@@ -408,9 +416,8 @@ SPECDEC_INLINE void X16Q4Unit(const uint8_t* p, int64_t u, const PassView& pass,
   __m512i mins[MB];
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) mins[m] = _mm512_setzero_si512();
   _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
-    const __m512i even = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * i)));
-    const __m512i odd = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 208 + 32 * i)));
-    const __m512i mn_pairs = _mm512_or_si512(even, _mm512_slli_epi32(odd, 16));
+    const __m512i mn_pairs = _mm512_or_si512(UnsignedBytes(p + 192 + 32 * i),
+                                             _mm512_slli_epi32(UnsignedBytes(p + 208 + 32 * i), 16));
     _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m)
       mins[m] = _mm512_dpwssd_epi32(mins[m], mn_pairs, _mm512_set1_epi32(pass.pair_sums[(u * 4 + i) * MB + m]));
   }
@@ -441,7 +448,7 @@ SPECDEC_INLINE void X16Q6Unit(const uint8_t* p, int64_t u, const PassView& pass,
   __m512i total[MB];
   _Pragma("GCC unroll 16") for (int m = 0; m < MB; ++m) total[m] = _mm512_setzero_si512();
   _Pragma("GCC unroll 2") for (int j = 0; j < 16; ++j) {
-    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * j)));
+    const __m512i sc = SignedBytes(p + 32 + 16 * j);
     const uint8_t* low = p + kX16Q6Low + 128 * j;
     const uint8_t* high = p + kX16Q6High + 64 * j;
     _mm_prefetch(reinterpret_cast<const char*>(low) + X16Spec<kQ6_KX16>::kAhead, _MM_HINT_T0);
